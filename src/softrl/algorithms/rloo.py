@@ -1,0 +1,34 @@
+"""RLOO as usually implemented: KL folded into the reward, leave-one-out baseline on that reward.
+
+`r~ = r - beta * l`, advantage `r~_i - mean_{j != i} r~_j`. This is algebraically the off-policy
+AGRO estimator with g1 (ALGORITHMS.md); the name is kept for users who look for it.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from softrl.algorithms.common import check_beta, check_shape, check_tokens, leave_one_out_mean, masked_sum, reduce
+
+
+def rloo_advantages(reward: Tensor, log_ratio: Tensor, beta: float, group_size: int) -> Tensor:
+    """`r~_i - mean_{j != i} r~_j` with `r~ = r - beta * l`: `[B]`."""
+    check_shape("log_ratio", log_ratio, reward.shape)
+    shaped = reward - check_beta(beta) * log_ratio
+    return shaped - leave_one_out_mean(shaped, group_size)
+
+
+def rloo_loss(
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    reward: Tensor,
+    beta: float,
+    group_size: int,
+    weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """REINFORCE leave-one-out: surrogate `-stopgrad(A_i) * log pi(y_i)` per trajectory, reduced."""
+    check_tokens(mask, logp=logp, ref_logp=ref_logp)
+    log_ratio = masked_sum(logp - ref_logp, mask).detach()  # [B]
+    adv = rloo_advantages(reward.detach(), log_ratio, beta, group_size)  # [B]
+    return reduce(-adv * masked_sum(logp, mask), weights), {"rloo/adv_abs": adv.abs().mean().item()}

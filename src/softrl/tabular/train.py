@@ -1,0 +1,157 @@
+"""Train any loss on a tabular problem, with exact expectations or with sampled sequences.
+
+The trainer knows no algorithm: a loss is any callable `TabularBatch -> scalar`. In exact mode
+the batch holds *every* ordered `group_size`-tuple of sequences with weight
+`prod_i mu(y_i) / group_size` per member, so a loss that reduces with `weights` yields the exact
+expectation of its (group) estimator under `mu`. In sampled mode the batch holds `samples`
+sequences drawn from `mu`, in groups of `group_size`, and `weights` is None (plain mean).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from softrl.tabular.problem import TabularPolicy, TabularProblem
+
+DATA_KINDS = ("on-policy", "off-policy")
+
+
+@dataclass
+class TabularBatch:
+    """What a learner would hand an algorithm, for sequences `index` `[B]` of a tabular problem."""
+
+    index: Tensor  # [B] sequence ids
+    logp: Tensor  # [B, T] log pi(y_t|y_<t), differentiable
+    ref_logp: Tensor  # [B, T] log pi0
+    old_logp: Tensor  # [B, T] log mu, the behaviour policy at batch creation (detached)
+    token_kl: Tensor  # [B, T] exact KL(pi || pi0) at each prefix, differentiable
+    values: Tensor  # [B, T] value table V(y_<t), differentiable (PPO)
+    old_values: Tensor  # [B, T] values at batch creation (detached)
+    mask: Tensor  # [B, T]
+    reward: Tensor  # [B]
+    q0: Tensor  # [B] the exact Q0_hat = V*
+    beta: float
+    group_size: int
+    weights: Tensor | None  # [B] exact-expectation weights, None when sampled
+
+
+LossFn = Callable[[TabularBatch], Tensor]
+
+
+@dataclass
+class TrainResult:
+    policy: TabularPolicy
+    kl: list[float] = field(default_factory=list)  # KL(pi || pi*) before each step and after the last
+    skipped_steps: int = 0
+
+
+def exact_groups(probs: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """Every ordered tuple of `group_size` sequences: (index `[N**n * n]`, weight `[N**n * n]`)."""
+    n_seq = probs.shape[0]
+    if n_seq**group_size > 2_000_000:
+        raise ValueError(f"exact expectation over {n_seq}**{group_size} tuples is too large: sample instead")
+    powers = n_seq ** torch.arange(group_size - 1, -1, -1)
+    tuples = (torch.arange(n_seq**group_size)[:, None] // powers) % n_seq  # [N**n, n]
+    weight = probs[tuples].prod(-1, keepdim=True).expand_as(tuples) / group_size
+    return tuples.reshape(-1), weight.reshape(-1)
+
+
+def make_batch(
+    problem: TabularProblem,
+    policy: TabularPolicy,
+    index: Tensor,
+    old_logp: Tensor,
+    old_values: Tensor,
+    group_size: int,
+    weights: Tensor | None,
+) -> TabularBatch:
+    """Gather every per-sequence quantity of the current policy for the sequences `index`."""
+    logits = policy.policy_parameters()
+    full = problem.next_token_logp(logits)  # [N, T, V]
+    ref_full = problem.ref_next_token_logp  # [N, T, V]
+    seqs = problem.sequences
+    logp = full.gather(-1, seqs[..., None]).squeeze(-1)  # [N, T]
+    ref_logp = ref_full.gather(-1, seqs[..., None]).squeeze(-1)  # [N, T]
+    token_kl = (full.exp() * (full - ref_full)).sum(-1)  # [N, T]
+    values = value_table(problem, policy)  # [N, T]
+    return TabularBatch(
+        index=index,
+        logp=logp[index],
+        ref_logp=ref_logp[index],
+        old_logp=old_logp[index],
+        token_kl=token_kl[index],
+        values=values[index],
+        old_values=old_values[index],
+        mask=torch.ones_like(logp[index]),
+        reward=problem.reward[index],
+        q0=torch.full((index.shape[0],), problem.v_star, dtype=logp.dtype),
+        beta=problem.beta,
+        group_size=group_size,
+        weights=weights,
+    )
+
+
+def value_table(problem: TabularProblem, policy: TabularPolicy) -> Tensor:
+    """`V(y_<t)` of every sequence and position from the policy's value tables: `[N, T]`."""
+    return torch.stack([policy.values[t][problem.prefix_indices[t]] for t in range(problem.length)], dim=1)
+
+
+def train(
+    problem: TabularProblem,
+    loss_fn: LossFn,
+    *,
+    data: str = "off-policy",
+    behaviour_logits: list[Tensor] | None = None,
+    steps: int = 300,
+    lr: float = 0.1,
+    samples: int | None = None,
+    group_size: int = 1,
+    epochs: int = 1,
+    final_lr_ratio: float = 0.01,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> TrainResult:
+    """Adam on the policy's tables, starting at pi = pi0, learning rate decayed by a cosine from `lr`
+    to `lr * final_lr_ratio` (BCE's kink at log-probability 0 makes a constant rate oscillate there).
+
+    data: `on-policy` samples from the current pi (mu = pi, detached); `off-policy` from the fixed
+    `behaviour_logits` (default pi0). `samples=None` uses exact expectations, otherwise `samples`
+    sequences per step (`group_size` must divide it). `epochs` > 1 reuses each batch (PPO-style).
+    """
+    if data not in DATA_KINDS:
+        raise ValueError(f"data must be one of {DATA_KINDS}, got data={data!r}")
+    if samples is not None and (samples < group_size or samples % group_size):
+        raise ValueError(f"samples={samples} must be a positive multiple of group_size={group_size}")
+    behaviour = problem.ref_logits if behaviour_logits is None else behaviour_logits
+    policy = TabularPolicy(problem.ref_logits)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps * epochs, eta_min=lr * final_lr_ratio)
+    gen = torch.Generator().manual_seed(seed)
+    result = TrainResult(policy)
+    for step in range(steps):
+        mu_logits = [x.detach() for x in policy.policy_parameters()] if data == "on-policy" else behaviour
+        old_logp = problem.token_logp(mu_logits).detach()  # [N, T]
+        old_values = value_table(problem, policy).detach()  # [N, T]
+        probs = old_logp.sum(-1).exp()  # [N]
+        if samples is None:
+            index, weights = exact_groups(probs, group_size)
+        else:
+            index, weights = torch.multinomial(probs, samples, replacement=True, generator=gen), None
+        result.kl.append(problem.kl_to_optimal(policy.policy_parameters()))
+        for _ in range(epochs):
+            loss = loss_fn(make_batch(problem, policy, index, old_logp, old_values, group_size, weights))
+            optimizer.zero_grad()
+            if not torch.isfinite(loss):
+                result.skipped_steps += 1
+                continue
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+        if progress is not None:
+            progress(step)
+    result.kl.append(problem.kl_to_optimal(policy.policy_parameters()))
+    return result
