@@ -6,9 +6,12 @@ beyond wiring a `TabularBatch` into each objective's arguments.
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from softrl.algorithms import agro, grpo, ppo, spo
@@ -58,7 +61,9 @@ METHODS: dict[str, ToyMethod] = {
         ToyMethod("spo-terminal-mse", _spo(terminal=1.0, loss="squared")),
         ToyMethod("spo-terminal-bce", _spo(terminal=1.0, loss="bce")),
         ToyMethod("spo-reverse-mse", _spo(terminal=0.0, reverse=1.0, loss="squared")),
-        ToyMethod("spo-reverse-bce", _spo(terminal=0.0, reverse=1.0, loss="bce")),
+        # eps = 1e-2: with 1e-4 the straight-through push (~1/eps) whenever an intermediate Q_t
+        # overshoots log 1 dominates the gradient and the run stalls near KL 1e-2 (see docs).
+        ToyMethod("spo-reverse-bce", _spo(terminal=0.0, reverse=1.0, loss="bce", eps=1e-2)),
         ToyMethod("spo-advantage-bce", _spo(terminal=0.0, advantage=1.0)),
         ToyMethod("agro-off", _agro(agro.agro_off_policy_loss), group_size=2),
         ToyMethod("agro-on", _agro(agro.agro_on_policy_loss), group_size=3, data=ON_POLICY),
@@ -81,3 +86,72 @@ def run_method(
     result = train(problem, method.loss, data=data, steps=steps, lr=lr, samples=samples,
                    group_size=group, epochs=method.epochs, seed=seed)
     return result.kl
+
+
+@dataclass
+class ToyRun:
+    method: str
+    data: str
+    kl: list[float]  # KL(pi || pi*) before each step and after the last
+
+    @property
+    def final_kl(self) -> float:
+        return self.kl[-1]
+
+
+def _run_one(args: tuple) -> ToyRun:
+    problem, name, data, kwargs = args
+    torch.set_num_threads(1)  # tiny tensors: processes, not threads, use the cores
+    return ToyRun(name, data, run_method(problem, METHODS[name], data, **kwargs))
+
+
+def run_all(
+    problem: TabularProblem, methods: list[str], *, steps: int, lr: float, samples: int | None = None,
+    seed: int = 0, workers: int = 1, progress: Callable[[str], None] | None = None,
+) -> list[ToyRun]:
+    """Every requested method on every kind of data it supports, in `workers` processes."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+    kwargs = dict(steps=steps, lr=lr, samples=samples, seed=seed)
+    jobs = [(problem, name, data, kwargs) for name in methods for data in METHODS[name].data]
+    if workers <= 1:
+        runs = []
+        for job in jobs:
+            runs.append(_run_one(job))
+            if progress is not None:
+                progress(f"{job[1]} ({job[2]})")
+        return runs
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_run_one, job): i for i, job in enumerate(jobs)}
+        done: dict[int, ToyRun] = {}
+        for future in as_completed(futures):
+            run = done.setdefault(futures[future], future.result())
+            if progress is not None:
+                progress(f"{run.method} ({run.data})")
+    return [done[i] for i in range(len(jobs))]
+
+
+def plot_runs(runs: list[ToyRun], path: str, title: str) -> None:
+    """One panel per kind of data: KL(pi || pi*) against steps, log scale, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [k for k in ("off-policy", "on-policy") if any(r.data == k for r in runs)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.8), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for run in (r for r in runs if r.data == kind):
+            ax.plot(range(len(run.kl)), [max(k, 1e-12) for k in run.kl], label=run.method,
+                    linestyle="-" if run.method.startswith(("spo", "agro")) else "--")
+        ax.set_yscale("log")
+        ax.set_title(f"{kind} data")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("KL(pi || pi*)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

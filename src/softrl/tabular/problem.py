@@ -139,9 +139,9 @@ class TabularProblem:
         ]
 
     def kl_to_optimal(self, logits: list[Tensor]) -> float:
-        """`KL(pi || pi*)`, exactly."""
+        """`KL(pi || pi*)`, exactly (floored at 0: near pi* the float64 sum can round to -1e-16)."""
         logp = self.seq_logp(logits)
-        return (logp.exp() * (logp - self.optimal_seq_logp)).sum().item()
+        return max((logp.exp() * (logp - self.optimal_seq_logp)).sum().item(), 0.0)
 
     def kl_to_reference(self, logits: list[Tensor]) -> Tensor:
         """`KL(pi || pi0)` (differentiable)."""

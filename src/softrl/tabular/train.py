@@ -1,14 +1,16 @@
 """Train any loss on a tabular problem, with exact expectations or with sampled sequences.
 
 The trainer knows no algorithm: a loss is any callable `TabularBatch -> scalar`. In exact mode
-the batch holds *every* ordered `group_size`-tuple of sequences with weight
-`prod_i mu(y_i) / group_size` per member, so a loss that reduces with `weights` yields the exact
-expectation of its (group) estimator under `mu`. In sampled mode the batch holds `samples`
+the batch holds every group of `group_size` sequences (as multisets, see `exact_groups`) with its
+probability under `mu` spread over its members, so a loss that reduces with `weights` yields the
+exact expectation of its (group) estimator under `mu`. In sampled mode the batch holds `samples`
 sequences drawn from `mu`, in groups of `group_size`, and `weights` is None (plain mean).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,15 +51,27 @@ class TrainResult:
     skipped_steps: int = 0
 
 
+@functools.lru_cache(maxsize=8)
+def _multisets(n_seq: int, group_size: int) -> tuple[Tensor, Tensor]:
+    """Every multiset of `group_size` of `n_seq` ids `[M, n]`, and its multiplicity `n!/prod count!` `[M]`."""
+    if math.comb(n_seq + group_size - 1, group_size) > 500_000:
+        raise ValueError(f"exact expectation over groups of {group_size} of {n_seq} sequences is too large: sample instead")
+    groups = torch.combinations(torch.arange(n_seq), r=group_size, with_replacement=True)  # [M, n]
+    counts = torch.nn.functional.one_hot(groups, n_seq).sum(1)  # [M, N]
+    log_multiplicity = math.lgamma(group_size + 1) - torch.lgamma(counts.double() + 1).sum(-1)  # [M]
+    return groups, log_multiplicity.exp()
+
+
 def exact_groups(probs: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
-    """Every ordered tuple of `group_size` sequences: (index `[N**n * n]`, weight `[N**n * n]`)."""
-    n_seq = probs.shape[0]
-    if n_seq**group_size > 2_000_000:
-        raise ValueError(f"exact expectation over {n_seq}**{group_size} tuples is too large: sample instead")
-    powers = n_seq ** torch.arange(group_size - 1, -1, -1)
-    tuples = (torch.arange(n_seq**group_size)[:, None] // powers) % n_seq  # [N**n, n]
-    weight = probs[tuples].prod(-1, keepdim=True).expand_as(tuples) / group_size
-    return tuples.reshape(-1), weight.reshape(-1)
+    """Every multiset of `group_size` sequences, flattened: (index `[M * n]`, weight `[M * n]`).
+
+    A group estimator is symmetric in the order of its group, so the exact expectation over
+    ordered i.i.d. tuples equals the sum over multisets weighted by their multinomial probability
+    `n! / prod_v count_v! * prod_i mu(y_i)`, spread as `1/n` over the members.
+    """
+    groups, multiplicity = _multisets(probs.shape[0], group_size)
+    prob = multiplicity.to(probs.dtype) * probs[groups].prod(-1)  # [M]
+    return groups.reshape(-1), (prob[:, None] / group_size).expand_as(groups).reshape(-1)
 
 
 def make_batch(
@@ -112,6 +126,7 @@ def train(
     group_size: int = 1,
     epochs: int = 1,
     final_lr_ratio: float = 0.01,
+    max_grad_norm: float | None = None,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> TrainResult:
@@ -149,6 +164,8 @@ def train(
                 result.skipped_steps += 1
                 continue
             loss.backward()
+            if max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
             optimizer.step()
             scheduler.step()
         if progress is not None:
