@@ -18,7 +18,8 @@ err = Console(stderr=True)
 
 
 def _fail(message: str) -> None:
-    err.print(f"[red]error:[/red] {message}")
+    """One unwrapped line on stderr, exit status 2."""
+    typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
 
 
@@ -47,10 +48,13 @@ def toy(
     from softrl.toy import METHODS, plot_runs, run_all
 
     names = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown or not names:
+        _fail(f"unknown method {unknown[0] if unknown else methods!r} in --methods; choose from {', '.join(METHODS)}")
     try:
         problem = TabularProblem.make(vocab=vocab, length=length, success_rate=success_rate,
                                       beta=beta or SPO_BETA, seed=seed)
-        total = sum(len(METHODS[n].data) for n in names if n in METHODS)
+        total = sum(len(METHODS[n].data) for n in names)
         started = time.time()
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err, transient=True) as bar:

@@ -1,0 +1,3 @@
+from softrl.cli import app
+
+app(prog_name="softrl")
