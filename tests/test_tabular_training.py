@@ -31,11 +31,8 @@ def test_exact_off_policy_kl_pg_does_not(problem, name):
 
 @pytest.mark.parametrize("name", ["spo-terminal-bce", "spo-terminal-mse", "spo-advantage-bce", "agro-off"])
 def test_sampled_off_policy_n8(problem, name):
-    method = METHODS[name]
-    group = 8 if method.group_size > 1 else 1
     finals = [
-        train(problem, method.loss, data="off-policy", steps=2000, lr=0.3, samples=8, group_size=group,
-              seed=seed, max_grad_norm=1.0).kl[-1]
+        run_method(problem, METHODS[name], "off-policy", steps=2000, lr=0.3, samples=8, seed=seed, max_grad_norm=1.0)[-1]
         for seed in (0, 1)
     ]
     assert max(finals) < 1e-2, finals

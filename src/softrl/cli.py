@@ -33,6 +33,7 @@ def toy(
     steps: int = typer.Option(600, min=1, help="optimizer steps per method"),
     lr: float = typer.Option(0.3, min=0.0, help="Adam learning rate (cosine-decayed to 1%)"),
     samples: int = typer.Option(0, min=0, help="sequences sampled per step; 0 = exact expectations"),
+    max_grad_norm: float = typer.Option(0.0, min=0.0, help="clip the gradient norm to this; 0 = no clipping"),
     vocab: int = typer.Option(2, min=2, help="vocabulary size V"),
     length: int = typer.Option(5, min=1, help="sequence length L (V**L sequences)"),
     success_rate: float = typer.Option(0.25, help="success rate of the reference policy"),
@@ -64,10 +65,12 @@ def toy(
                 bar.update(task, description=f"done: {label}", advance=1)
 
             runs = run_all(problem, names, steps=steps, lr=lr, samples=samples or None, seed=seed,
-                           workers=workers or os.cpu_count() or 1, progress=advance)
+                           max_grad_norm=max_grad_norm or None, workers=workers or os.cpu_count() or 1,
+                           progress=advance)
     except ValueError as e:
         _fail(str(e))
     mode = f"{samples} samples/step" if samples else "exact expectations"
+    mode += f", grad norm <= {max_grad_norm:g}" if max_grad_norm else ""
     title = (f"V={vocab}, L={length}, beta={problem.beta:.4g}, reference success {problem.success_rate:.2f}, "
              f"{mode}, {steps} steps, lr {lr}")
     rows = [{"method": r.method, "data": r.data, "final_kl": r.final_kl} for r in runs]

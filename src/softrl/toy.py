@@ -17,9 +17,6 @@ from torch import Tensor
 from softrl.algorithms import agro, grpo, ppo, spo
 from softrl.tabular import TabularBatch, TabularProblem, train
 
-B = TabularBatch
-
-
 @dataclass(frozen=True)
 class ToyMethod:
     name: str
@@ -30,26 +27,26 @@ class ToyMethod:
 
 
 def _spo(**objective) -> Callable[[TabularBatch], Tensor]:
-    def loss(b: B) -> Tensor:
+    def loss(b: TabularBatch) -> Tensor:
         return spo.spo_loss(b.logp, b.ref_logp, b.mask, b.reward, b.q0, b.beta, weights=b.weights, **objective)[0]
 
     return loss
 
 
 def _agro(fn: Callable, **kw) -> Callable[[TabularBatch], Tensor]:
-    def loss(b: B) -> Tensor:
+    def loss(b: TabularBatch) -> Tensor:
         return fn(b.logp, b.ref_logp, b.mask, b.reward, b.beta, b.group_size,
                   token_kl=b.token_kl, weights=b.weights, **kw)[0]
 
     return loss
 
 
-def _ppo(b: B) -> Tensor:
+def _ppo(b: TabularBatch) -> Tensor:
     adv, returns = ppo.ppo_advantages(b.old_logp, b.ref_logp, b.old_values, b.reward, b.mask, b.beta, lam=0.95)
     return ppo.ppo_loss(b.logp, b.old_logp, b.values, b.old_values, adv, returns, b.mask, weights=b.weights)[0]
 
 
-def _grpo(b: B) -> Tensor:
+def _grpo(b: TabularBatch) -> Tensor:
     adv = grpo.group_advantages(b.reward, b.group_size)
     return grpo.grpo_loss(b.logp, b.old_logp, b.ref_logp, adv, b.mask, b.beta, weights=b.weights)[0]
 
@@ -77,14 +74,15 @@ METHODS: dict[str, ToyMethod] = {
 
 def run_method(
     problem: TabularProblem, method: ToyMethod, data: str, *, steps: int, lr: float,
-    samples: int | None = None, seed: int = 0,
+    samples: int | None = None, seed: int = 0, max_grad_norm: float | None = None,
 ) -> list[float]:
-    """Train one method on one kind of data; returns KL(pi || pi*) per step (and after the last)."""
-    group = method.group_size if samples is None else max(method.group_size, 1)
-    if samples is not None and method.group_size > 1:
-        group = samples  # one prompt: all sampled generations form one group
-    result = train(problem, method.loss, data=data, steps=steps, lr=lr, samples=samples,
-                   group_size=group, epochs=method.epochs, seed=seed)
+    """Train one method on one kind of data; returns KL(pi || pi*) per step (and after the last).
+
+    Sampled mode has one prompt, so a group estimator takes all `samples` generations as its group.
+    """
+    group = samples if samples is not None and method.group_size > 1 else method.group_size
+    result = train(problem, method.loss, data=data, steps=steps, lr=lr, samples=samples, group_size=group,
+                   epochs=method.epochs, seed=seed, max_grad_norm=max_grad_norm)
     return result.kl
 
 
@@ -107,13 +105,14 @@ def _run_one(args: tuple) -> ToyRun:
 
 def run_all(
     problem: TabularProblem, methods: list[str], *, steps: int, lr: float, samples: int | None = None,
-    seed: int = 0, workers: int = 1, progress: Callable[[str], None] | None = None,
+    seed: int = 0, max_grad_norm: float | None = None, workers: int = 1,
+    progress: Callable[[str], None] | None = None,
 ) -> list[ToyRun]:
     """Every requested method on every kind of data it supports, in `workers` processes."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
-    kwargs = dict(steps=steps, lr=lr, samples=samples, seed=seed)
+    kwargs = dict(steps=steps, lr=lr, samples=samples, seed=seed, max_grad_norm=max_grad_norm)
     jobs = [(problem, name, data, kwargs) for name in methods for data in METHODS[name].data]
     if workers <= 1:
         runs = []
