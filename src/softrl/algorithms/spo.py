@@ -190,6 +190,7 @@ def spo_loss(
     mc: float = 0.0,
     loss: str = "bce",
     eps: float = 1e-4,
+    token_reduction: str = "sum",
     mc_positions: Tensor | None = None,
     mc_target_prob: Tensor | None = None,
     mc_mask: Tensor | None = None,
@@ -198,7 +199,8 @@ def spo_loss(
     """Weighted combination of the SPO objectives, reduced over trajectories.
 
     logp, ref_logp, mask `[B, T]`; reward, q0 `[B]`; `terminal`, `reverse`, `advantage`, `mc`
-    weigh the four objectives; `weights` `[B]` optionally replaces the mean over trajectories.
+    weigh the four objectives; `token_reduction` (sum | mean) reduces the reverse-Q terms within a
+    trajectory; `weights` `[B]` optionally replaces the mean over trajectories.
     """
     beta = check_beta(beta)
     for name, w in (("terminal", terminal), ("reverse", reverse), ("advantage", advantage), ("mc", mc)):
@@ -210,7 +212,7 @@ def spo_loss(
     if terminal:
         parts["terminal"] = terminal * terminal_q_loss(q, reward, beta, loss, eps)
     if reverse:
-        parts["reverse"] = reverse * reverse_q_loss(q, adv, reward, mask, beta, loss, eps)
+        parts["reverse"] = reverse * reverse_q_loss(q, adv, reward, mask, beta, loss, eps, token_reduction)
     if advantage:
         parts["advantage"] = advantage * advantage_bce_loss(adv.sum(-1) / beta, reward, q0, beta)
     if mc:
