@@ -1,0 +1,234 @@
+"""The program that runs *inside* the sandbox: standard library only, started as `python -I -S`.
+
+It reads one job (JSON) on stdin and runs each test of it in a forked child. The child takes
+rlimits, a Landlock layer (scoped signals, no TCP, and in the landlock backend the filesystem)
+and the seccomp filter (raw BPF built outside by pyseccomp), then executes the untrusted source
+in-process. The runner reports facts only, one JSON line per test on its stdout; the host
+decides the status and compares outputs (expected outputs never enter the sandbox).
+Nothing here imports softrl: this file is bind-mounted into the sandbox on its own.
+"""
+
+import base64
+import builtins
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+import traceback
+
+libc = ctypes.CDLL(None, use_errno=True)
+ORIGINAL_BUILTINS = dict(builtins.__dict__)  # taken before any untrusted code runs
+PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_SECCOMP = 38, 4, 1, 22
+SECCOMP_MODE_FILTER = 2
+SYS_LANDLOCK_CREATE, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT = 444, 445, 446
+FS_READ = (1 << 0) | (1 << 2) | (1 << 3)  # execute, read file, read dir
+FS_ALL_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
+NET_TCP = (1 << 0) | (1 << 1)  # bind, connect
+SCOPE_ALL = (1 << 0) | (1 << 1)  # abstract unix sockets, signals
+
+
+def _check(ret, what):
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def landlock_abi():
+    return libc.syscall(SYS_LANDLOCK_CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
+
+
+def landlock(read_paths=(), write_paths=(), filesystem=False):
+    """Restrict this process (and its future children): TCP always, signals and abstract sockets
+    to its own domain (ABI >= 6), and, with `filesystem`, files to the given trees."""
+    abi = landlock_abi()
+    if abi < 1:
+        raise OSError("Landlock is not available")
+    fs = FS_ALL_BY_ABI[max(k for k in FS_ALL_BY_ABI if k <= abi)] if filesystem else 0
+    attr = struct.pack("QQQ", fs, NET_TCP if abi >= 4 else 0, SCOPE_ALL if abi >= 6 else 0)
+    size = 24 if abi >= 6 else 16
+    buf = ctypes.create_string_buffer(attr[:size], size)
+    ruleset = _check(libc.syscall(SYS_LANDLOCK_CREATE, buf, ctypes.c_size_t(size), 0), "landlock_create_ruleset")
+    for paths, access in ((read_paths, FS_READ), (write_paths, fs)):
+        for path in paths if filesystem else ():
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            allowed = access if os.path.isdir(path) else access & ((1 << 0) | (1 << 1) | (1 << 2) | (1 << 14))
+            rule = ctypes.create_string_buffer(struct.pack("=Qi", allowed, fd), 12)
+            _check(libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, 1, rule, 0), f"landlock_add_rule {path}")
+            os.close(fd)
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(libc.syscall(SYS_LANDLOCK_RESTRICT, ruleset, 0), "landlock_restrict_self")
+    os.close(ruleset)
+    return abi
+
+
+def load_seccomp(bpf):
+    """Install a raw BPF program (struct sock_filter[]) as this thread's seccomp filter."""
+    prog_buf = ctypes.create_string_buffer(bpf, len(bpf))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = SockFprog(len(bpf) // 8, ctypes.addressof(prog_buf))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
+
+
+def set_limits(lim):
+    mem = lim["memory_mb"] * 1024 * 1024
+    cpu = max(1, int(lim["cpu_s"] + 0.999))
+    for res, value in (
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, (mem, mem)),
+        (resource.RLIMIT_FSIZE, (lim["file_size_mb"] * 1024 * 1024,) * 2),
+        (resource.RLIMIT_NOFILE, (lim["open_files"],) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_NPROC, (lim["processes"],) * 2),
+    ):
+        resource.setrlimit(res, value)
+
+
+def child(job, test, in_fd, out_w, err_w, bpf):
+    """In the forked child: confine, then run the untrusted source. Never returns."""
+    try:
+        os.setpgid(0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        os.dup2(in_fd, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 1 << 16)
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
+        os.chdir(job["scratch"])
+        if job["child_landlock"]:
+            landlock()
+        set_limits(job["limits"])
+        if bpf:
+            load_seccomp(bpf)
+    except BaseException:  # a confinement step failed: never run the program unconfined
+        os.write(2, ("sandbox setup failed: " + traceback.format_exc()).encode())
+        os._exit(121)
+    code = 0
+    try:
+        namespace = {"__name__": "__main__", "__builtins__": builtins}
+        exec(compile(job["source"], "solution.py", "exec"), namespace)
+        if test.get("check"):
+            builtins.__dict__.clear()
+            builtins.__dict__.update(ORIGINAL_BUILTINS)
+            helpers = {"__builtins__": builtins}
+            exec(compile(job["helpers"], "helpers.py", "exec"), helpers)
+            namespace.update({name: helpers[attr] for name, attr in job["helper_names"].items()})
+            exec(compile(test["check"], "checks.py", "exec"), namespace)
+            sys.stdout.flush()
+            os.write(1, ("\n" + job["nonce"] + "\n").encode())
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except MemoryError:
+        os.write(2, b"MemoryError\n")
+        code = 120
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        code = code or 1
+    os._exit(code)
+
+
+def run_test(job, test, bpf):
+    lim = job["limits"]
+    path = os.path.join(job["scratch"], ".stdin")
+    with open(path, "wb") as f:
+        f.write(test.get("input", "").encode())
+    in_fd = os.open(path, os.O_RDONLY)
+    os.unlink(path)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.close(out_r)
+        os.close(err_r)
+        child(job, test, in_fd, out_w, err_w, bpf)
+    for fd in (in_fd, out_w, err_w):
+        os.close(fd)
+    buffers = {out_r: bytearray(), err_r: bytearray()}
+    open_fds, killed, over = [out_r, err_r], None, False
+    deadline = start + lim["wall_s"]
+    status = None
+    while open_fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            killed = "wall"
+            break
+        ready, _, _ = select.select(open_fds, [], [], min(left, 0.05))
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.remove(fd)
+                continue
+            buffers[fd] += chunk
+            if len(buffers[fd]) > lim["output_bytes"]:
+                over = True
+        if over:
+            break
+        if status is None:  # the child exited: drain what is already there, then stop waiting
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if not done:
+                status = None
+            else:
+                while True:
+                    ready, _, _ = select.select(open_fds, [], [], 0)
+                    chunks = [(fd, os.read(fd, 65536)) for fd in ready]
+                    if not any(c for _, c in chunks):
+                        break
+                    for fd, c in chunks:
+                        buffers[fd] += c
+                break
+    for sig_target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            sig_target()
+        except ProcessLookupError:
+            pass
+    if status is None:
+        _, status, usage = os.wait4(pid, 0)
+    wall = time.monotonic() - start
+    for fd in (out_r, err_r):
+        os.close(fd)
+    cap = lim["output_bytes"]
+    return {
+        "exit_code": os.waitstatus_to_exitcode(status),
+        "killed": killed,
+        "output_limit": over,
+        "wall_s": round(wall, 4),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 4),
+        "stdout": base64.b64encode(bytes(buffers[out_r][:cap])).decode(),
+        "stderr": base64.b64encode(bytes(buffers[err_r][:cap])).decode(),
+    }
+
+
+def main():
+    job = json.loads(sys.stdin.buffer.read())
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/<runner>/fd for the children
+    if job.get("landlock_runner"):
+        landlock(job["read_paths"], [job["scratch"]], filesystem=True)
+    bpf = base64.b64decode(job["bpf"]) if job.get("bpf") else b""
+    for test in job["tests"]:
+        result = run_test(job, test, bpf)
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""Run untrusted Python programs: bubblewrap + seccomp + rlimits, or Landlock + seccomp + rlimits.
+
+One sandbox runs all tests of a problem: a small runner inside (`_runner.py`) forks one child per
+test, so the sandbox start-up is paid once. The host never trusts what comes back beyond facts
+(exit code, output, times): statuses are decided here, outputs compared here.
+
+Statuses: passed | wrong_answer | runtime_error | time_limit | memory_limit | output_limit |
+sandbox_error. A sandbox failure is `sandbox_error`, never a silent wrong answer.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import dataclasses
+import functools
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from softrl.rewards.grading import HELPER_NAMES, HELPERS, outputs_match, strict_checks
+from softrl.rewards.seccomp import seccomp_bpf
+
+STATUSES = ("passed", "wrong_answer", "runtime_error", "time_limit", "memory_limit", "output_limit", "sandbox_error")
+BACKENDS = ("bwrap", "landlock", "unsafe")
+RUNNER = Path(__file__).with_name("_runner.py")
+SETUP_FAILED, MEMORY_ERROR = 121, 120  # exit codes the runner uses
+LANDLOCK_LOST = (
+    "no namespaces (the program shares the host's PID, IPC and network namespaces and its uid), "
+    "no private /tmp (a scratch directory instead), host /dev and /proc paths blocked only by Landlock"
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-test limits. `cpu_s` defaults to `wall_s`."""
+
+    wall_s: float = 5.0
+    cpu_s: float | None = None
+    memory_mb: int = 512
+    output_bytes: int = 1 << 20
+    file_size_mb: int = 16
+    open_files: int = 64
+    scratch_mb: int = 64
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"limit {field.name} must be a positive number, got {field.name}={value!r}")
+        if self.memory_mb < 64:
+            raise ValueError(f"limit memory_mb must be >= 64 (the interpreter needs it), got {self.memory_mb}")
+
+    def for_runner(self) -> dict:
+        return {"wall_s": self.wall_s, "cpu_s": self.cpu_s or self.wall_s, "memory_mb": self.memory_mb,
+                "output_bytes": self.output_bytes, "file_size_mb": self.file_size_mb,
+                "open_files": self.open_files, "processes": 64}
+
+
+@dataclass
+class ExecResult:
+    status: str
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    wall_s: float
+    cpu_s: float
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself could not be set up (not the program's fault)."""
+
+
+def landlock_abi() -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return max(libc.syscall(444, None, 0, 1), 0)
+
+
+def _python() -> str:
+    return os.path.realpath(sys.executable)
+
+
+def _read_paths() -> list[str]:
+    """What the interpreter needs to start, read-only: the system libraries and its own prefix."""
+    paths = ["/usr", "/lib", "/lib64", "/bin", sys.base_prefix, os.path.dirname(_python()), str(RUNNER)]
+    return list(dict.fromkeys(p for p in paths if os.path.exists(p)))
+
+
+def _bwrap_command(limits: Limits) -> list[str]:
+    cmd = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534", "--die-with-parent",
+           "--new-session", "--clearenv", "--cap-drop", "ALL"]
+    for path in _read_paths():
+        if path == str(RUNNER):
+            continue
+        if os.path.islink(path):  # merged /usr: /lib -> usr/lib
+            cmd += ["--symlink", os.readlink(path), path]
+        else:
+            cmd += ["--ro-bind", path, path]
+    cmd += ["--ro-bind", str(RUNNER), "/sandbox/runner.py", "--dev", "/dev",
+            "--size", str(limits.scratch_mb * 1024 * 1024), "--tmpfs", "/tmp", "--chdir", "/tmp",
+            "--", _python(), "-I", "-S", "/sandbox/runner.py"]
+    return cmd
+
+
+class Sandbox:
+    """Runs untrusted programs with limits. `backend`: auto | bwrap | landlock | unsafe."""
+
+    def __init__(self, backend: str = "auto", limits: Limits | None = None, *, unsafe: bool = False):
+        if backend not in ("auto", *BACKENDS):
+            raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got backend={backend!r}")
+        if backend == "unsafe" and not unsafe:
+            raise ValueError("backend='unsafe' runs programs unsandboxed and needs unsafe=True")
+        self.limits = limits or Limits()
+        self.backend = backend if backend != "auto" else choose_backend(unsafe)
+        if self.backend == "landlock":
+            warnings.warn(f"sandbox: bubblewrap unavailable, using Landlock + seccomp + rlimits; lost: {LANDLOCK_LOST}",
+                          stacklevel=2)
+
+    # --- public -----------------------------------------------------------------------------
+    def run(self, source: str, stdin: str = "", limits: Limits | None = None) -> ExecResult:
+        """Run once; `passed` means it exited with status 0 within its limits."""
+        return self._execute(source, [{"input": stdin}], limits)[0]
+
+    def run_tests(self, source: str, tests: list[tuple[str, str]], limits: Limits | None = None) -> list[ExecResult]:
+        """stdin/stdout tests `(input, expected_output)`, all in one sandbox; outputs compared token-wise."""
+        results = self._execute(source, [{"input": i} for i, _ in tests], limits)
+        for result, (_, expected) in zip(results, tests):
+            if result.status == "passed" and not outputs_match(result.stdout, expected):
+                result.status = "wrong_answer"
+        return results
+
+    def run_checks(self, source: str, checks: str, limits: Limits | None = None) -> ExecResult:
+        """Function-style problem: the solution, then `checks` (asserts, already made strict), then a
+        fresh nonce printed by the runner. No nonce at the end of stdout means the checks did not all run."""
+        nonce = secrets.token_hex(16)
+        result = self._execute(source, [{"input": "", "check": strict_checks(checks)}], limits, nonce)[0]
+        if result.status == "passed":
+            body, _, last = result.stdout.rstrip("\n").rpartition("\n")
+            if last != nonce:
+                result.status = "wrong_answer"
+            result.stdout = body if last == nonce else result.stdout
+        elif result.status == "runtime_error" and result.stderr.rstrip().rpartition("\n")[2].startswith("AssertionError"):
+            result.status = "wrong_answer"  # a check failed (the program can only choose among failures)
+        return result
+
+    # --- execution --------------------------------------------------------------------------
+    def _execute(self, source: str, tests: list[dict], limits: Limits | None, nonce: str = "") -> list[ExecResult]:
+        limits = limits or self.limits
+        scratch = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="softrl-sandbox-")
+        job = {
+            "source": source, "tests": tests, "limits": limits.for_runner(), "nonce": nonce,
+            "scratch": "/tmp" if scratch is None else scratch,
+            "bpf": "" if self.backend == "unsafe" else base64.b64encode(seccomp_bpf()).decode(),
+            "child_landlock": self.backend != "unsafe" and landlock_abi() >= 6,
+            "landlock_runner": self.backend == "landlock", "read_paths": _read_paths(),
+            "helpers": HELPERS, "helper_names": HELPER_NAMES,
+        }
+        cmd = _bwrap_command(limits) if self.backend == "bwrap" else [_python(), "-I", "-S", str(RUNNER)]
+        budget = len(tests) * (limits.wall_s + 0.5) + 10
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    cwd=scratch, env={} if scratch else None, start_new_session=True)
+            try:
+                out, err = proc.communicate(json.dumps(job).encode(), timeout=budget)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+        except OSError as e:
+            return [_sandbox_error(f"could not start the sandbox: {e}") for _ in tests]
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+        lines = out.decode(errors="replace").splitlines()
+        results = []
+        for i in range(len(tests)):
+            try:
+                results.append(_classify(json.loads(lines[i]), limits))
+            except (IndexError, ValueError, KeyError):
+                # the runner is gone: the program killed it, or the sandbox failed to start
+                reason = err.decode(errors="replace").strip()[-2000:] or f"runner exit {proc.returncode}"
+                results.append(_runner_lost(reason, proc.returncode))
+        return results
+
+
+def _decode(b64: str) -> str:
+    return base64.b64decode(b64).decode(errors="replace")
+
+
+def _classify(raw: dict, limits: Limits) -> ExecResult:
+    stdout, stderr, code = _decode(raw["stdout"]), _decode(raw["stderr"]), raw["exit_code"]
+    cpu_limit = limits.cpu_s or limits.wall_s
+    if raw["killed"] == "wall":
+        status = "time_limit"
+    elif raw["output_limit"]:
+        status = "output_limit"
+    elif code == SETUP_FAILED:
+        status = "sandbox_error"
+    elif code in (-signal.SIGXCPU, -signal.SIGKILL) and raw["cpu_s"] >= cpu_limit - 0.1:
+        status = "time_limit"
+    elif code == MEMORY_ERROR or stderr.rstrip().endswith("MemoryError"):
+        status = "memory_limit"
+    elif code != 0:
+        status = "runtime_error"
+    else:
+        status = "passed"
+    return ExecResult(status, stdout, stderr, code, raw["wall_s"], raw["cpu_s"])
+
+
+def _sandbox_error(message: str) -> ExecResult:
+    return ExecResult("sandbox_error", "", message, None, 0.0, 0.0)
+
+
+def _runner_lost(stderr: str, returncode: int | None) -> ExecResult:
+    # bwrap's own setup errors begin with "bwrap:"; anything else means the runner was killed from
+    # inside, which only the program under test can do
+    status = "sandbox_error" if stderr.startswith("bwrap:") or "Traceback" in stderr else "runtime_error"
+    return ExecResult(status, "", stderr, returncode, 0.0, 0.0)
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> dict[str, tuple[bool, str]]:
+    """Which backends work here, and why not: {backend: (works, reason)}."""
+    report: dict[str, tuple[bool, str]] = {}
+    for backend in ("bwrap", "landlock"):
+        if backend == "bwrap" and shutil.which("bwrap") is None:
+            report[backend] = (False, "bwrap not installed (apt-get install bubblewrap)")
+            continue
+        if backend == "landlock" and landlock_abi() < 1:
+            report[backend] = (False, "the kernel has no Landlock (needs Linux >= 5.13 with landlock in lsm=)")
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = Sandbox(backend).run("print(6 * 7)")
+        except Exception as e:  # noqa: BLE001 - report whatever broke
+            report[backend] = (False, f"{type(e).__name__}: {e}")
+            continue
+        ok = result.status == "passed" and result.stdout.strip() == "42"
+        detail = f"Landlock ABI {landlock_abi()}" if backend == "landlock" else "user namespaces work"
+        report[backend] = (ok, detail if ok else f"{result.status}: {result.stderr.strip()[-300:]}")
+    return report
+
+
+def choose_backend(unsafe: bool = False) -> str:
+    report = probe()
+    for backend in ("bwrap", "landlock"):
+        if report[backend][0]:
+            return backend
+    if unsafe:
+        return "unsafe"
+    reasons = "; ".join(f"{b}: {r}" for b, (_, r) in report.items())
+    raise SandboxError(f"no sandbox backend works here ({reasons}); pass unsafe=True to run unsandboxed")
