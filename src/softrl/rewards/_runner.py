@@ -109,8 +109,9 @@ def child(job, test, in_fd, out_w, err_w, bpf):
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
         os.chdir(job["scratch"])
-        if job["child_landlock"]:
-            landlock()
+        if job["child_landlock"]:  # own domain: cannot signal the runner; in the landlock backend, no writes
+            fs = job["landlock_runner"]
+            landlock(job["read_paths"] + [job["scratch"]] if fs else (), filesystem=fs)
         set_limits(job["limits"])
         if bpf:
             load_seccomp(bpf)

@@ -34,8 +34,9 @@ BACKENDS = ("bwrap", "landlock", "unsafe")
 RUNNER = Path(__file__).with_name("_runner.py")
 SETUP_FAILED, MEMORY_ERROR = 121, 120  # exit codes the runner uses
 LANDLOCK_LOST = (
-    "no namespaces (the program shares the host's PID, IPC and network namespaces and its uid), "
-    "no private /tmp (a scratch directory instead), host /dev and /proc paths blocked only by Landlock"
+    "no namespaces (the program shares the host's PID, IPC and network namespaces and its uid; "
+    "UDP and raw sockets are refused by seccomp alone), no private /tmp and no writable scratch "
+    "(a size-limited tmpfs cannot be mounted without namespaces, so programs may not write files)"
 )
 
 
