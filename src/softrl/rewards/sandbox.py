@@ -15,6 +15,7 @@ import ctypes
 import dataclasses
 import functools
 import json
+import marshal
 import os
 import secrets
 import shutil
@@ -166,7 +167,7 @@ class Sandbox:
         job = {
             "source": source, "tests": tests, "limits": limits.for_runner(), "nonce": nonce,
             "scratch": "/tmp" if scratch is None else scratch,
-            "bpf": "" if self.backend == "unsafe" else base64.b64encode(seccomp_bpf()).decode(),
+            "bpf": b"" if self.backend == "unsafe" else seccomp_bpf(),
             "child_landlock": self.backend != "unsafe" and landlock_abi() >= 6,
             "landlock_runner": self.backend == "landlock", "read_paths": _read_paths(),
             "helpers": HELPERS, "helper_names": HELPER_NAMES,
@@ -177,7 +178,7 @@ class Sandbox:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     cwd=scratch, env={} if scratch else None, start_new_session=True)
             try:
-                out, err = proc.communicate(json.dumps(job).encode(), timeout=budget)
+                out, err = proc.communicate(marshal.dumps(job), timeout=budget)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 out, err = proc.communicate()
