@@ -4,9 +4,17 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install system-deps demo test clean
 
-install: $(STAMP)
+install: system-deps $(STAMP)
+
+# The sandbox's default backend needs bubblewrap; libseccomp for the seccomp filter. apt only as root.
+system-deps:
+	@if ! command -v bwrap >/dev/null 2>&1 || ! ldconfig -p | grep -q libseccomp.so.2; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2 >/dev/null; \
+	  else echo "note: bubblewrap missing and not root: the sandbox falls back to Landlock"; fi; \
+	fi
 
 # torch first, pinned to the CPU wheel on disk: any looser spec pulls gigabytes of CUDA wheels.
 $(STAMP): pyproject.toml Makefile

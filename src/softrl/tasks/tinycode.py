@@ -1,0 +1,117 @@
+"""tinycode: tiny stdin/stdout programming problems, graded by running the response in the sandbox.
+
+Each problem family has a statement, an input generator and a reference solution (Python source,
+also the expected answer for tests). Expected outputs are computed by running the reference
+solution in-process on the generated inputs (it is trusted code of this module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+from dataclasses import dataclass
+
+from softrl.rewards.sandbox import Limits, Sandbox
+from softrl.tasks.base import Grade, Prompt, Task, extract_code
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    statement: str
+    make_input: object  # (rng) -> str
+    solution: str
+
+
+def _ints(rng: random.Random, n_max: int = 8, lo: int = -20, hi: int = 20) -> str:
+    return " ".join(str(rng.randint(lo, hi)) for _ in range(rng.randint(1, n_max)))
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdeilmnorstu") for _ in range(rng.randint(1, 9)))
+
+
+FAMILIES = [
+    Family("sum", "Read integers on one line and print their sum.", _ints,
+           "print(sum(map(int, input().split())))"),
+    Family("max", "Read integers on one line and print the largest.", _ints,
+           "print(max(map(int, input().split())))"),
+    Family("reverse", "Read a word and print it reversed.", _word, "print(input().strip()[::-1])"),
+    Family("vowels", "Read a word and print how many vowels (a, e, i, o, u) it has.", _word,
+           "print(sum(c in 'aeiou' for c in input()))"),
+    Family("sort", "Read integers on one line and print them in increasing order, separated by spaces.", _ints,
+           "print(*sorted(map(int, input().split())))"),
+    Family("square", "Read an integer n and print n squared.", lambda r: str(r.randint(-99, 99)),
+           "n = int(input())\nprint(n * n)"),
+    Family("palindrome", "Read a word and print YES if it reads the same backwards, otherwise NO.",
+           lambda r: (lambda w: w + w[::-1][r.randint(0, 1):] if r.random() < 0.5 else w)(_word(r)),
+           "w = input().strip()\nprint('YES' if w == w[::-1] else 'NO')"),
+    Family("fib", "Read n (0 <= n <= 30) and print the n-th Fibonacci number (F0 = 0, F1 = 1).",
+           lambda r: str(r.randint(0, 30)), "a, b = 0, 1\nfor _ in range(int(input())):\n    a, b = b, a + b\nprint(a)"),
+    Family("count-even", "Read integers on one line and print how many are even.", _ints,
+           "print(sum(int(x) % 2 == 0 for x in input().split()))"),
+    Family("factorial", "Read n (0 <= n <= 12) and print n factorial.", lambda r: str(r.randint(0, 12)),
+           "import math\nprint(math.factorial(int(input())))"),
+]
+
+
+def run_reference(source: str, stdin: str) -> str:
+    """Run a trusted reference solution in-process, capturing stdout."""
+    lines = iter(stdin.splitlines())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(source, "reference.py", "exec"), {"__name__": "__main__", "input": lambda *_: next(lines)})
+    return out.getvalue()
+
+
+class TinyCodeTask(Task):
+    """Prompt: statement plus two examples; response: a Python program (fenced or bare)."""
+
+    name = "tinycode"
+
+    def __init__(self, size: int = 200, seed: int = 0, tests: int = 5, families: list[str] | None = None,
+                 sandbox: Sandbox | None = None):
+        known = {f.name: f for f in FAMILIES}
+        chosen = families or list(known)
+        unknown = [f for f in chosen if f not in known]
+        if unknown:
+            raise ValueError(f"unknown tinycode family {unknown[0]!r}; choose from {', '.join(known)}")
+        if size < 1 or tests < 1:
+            raise ValueError(f"size and tests must be >= 1, got size={size}, tests={tests}")
+        self._sandbox = sandbox
+        self._prompts = []
+        for i in range(size):
+            rng = random.Random(f"tinycode:{seed}:{i}")
+            family = known[chosen[i % len(chosen)]]
+            inputs = list(dict.fromkeys(family.make_input(rng) for _ in range(tests + 2)))
+            cases = [(x, run_reference(family.solution, x)) for x in inputs]
+            examples = "\n".join(f"Input: {x}\nOutput: {y.strip()}" for x, y in cases[:2])
+            text = f"{family.statement}\n{examples}\n"
+            self._prompts.append(Prompt(f"tinycode-{seed}-{i}", text, {"family": family.name, "tests": cases,
+                                                                       "solution": family.solution}))
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = Sandbox(limits=Limits(wall_s=2.0, memory_mb=256))
+        return self._sandbox
+
+    def prompts(self) -> list[Prompt]:
+        return list(self._prompts)
+
+    def grade(self, prompt: Prompt, response: str) -> Grade:
+        return grade_stdio(self.sandbox, extract_code(response), prompt.meta["tests"])
+
+    def reference_solutions(self, prompt: Prompt) -> list[str]:
+        return [prompt.meta["solution"]]
+
+
+def grade_stdio(sandbox: Sandbox, program: str, tests: list[tuple[str, str]], limits: Limits | None = None) -> Grade:
+    """All tests in one sandbox; passed when every test passed; reward = 1 or 0."""
+    results = sandbox.run_tests(program, tests, limits)
+    statuses = [r.status for r in results]
+    if "sandbox_error" in statuses:
+        raise RuntimeError(f"sandbox failed while grading: {results[statuses.index('sandbox_error')].stderr[-500:]}")
+    passed = all(s == "passed" for s in statuses)
+    return Grade(float(passed), passed, {"statuses": statuses})
