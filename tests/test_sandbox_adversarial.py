@@ -179,3 +179,23 @@ def test_early_exit_and_fake_equality_fail(sandbox):
     for name, source in cheats.items():
         result = sandbox.run_checks(source, checks)
         assert result.status in ("wrong_answer", "runtime_error"), (name, result.status, result.stderr[-300:])
+
+
+def test_no_network_socket_can_even_be_created(sandbox):
+    """Only AF_UNIX sockets exist inside: UDP, IPv6, netlink and packet sockets fail at creation,
+    so nothing is ever sent (this test sends nothing anywhere either)."""
+    source = (
+        "import socket\n"
+        "made = []\n"
+        "for fam, kind in [(socket.AF_INET, socket.SOCK_DGRAM), (socket.AF_INET6, socket.SOCK_STREAM),\n"
+        "                  (socket.AF_NETLINK, socket.SOCK_RAW), (socket.AF_PACKET, socket.SOCK_RAW)]:\n"
+        "    try:\n"
+        "        socket.socket(fam, kind).close()\n"
+        "        made.append(int(fam))\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "a, b = socket.socketpair()\n"
+        "print('made:', made)\n"
+    )
+    result = run(sandbox, source)
+    assert result.status == "passed" and result.stdout.strip() == "made: []", result.stdout + result.stderr
