@@ -118,19 +118,22 @@ def _read_text(path: Path, what: str) -> str:
         _fail(f"cannot read {what} {path}: {e}")
 
 
+PROGRAM_ARG = typer.Argument(..., help="the Python program")
+MEMORY_OPT = typer.Option(512, "--memory-mb", help="address-space limit, MiB")
 BACKEND_OPT = typer.Option("auto", help="auto | bwrap | landlock | unsafe")
 UNSAFE_OPT = typer.Option(False, "--unsafe", help="allow running unsandboxed when no backend works")
+JSON_OPT = typer.Option(False, "--json", help="print one JSON object")
 
 
 @sandbox_app.command("run")
 def sandbox_run(
-    program: Path = typer.Argument(..., help="the Python program"),
+    program: Path = PROGRAM_ARG,
     stdin: Path = typer.Option(None, "--stdin", help="file given as standard input"),
     timeout: float = typer.Option(5.0, help="wall-clock limit, seconds (CPU limit too)"),
-    memory_mb: int = typer.Option(512, "--memory-mb", help="address-space limit, MiB"),
+    memory_mb: int = MEMORY_OPT,
     backend: str = BACKEND_OPT,
     unsafe: bool = UNSAFE_OPT,
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Run PROGRAM once; status, output, exit code and times."""
     source = _read_text(program, "program")
@@ -147,13 +150,13 @@ def sandbox_run(
 
 @sandbox_app.command("test")
 def sandbox_test(
-    program: Path = typer.Argument(..., help="the Python program"),
+    program: Path = PROGRAM_ARG,
     tests: Path = typer.Option(..., "--tests", help='JSONL, one {"input": ..., "output": ...} per line'),
     timeout: float = typer.Option(5.0, help="per-test wall-clock limit, seconds"),
-    memory_mb: int = typer.Option(512, "--memory-mb", help="address-space limit, MiB"),
+    memory_mb: int = MEMORY_OPT,
     backend: str = BACKEND_OPT,
     unsafe: bool = UNSAFE_OPT,
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Run PROGRAM on every stdin/stdout test of TESTS in one sandbox."""
     source = _read_text(program, "program")
