@@ -1,0 +1,148 @@
+"""Sampling with behaviour log-probabilities, on `transformers.generate` with a KV cache.
+
+Many samples of one prompt share the prompt's forward pass: the prompt is run once (prefill),
+its KV cache is repeated `n` times, and `generate` continues from it. Temperature (one value, or
+one drawn per sample from a range as the SPO paper does) and top-p are applied by one logits
+processor, so the scores `generate` returns are exactly the sampling distribution and the
+behaviour log-probs are read from them. A backend implements `Generator.generate`; a vLLM
+backend can do the same without changing callers.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    temperature_range: tuple[float, float] | None = None  # per sample ~ U(lo, hi), e.g. (0.1, 0.8)
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"n and max_new_tokens must be >= 1, got n={self.n}, max_new_tokens={self.max_new_tokens}")
+        if self.temperature <= 0 and self.temperature_range is None:
+            raise ValueError(f"temperature must be > 0, got temperature={self.temperature}")
+        if self.temperature_range is not None and not 0 < self.temperature_range[0] <= self.temperature_range[1]:
+            raise ValueError(f"temperature_range must be 0 < lo <= hi, got {self.temperature_range}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got top_p={self.top_p}")
+
+
+@dataclass
+class Sample:
+    prompt_index: int
+    tokens: list[int]  # response tokens, through EOS or the stop string
+    text: str
+    logprobs: list[float]  # behaviour log-prob of each token under the sampling distribution
+    temperature: float
+    finish: str  # eos | stop | length
+    meta: dict = field(default_factory=dict)
+
+
+class Generator(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
+        """`params.n` samples for each prompt (token ids), grouped by prompt in order."""
+
+
+class _TemperatureTopP:
+    """scores / T_row, then nucleus filtering at top_p (filtered tokens get -inf)."""
+
+    def __init__(self, temperatures: Tensor, top_p: float):
+        self.temperatures, self.top_p = temperatures, top_p
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        scores = scores / self.temperatures[: scores.shape[0], None].to(scores.dtype)
+        if self.top_p >= 1.0:
+            return scores
+        sorted_scores, order = scores.sort(-1, descending=True)
+        cumulative = sorted_scores.softmax(-1).cumsum(-1)
+        drop_sorted = cumulative - sorted_scores.softmax(-1) >= self.top_p  # keep the token that crosses top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        return scores.masked_fill(drop, float("-inf"))
+
+
+class HFGenerator:
+    """`transformers.generate` backend. `max_batch` bounds the rows decoded at once."""
+
+    def __init__(self, model, tokenizer, max_batch: int = 256):
+        self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
+        rng = random.Random(params.seed)
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        samples: list[Sample] = []
+        per_chunk = max(1, self.max_batch // params.n)
+        for start in range(0, len(prompts), per_chunk):
+            chunk = prompts[start : start + per_chunk]
+            samples += self._generate_chunk(chunk, start, params, rng, len(chunk) * params.n)
+        return samples
+
+    def _generate_chunk(self, prompts: list[list[int]], offset: int, params: SamplingParams,
+                        rng: random.Random, rows: int) -> list[Sample]:
+        from transformers import LogitsProcessorList
+
+        pad = self.tokenizer.pad_token_id
+        width = max(len(p) for p in prompts)
+        if min(len(p) for p in prompts) < 1:
+            raise ValueError("every prompt needs at least one token")
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding: generation continues at the right edge
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        device = next(self.model.parameters()).device
+        ids, mask = ids.to(device), mask.to(device)
+        # prefill all but the last prompt token once, then share the cache across the n samples
+        cache = None
+        if width > 1:
+            positions = (mask[:, :-1].cumsum(-1) - 1).clamp_min(0)
+            cache = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions,
+                               use_cache=True).past_key_values
+            cache.batch_repeat_interleave(params.n)
+        ids, mask = ids.repeat_interleave(params.n, 0), mask.repeat_interleave(params.n, 0)
+        if params.temperature_range is not None:
+            temps = [rng.uniform(*params.temperature_range) for _ in range(rows)]
+        else:
+            temps = [params.temperature] * rows
+        processor = _TemperatureTopP(torch.tensor(temps, device=device), params.top_p)
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, past_key_values=cache, do_sample=True, temperature=1.0, top_p=1.0,
+            top_k=0, max_new_tokens=params.max_new_tokens, logits_processor=LogitsProcessorList([processor]),
+            output_scores=True, return_dict_in_generate=True, pad_token_id=pad,
+            eos_token_id=self.tokenizer.eos_token_id,
+        )
+        new = out.sequences[:, width:]  # [rows, steps]
+        logp = torch.log_softmax(torch.stack(out.scores, 1).float(), -1).gather(-1, new[..., None]).squeeze(-1)
+        return [self._sample(offset + r // params.n, new[r].tolist(), logp[r].tolist(), temps[r], params)
+                for r in range(rows)]
+
+    def _sample(self, prompt_index: int, tokens: list[int], logprobs: list[float], temperature: float,
+                params: SamplingParams) -> Sample:
+        eos = self.tokenizer.eos_token_id
+        finish, end = "length", len(tokens)
+        if eos is not None and eos in tokens:
+            finish, end = "eos", tokens.index(eos) + 1
+        text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
+        for stop in params.stop:
+            at = text.find(stop)
+            if at >= 0:  # cut at the first token whose text completes the stop string
+                cut = at + len(stop)
+                for k in range(1, end + 1):
+                    if len(self.tokenizer.decode(tokens[:k], skip_special_tokens=True)) >= cut:
+                        finish, end = "stop", k
+                        break
+                text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
+        return Sample(prompt_index, tokens[:end], text, logprobs[:end], temperature, finish)

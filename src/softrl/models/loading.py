@@ -1,0 +1,70 @@
+"""Loading Hugging Face causal LMs and tokenizers, with one-line errors that say what to do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer could not be loaded; the message says what to do."""
+
+
+def load_tokenizer(path: str | Path, pad_token: str | None = None):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if pad_token is not None:
+        tokenizer.pad_token = pad_token
+    if tokenizer.pad_token_id is None:
+        raise ModelLoadError(
+            f"the tokenizer at {path} has no pad token: pass pad_token=... (often the EOS token, "
+            f"{tokenizer.eos_token!r}) or save one with tokenizer.pad_token = ...; tokenizer.save_pretrained()"
+        )
+    return tokenizer
+
+
+def load_causal_lm(path: str | Path, dtype: str = "float32", pad_token: str | None = None):
+    """(model, tokenizer) from a local directory (or a hub id where a hub is reachable)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    local = Path(path)
+    if not local.exists() and (local.is_absolute() or str(path).startswith(".") or str(path).count("/") != 1):
+        raise ModelLoadError(f"model directory {path} does not exist: run `softrl bootstrap countdown` for the "
+                             "built-in reference, or `softrl model prepare smollm2-135m` for real weights")
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got dtype={dtype!r}")
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read a model config at {path} ({str(e).splitlines()[0]}): "
+                             "point --model at a transformers model directory with config.json") from e
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        arch = (getattr(config, "architectures", None) or [config.model_type])[0]
+        raise ModelLoadError(f"architecture {arch!r} at {path} is not a causal LM this transformers supports: "
+                             "use a model with a *ForCausalLM class (Llama, Qwen2, GPT-2, ...)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    except OSError as e:
+        raise ModelLoadError(f"cannot load weights from {path} ({str(e).splitlines()[0]}): "
+                             "the directory needs model.safetensors (or pytorch_model.bin) next to config.json") from e
+    return model.eval(), load_tokenizer(path, pad_token)
+
+
+def apply_chat_template(tokenizer, text: str) -> str:
+    """The prompt as the tokenizer's chat template renders a single user turn, or unchanged."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return text
+
+
+def model_card(path: str | Path) -> dict:
+    card = Path(path) / "softrl.json"
+    return json.loads(card.read_text()) if card.exists() else {}
