@@ -200,3 +200,57 @@ def sandbox_probe(as_json: bool = typer.Option(False, "--json", help="print JSON
     for backend, (ok, why) in report.items():
         typer.echo(f"{backend:9s} {'works' if ok else 'unavailable'}: {why}")
     typer.echo(f"default backend: {chosen or 'none (only unsafe=True would run programs)'}")
+
+
+@app.command()
+def bootstrap(
+    task: str = typer.Argument("countdown", help="the task whose reference model to build"),
+    seed: int = typer.Option(0, help="seed of data, initialisation and evaluation"),
+    steps: int = typer.Option(0, min=0, help="SFT steps; 0 = the default"),
+    force: bool = typer.Option(False, "--force", help="rebuild even if cached"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Build (or find in the cache) the tiny reference model of a built-in task; print its directory."""
+    from softrl.models.bootstrap import bootstrap as build
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+        job = bar.add_task("bootstrap", total=1, loss="")
+
+        def progress(phase: str, done: int, total: int, loss: float) -> None:
+            bar.update(job, description=phase, completed=done, total=total,
+                       loss=f"loss {loss:.3f}" if phase == "train" else "")
+
+        try:
+            directory = build(task, seed=seed, force=force, progress=progress, **({"steps": steps} if steps else {}))
+        except ValueError as e:
+            _fail(str(e))
+    card = json.loads((directory / "softrl.json").read_text())
+    if as_json:
+        typer.echo(json.dumps({"directory": str(directory), **card["heldout"], "train_seconds": card["train_seconds"]}))
+        return
+    h = card["heldout"]
+    err.print(f"held-out ({h['problems']} problems x {h['samples_per_problem']} samples, T={h['temperature']}): "
+              f"success/sample {h['success_per_sample']:.3f}, pass@1 {h['pass@1']:.3f}, pass@10 {h['pass@10']:.3f}, "
+              f"distinct correct per solved {h['distinct_correct_per_solved']:.2f}")
+    typer.echo(str(directory))
+
+
+model_app = typer.Typer(no_args_is_help=True, help="Prepare real pretrained models (no downloads).")
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("prepare")
+def model_prepare(
+    name: str = typer.Argument(..., help="smollm2-135m"),
+    force: bool = typer.Option(False, "--force", help="convert again even if cached"),
+) -> None:
+    """Convert a model shipped inside a PyPI package into a safetensors folder; print the folder."""
+    from softrl.models.prepare import prepare_model
+
+    try:
+        with err.status(f"preparing {name} (checking sha256, dequantizing, saving)"):
+            directory = prepare_model(name, force=force)
+    except ValueError as e:
+        _fail(str(e))
+    typer.echo(str(directory))

@@ -135,14 +135,17 @@ def solve(numbers: list[int], target: int) -> str | None:
 class CountdownConfig:
     size: int = 1000
     seed: int = 0
-    min_numbers: int = 3
+    min_numbers: int = 4
     max_numbers: int = 4
-    max_number: int = 20
-    max_target: int = 200
+    max_number: int = 10
+    max_target: int = 100
+    max_combined: int = 2  # the target combines at most this many of the numbers (difficulty)
 
     def __post_init__(self) -> None:
         if not 2 <= self.min_numbers <= self.max_numbers <= 6:
             raise ValueError(f"need 2 <= min_numbers <= max_numbers <= 6, got {self.min_numbers}, {self.max_numbers}")
+        if not 2 <= self.max_combined <= self.max_numbers:
+            raise ValueError(f"need 2 <= max_combined <= max_numbers, got max_combined={self.max_combined}")
         if self.size < 1 or self.max_number < 2 or self.max_target < 1:
             raise ValueError("size, max_number and max_target must be positive (max_number >= 2)")
 
@@ -151,7 +154,7 @@ def make_problem(rng: random.Random, cfg: CountdownConfig) -> tuple[list[int], i
     """Random numbers and a target made by combining a random subset of them (so it is reachable)."""
     while True:
         numbers = [rng.randint(1, cfg.max_number) for _ in range(rng.randint(cfg.min_numbers, cfg.max_numbers))]
-        pool = [Fraction(n) for n in rng.sample(numbers, rng.randint(2, len(numbers)))]
+        pool = [Fraction(n) for n in rng.sample(numbers, rng.randint(2, min(cfg.max_combined, len(numbers))))]
         while len(pool) > 1:
             a, b = pool.pop(rng.randrange(len(pool))), pool.pop(rng.randrange(len(pool)))
             op = rng.choice("+-*/" if b != 0 else "+-*")
@@ -183,3 +186,38 @@ class CountdownTask(Task):
     def reference_solutions(self, prompt: Prompt) -> list[str]:
         found = solve(prompt.meta["numbers"], prompt.meta["target"])
         return [] if found is None else [found]
+
+
+def all_expressions(numbers: list[int], limit: int = 20000) -> dict[str, Fraction]:
+    """Distinct expressions over sub-multisets of `numbers` (each used at most once) and their values,
+    with no redundant outer parentheses; at most `limit` of them (search order is deterministic)."""
+    found: dict[str, Fraction] = {}
+
+    def grow(items: list[tuple[Fraction, str]]) -> None:
+        if len(found) >= limit:
+            return
+        for value, text in items:
+            found.setdefault(text[1:-1] if text.startswith("(") and _balanced(text[1:-1]) else text, value)
+        for i in range(len(items)):
+            for j in range(len(items)):
+                if i == j or len(found) >= limit:
+                    continue
+                (a, ta), (b, tb) = items[i], items[j]
+                rest = [x for k, x in enumerate(items) if k not in (i, j)]
+                combos = [(a + b, f"({ta}+{tb})"), (a - b, f"({ta}-{tb})"), (a * b, f"({ta}*{tb})")]
+                if b != 0:
+                    combos.append((a / b, f"({ta}/{tb})"))
+                for value, text in combos:
+                    grow(rest + [(value, text)])
+
+    grow([(Fraction(n), str(n)) for n in numbers])
+    return found
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for c in text:
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth < 0:
+            return False
+    return depth == 0

@@ -1,0 +1,208 @@
+"""The reference-model bootstrap: a tiny character-level Llama trained by supervised fine-tuning on
+synthetic countdown solutions mixed with plausible wrong ones, so that it solves a fraction of
+held-out problems in many different ways. No downloads; minutes on 2 CPU cores.
+
+Cached under `$SOFTRL_CACHE/bootstrap/` (default `~/.cache/softrl`), loaded with the ordinary
+`from_pretrained`; `softrl.json` in the folder records how it was made and how well it does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+
+from softrl.models.chartok import build_char_tokenizer
+from softrl.tasks.countdown import CountdownTask
+
+TASKS = ("countdown",)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SOFTRL_CACHE", Path.home() / ".cache" / "softrl"))
+
+
+@dataclass(frozen=True)
+class BootstrapConfig:
+    task: str = "countdown"
+    seed: int = 0
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 2e-3
+    p_correct: float = 0.9  # share of SFT responses that are correct
+    hidden: int = 192
+    layers: int = 4
+    heads: int = 4
+    mlp: int = 512
+    train_problems: int = 6000
+    eval_problems: int = 100
+    eval_samples: int = 20
+
+    def key(self) -> str:
+        """Changes whenever the recipe or the task's problem distribution changes."""
+        from softrl.tasks.countdown import CountdownConfig
+
+        recipe = {"bootstrap": asdict(self), "task": asdict(CountdownConfig()), "version": 1}
+        return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def bootstrap_dir(config: BootstrapConfig) -> Path:
+    return cache_root() / "bootstrap" / f"{config.task}-s{config.seed}-{config.key()}"
+
+
+def short_expressions(numbers: list[int]) -> dict[str, Fraction]:
+    """Every expression with one or two operations over distinct positions of `numbers`."""
+    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+           "/": lambda a, b: a / b if b else None}
+    out: dict[str, Fraction] = {}
+    idx = range(len(numbers))
+    for i in idx:
+        for j in idx:
+            if i == j:
+                continue
+            a, b = Fraction(numbers[i]), Fraction(numbers[j])
+            for o1, f1 in ops.items():
+                ab = f1(a, b)
+                if ab is None:
+                    continue
+                out.setdefault(f"{numbers[i]}{o1}{numbers[j]}", ab)
+                for k in idx:
+                    if k in (i, j):
+                        continue
+                    c = Fraction(numbers[k])
+                    for o2, f2 in ops.items():
+                        left, right = f2(ab, c), f2(c, ab)
+                        if left is not None:
+                            out.setdefault(f"({numbers[i]}{o1}{numbers[j]}){o2}{numbers[k]}", left)
+                        if right is not None:
+                            out.setdefault(f"{numbers[k]}{o2}({numbers[i]}{o1}{numbers[j]})", right)
+    return out
+
+
+def sft_examples(config: BootstrapConfig) -> list[tuple[str, list[str], list[str]]]:
+    """(prompt, correct responses, plausible wrong responses) for the training problems (their own seed)."""
+    task = CountdownTask(size=config.train_problems, seed=1_000_000 + config.seed)
+    examples = []
+    for prompt in task.prompts():
+        exprs = short_expressions(prompt.meta["numbers"])
+        target = prompt.meta["target"]
+        right = [e for e, v in exprs.items() if v == target]
+        # wrong ones are one-operation near misses: few of them, so their entropy does not drown
+        # the signal of which expressions are right
+        wrong = [e for e, v in exprs.items() if v != target and v.denominator == 1 and v > 0 and "(" not in e]
+        if right and wrong:
+            examples.append((prompt.text, right, wrong))
+    return examples
+
+
+def make_model(config: BootstrapConfig, tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(config.seed)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=config.hidden, intermediate_size=config.mlp,
+        num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.heads,
+        max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    ))
+
+
+def train_sft(model, tokenizer, examples, config: BootstrapConfig, progress: Callable[[int, float], None] | None = None):
+    """AdamW with warm-up and cosine decay; the loss covers the response and its EOS only."""
+    rng = random.Random(config.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = max(1, config.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, 0.1 + 0.9 * 0.5 * (
+        1 + math.cos(math.pi * min(s, config.steps) / config.steps))))
+    encode = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    model.train()
+    for step in range(config.steps):
+        rows, labels = [], []
+        for prompt, right, wrong in rng.sample(examples, config.batch_size):
+            response = rng.choice(right if rng.random() < config.p_correct else wrong)
+            p, r = encode(prompt), encode(response) + [tokenizer.eos_token_id]
+            rows.append(p + r)
+            labels.append([-100] * len(p) + r)
+        width = max(map(len, rows))
+        ids = torch.tensor([x + [tokenizer.pad_token_id] * (width - len(x)) for x in rows])
+        lab = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
+        mask = (torch.arange(width)[None] < torch.tensor([len(x) for x in rows])[:, None]).long()
+        loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if progress is not None:
+            progress(step, loss.item())
+    model.eval()
+
+
+def evaluate(model, tokenizer, config: BootstrapConfig, temperature: float = 1.0, top_p: float = 1.0) -> dict:
+    """Held-out problems (their own seed): per-sample success, pass@1, pass@10, distinct correct answers."""
+    from softrl.algorithms.passk import mean_pass_at_k
+    from softrl.models.generation import HFGenerator, SamplingParams
+
+    task = CountdownTask(size=config.eval_problems, seed=2_000_000 + config.seed)
+    prompts = task.prompts()
+    encoded = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    n = config.eval_samples
+    samples = HFGenerator(model, tokenizer).generate(
+        encoded, SamplingParams(n=n, max_new_tokens=24, temperature=temperature, top_p=top_p, seed=config.seed))
+    correct = [0] * len(prompts)
+    distinct: list[set[str]] = [set() for _ in prompts]
+    for s in samples:
+        if task.grade(prompts[s.prompt_index], s.text).passed:
+            correct[s.prompt_index] += 1
+            distinct[s.prompt_index].add(s.text.strip())
+    solved = [len(d) for d in distinct if d]
+    return {
+        "problems": len(prompts), "samples_per_problem": n, "temperature": temperature, "top_p": top_p,
+        "success_per_sample": sum(correct) / (len(prompts) * n),
+        "pass@1": mean_pass_at_k(correct, n, 1), "pass@10": mean_pass_at_k(correct, n, 10),
+        "solved_problems": len(solved),
+        "distinct_correct_per_solved": sum(solved) / len(solved) if solved else 0.0,
+    }
+
+
+def bootstrap(task: str = "countdown", seed: int = 0, force: bool = False,
+              progress: Callable[[str, int, int, float], None] | None = None, **overrides) -> Path:
+    """Build (or find in the cache) the reference model for `task`; returns its directory."""
+    if task not in TASKS:
+        raise ValueError(f"no bootstrap for task {task!r}; available: {', '.join(TASKS)}")
+    config = BootstrapConfig(task=task, seed=seed, **overrides)
+    final = bootstrap_dir(config)
+    if (final / "softrl.json").exists() and not force:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = final.with_name(final.name + f".tmp{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    tokenizer = build_char_tokenizer(work)
+    examples = sft_examples(config)
+    model = make_model(config, tokenizer)
+    started = time.time()
+    train_sft(model, tokenizer, examples, config,
+              None if progress is None else lambda s, loss: progress("train", s + 1, config.steps, loss))
+    train_s = time.time() - started
+    if progress is not None:
+        progress("evaluate", 0, 1, 0.0)
+    metrics = evaluate(model, tokenizer, config)
+    model.save_pretrained(work)
+    card = {"kind": "softrl-bootstrap", "config": asdict(config), "parameters": sum(p.numel() for p in model.parameters()),
+            "train_examples": len(examples), "train_seconds": round(train_s, 1), "threads": torch.get_num_threads(),
+            "heldout": metrics}
+    (work / "softrl.json").write_text(json.dumps(card, indent=2))
+    if force:
+        shutil.rmtree(final, ignore_errors=True)
+    os.replace(work, final)  # atomic: a half-built model is never found in the cache
+    return final

