@@ -45,3 +45,23 @@ def test_mini_bootstrap_caches_loads_and_is_deterministic(tmp_path, monkeypatch)
     assert all(torch.equal(first[k], v) for k, v in rebuilt.state_dict().items())
     with pytest.raises(ValueError, match="no bootstrap for task 'chess'"):
         bootstrap("chess")
+
+
+def test_bootstrap_cli_prints_the_folder(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    softrl = shutil.which("softrl", path=os.path.dirname(sys.executable))
+    if softrl is None:
+        pytest.skip("softrl console script not installed")
+    env = {**os.environ, "SOFTRL_CACHE": str(tmp_path)}
+    proc = subprocess.run([softrl, "bootstrap", "countdown", "--steps", "3", "--json"], capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["directory"].startswith(str(tmp_path)) and (tmp_path / "bootstrap").exists()
+    assert {"success_per_sample", "pass@1", "pass@10", "distinct_correct_per_solved"} <= set(report)
+    bad = subprocess.run([softrl, "bootstrap", "chess"], capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: no bootstrap for task 'chess'; available: countdown"

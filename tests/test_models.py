@@ -124,3 +124,22 @@ def test_loading_errors_are_one_line_and_say_what_to_do(tiny, tmp_path):
     with pytest.raises(ModelLoadError, match="not a causal LM") as err:
         load_causal_lm(weird)
     assert "\n" not in str(err.value)
+
+
+def test_reference_is_frozen_and_value_model_trains_alone(tiny):
+    from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
+
+    _, model, tok = tiny
+    policy = PolicyModel(model, tok)
+    reference = ReferenceModel.from_policy(policy)
+    batch = policy.batch(_encode(tok, ["1 2 -> 3\n", "4 -> 4\n"]), _encode(tok, ["1+2", "4"]))
+    ref_logp, mask, _ = reference.logprobs(batch)
+    assert not ref_logp.requires_grad and all(not p.requires_grad for p in reference.model.parameters())
+    pol_logp, _, _ = policy.logprobs(batch)
+    assert torch.allclose(pol_logp.detach(), ref_logp, atol=1e-6)  # a copy of the same weights
+    value = ValueModel(model)
+    v = value.values(batch)
+    assert v.shape == mask.shape and (v == 0).all()  # zero-initialised head
+    (v.sum() + 1.0 * value.head.bias.sum()).backward()
+    assert value.head.bias.grad is not None
+    assert all(p.grad is None for p in model.parameters())  # the policy's weights are not shared

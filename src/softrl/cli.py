@@ -231,7 +231,7 @@ def bootstrap(
         return
     h = card["heldout"]
     err.print(f"held-out ({h['problems']} problems x {h['samples_per_problem']} samples, T={h['temperature']}): "
-              f"success/sample {h['success_per_sample']:.3f}, pass@1 {h['pass@1']:.3f}, pass@10 {h['pass@10']:.3f}, "
+              f"success/sample {h['success_per_sample']:.3f}, pass@1 {h['pass@1']:.3f}, pass@10 {h['pass@10'] or float('nan'):.3f}, "
               f"distinct correct per solved {h['distinct_correct_per_solved']:.2f}")
     typer.echo(str(directory))
 

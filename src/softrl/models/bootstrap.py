@@ -169,7 +169,7 @@ def evaluate(model, tokenizer, config: BootstrapConfig, temperature: float = 1.0
     return {
         "problems": len(prompts), "samples_per_problem": n, "temperature": temperature, "top_p": top_p,
         "success_per_sample": sum(correct) / (len(prompts) * n),
-        "pass@1": mean_pass_at_k(correct, n, 1), "pass@10": mean_pass_at_k(correct, n, 10),
+        "pass@1": mean_pass_at_k(correct, n, 1), "pass@10": mean_pass_at_k(correct, n, 10) if n >= 10 else None,
         "solved_problems": len(solved),
         "distinct_correct_per_solved": sum(solved) / len(solved) if solved else 0.0,
     }

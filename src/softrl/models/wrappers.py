@@ -1,0 +1,94 @@
+"""Policy, frozen reference and (for PPO) value model around one Hugging Face causal LM."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from softrl.models.generation import HFGenerator
+from softrl.models.loading import load_causal_lm
+from softrl.models.logprobs import PaddedBatch, pad_batch, token_logprobs
+
+
+class PolicyModel:
+    """The trained policy: log-probs with gradients, a generator, saving."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: str = "float32", lora: dict | None = None) -> "PolicyModel":
+        model, tokenizer = load_causal_lm(path, dtype)
+        if lora is not None:
+            model = attach_lora(model, **lora)
+        return cls(model, tokenizer)
+
+    def batch(self, prompts: list[list[int]], responses: list[list[int]]) -> PaddedBatch:
+        return pad_batch(prompts, responses, self.tokenizer.pad_token_id, side="right")
+
+    def logprobs(self, batch: PaddedBatch, full: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+        return token_logprobs(self.model, batch, full)
+
+    def generator(self, max_batch: int = 256) -> HFGenerator:
+        return HFGenerator(self.model, self.tokenizer, max_batch)
+
+    def save(self, directory: str | Path) -> None:
+        self.model.save_pretrained(str(directory))
+        self.tokenizer.save_pretrained(str(directory))
+
+
+class ReferenceModel:
+    """A frozen copy: no gradients, eval mode, log-probs under no_grad."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model.eval(), tokenizer
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    @classmethod
+    def from_policy(cls, policy: PolicyModel) -> "ReferenceModel":
+        return cls(copy.deepcopy(policy.model), policy.tokenizer)
+
+    @torch.no_grad()
+    def logprobs(self, batch: PaddedBatch, full: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+        return token_logprobs(self.model, batch, full)
+
+
+class ValueModel(nn.Module):
+    """PPO's value model: the reference backbone (a trainable copy) and a scalar head.
+
+    `values(batch)` `[B, T]` is V of the state before each response token (read at the position
+    that predicts it), the convention `softrl.algorithms.ppo.gae` expects."""
+
+    def __init__(self, causal_lm):
+        super().__init__()
+        lm = copy.deepcopy(causal_lm)
+        self.backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.base_model
+        for p in self.backbone.parameters():
+            p.requires_grad_(True)
+        self.head = nn.Linear(lm.config.hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def values(self, batch: PaddedBatch) -> Tensor:
+        hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               position_ids=batch.position_ids).last_hidden_state  # [B, L, H]
+        steps = torch.arange(batch.max_response)
+        index = (batch.response_start[:, None] - 1 + steps[None, :]).clamp(max=hidden.shape[1] - 1)  # [B, T]
+        picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
+        mask = (steps[None, :] < batch.response_len[:, None]).to(picked.dtype)
+        return self.head(picked.float()).squeeze(-1) * mask
+
+
+def attach_lora(model, r: int = 8, alpha: int = 16, dropout: float = 0.0, target_modules: list[str] | None = None):
+    """Wrap `model` with PEFT LoRA adapters (optional extra `softrl[peft]`)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise ValueError("LoRA needs PEFT: pip install 'softrl[peft]'") from e
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, task_type="CAUSAL_LM",
+                        target_modules=target_modules or ["q_proj", "v_proj"])
+    return get_peft_model(model, config)
