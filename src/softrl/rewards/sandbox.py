@@ -88,6 +88,7 @@ class SandboxError(RuntimeError):
     """The sandbox itself could not be set up (not the program's fault)."""
 
 
+@functools.lru_cache(maxsize=1)
 def landlock_abi() -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     return max(libc.syscall(444, None, 0, 1), 0)

@@ -14,7 +14,6 @@ from typing import Any
 from softrl.rewards.sandbox import Limits, Sandbox
 from softrl.tasks.base import Grade, Prompt, Task, extract_code
 from softrl.tasks.records import RecordError, field, read_records
-from softrl.tasks.tinycode import grade_stdio
 
 PYTHON3 = 3  # CodeContests' language id for Python 3
 
@@ -44,6 +43,16 @@ def _limits(where: str, seconds: Any, memory_bytes: Any) -> Limits:
         return Limits(wall_s=min(max(wall, 0.5), 30.0), memory_mb=min(max(memory, 128), 4096))
     except (TypeError, ValueError) as e:
         raise RecordError(f"{where}: bad time or memory limit: {e}") from e
+
+
+def grade_stdio(sandbox: Sandbox, program: str, tests: list[tuple[str, str]], limits: Limits | None = None) -> Grade:
+    """All tests in one sandbox; passed when every test passed; reward = 1 or 0."""
+    results = sandbox.run_tests(program, tests, limits)
+    statuses = [r.status for r in results]
+    if "sandbox_error" in statuses:
+        raise RuntimeError(f"sandbox failed while grading: {results[statuses.index('sandbox_error')].stderr[-500:]}")
+    passed = all(s == "passed" for s in statuses)
+    return Grade(float(passed), passed, {"statuses": statuses})
 
 
 def from_codecontests(record: dict, where: str) -> CodeProblem:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from softrl.rewards.sandbox import Limits, Sandbox
 from softrl.tasks.base import Grade, Prompt, Task, extract_code
+from softrl.tasks.code import grade_stdio
 
 
 @dataclass(frozen=True)
@@ -105,13 +106,3 @@ class TinyCodeTask(Task):
 
     def reference_solutions(self, prompt: Prompt) -> list[str]:
         return [prompt.meta["solution"]]
-
-
-def grade_stdio(sandbox: Sandbox, program: str, tests: list[tuple[str, str]], limits: Limits | None = None) -> Grade:
-    """All tests in one sandbox; passed when every test passed; reward = 1 or 0."""
-    results = sandbox.run_tests(program, tests, limits)
-    statuses = [r.status for r in results]
-    if "sandbox_error" in statuses:
-        raise RuntimeError(f"sandbox failed while grading: {results[statuses.index('sandbox_error')].stderr[-500:]}")
-    passed = all(s == "passed" for s in statuses)
-    return Grade(float(passed), passed, {"statuses": statuses})
