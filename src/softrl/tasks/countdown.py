@@ -137,7 +137,7 @@ class CountdownConfig:
     seed: int = 0
     min_numbers: int = 4
     max_numbers: int = 4
-    max_number: int = 10
+    max_number: int = 6
     max_target: int = 100
     max_combined: int = 2  # the target combines at most this many of the numbers (difficulty)
 
