@@ -64,4 +64,17 @@ def test_bootstrap_cli_prints_the_folder(tmp_path):
     assert report["directory"].startswith(str(tmp_path)) and (tmp_path / "bootstrap").exists()
     assert {"success_per_sample", "pass@1", "pass@10", "distinct_correct_per_solved"} <= set(report)
     bad = subprocess.run([softrl, "bootstrap", "chess"], capture_output=True, text=True, timeout=120, env=env)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: no bootstrap for task 'chess'; available: countdown"
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "error: no bootstrap for task 'chess'; available: countdown, tinycode")
+
+
+def test_mini_tinycode_bootstrap_is_graded_in_the_sandbox(tmp_path, monkeypatch):
+    from softrl.models.bootstrap import sft_examples
+
+    monkeypatch.setenv("SOFTRL_CACHE", str(tmp_path))
+    examples = sft_examples(BootstrapConfig(task="tinycode", train_problems=20))
+    assert len(examples) == 20 and all(len(right) >= 3 and wrong for _, right, wrong in examples)
+    directory = bootstrap("tinycode", seed=1, **{**MINI, "batch_size": 4})
+    card = json.loads((directory / "softrl.json").read_text())
+    assert card["config"]["task"] == "tinycode" and card["heldout"]["problems"] == 4
+    assert directory.name.startswith("tinycode-s1-")

@@ -1,5 +1,5 @@
 """The reference-model bootstrap: a tiny character-level Llama trained by supervised fine-tuning on
-synthetic countdown solutions mixed with plausible wrong ones, so that it solves a fraction of
+synthetic countdown (or tinycode) solutions mixed with plausible wrong ones, so that it solves a fraction of
 held-out problems in many different ways. No downloads; minutes on 2 CPU cores.
 
 Cached under `$SOFTRL_CACHE/bootstrap/` (default `~/.cache/softrl`), loaded with the ordinary
@@ -23,9 +23,12 @@ from pathlib import Path
 import torch
 
 from softrl.models.chartok import build_char_tokenizer
-from softrl.tasks.countdown import CountdownTask
 
-TASKS = ("countdown",)
+TASKS = ("countdown", "tinycode")
+# tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell
+# from the statement, so the share of correct answers sets the success rate
+TASK_DEFAULTS = {"tinycode": dict(steps=300, batch_size=16, train_problems=1000, eval_problems=40, p_correct=0.35)}
+MAX_NEW_TOKENS = {"countdown": 24, "tinycode": 120}
 
 
 def cache_root() -> Path:
@@ -50,10 +53,25 @@ class BootstrapConfig:
 
     def key(self) -> str:
         """Changes whenever the recipe or the task's problem distribution changes."""
-        from softrl.tasks.countdown import CountdownConfig
-
-        recipe = {"bootstrap": asdict(self), "task": asdict(CountdownConfig()), "version": 1}
+        recipe = {"bootstrap": asdict(self), "task": task_fingerprint(self.task), "version": 1}
         return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def task_fingerprint(task: str):
+    """What defines the task's problems: the countdown config, or tinycode's families."""
+    if task == "tinycode":
+        from softrl.tasks.tinycode import FAMILIES
+
+        return [[f.name, f.statement, *f.solutions] for f in FAMILIES]
+    from softrl.tasks.countdown import CountdownConfig
+
+    return asdict(CountdownConfig())
+
+
+def make_task(task: str, size: int, seed: int):
+    from softrl.tasks.registry import load_task
+
+    return load_task(task, size=size, seed=seed)
 
 
 def bootstrap_dir(config: BootstrapConfig) -> Path:
@@ -91,7 +109,12 @@ def short_expressions(numbers: list[int]) -> dict[str, Fraction]:
 
 def sft_examples(config: BootstrapConfig) -> list[tuple[str, list[str], list[str]]]:
     """(prompt, correct responses, plausible wrong responses) for the training problems (their own seed)."""
-    task = CountdownTask(size=config.train_problems, seed=1_000_000 + config.seed)
+    task = make_task(config.task, config.train_problems, 1_000_000 + config.seed)
+    if config.task == "tinycode":
+        from softrl.tasks.tinycode import wrong_programs
+
+        return [(p.text, p.meta["solutions"], wrong_programs(p.meta["solutions"], p.meta["tests"]))
+                for p in task.prompts()]
     examples = []
     for prompt in task.prompts():
         exprs = short_expressions(prompt.meta["numbers"])
@@ -112,7 +135,7 @@ def make_model(config: BootstrapConfig, tokenizer):
     return LlamaForCausalLM(LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=config.hidden, intermediate_size=config.mlp,
         num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.heads,
-        max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        max_position_embeddings=512, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     ))
 
@@ -153,12 +176,13 @@ def evaluate(model, tokenizer, config: BootstrapConfig, temperature: float = 1.0
     from softrl.algorithms.passk import mean_pass_at_k
     from softrl.models.generation import HFGenerator, SamplingParams
 
-    task = CountdownTask(size=config.eval_problems, seed=2_000_000 + config.seed)
+    task = make_task(config.task, config.eval_problems, 2_000_000 + config.seed)
     prompts = task.prompts()
     encoded = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
     n = config.eval_samples
     samples = HFGenerator(model, tokenizer).generate(
-        encoded, SamplingParams(n=n, max_new_tokens=24, temperature=temperature, top_p=top_p, seed=config.seed))
+        encoded, SamplingParams(n=n, max_new_tokens=MAX_NEW_TOKENS[config.task], temperature=temperature, top_p=top_p,
+                                seed=config.seed))
     correct = [0] * len(prompts)
     distinct: list[set[str]] = [set() for _ in prompts]
     for s in samples:
@@ -180,7 +204,7 @@ def bootstrap(task: str = "countdown", seed: int = 0, force: bool = False,
     """Build (or find in the cache) the reference model for `task`; returns its directory."""
     if task not in TASKS:
         raise ValueError(f"no bootstrap for task {task!r}; available: {', '.join(TASKS)}")
-    config = BootstrapConfig(task=task, seed=seed, **overrides)
+    config = BootstrapConfig(task=task, seed=seed, **{**TASK_DEFAULTS.get(task, {}), **overrides})
     final = bootstrap_dir(config)
     if (final / "softrl.json").exists() and not force:
         return final
