@@ -17,6 +17,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from softrl.models.logprobs import pad_batch
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -87,29 +89,26 @@ class HFGenerator:
         per_chunk = max(1, self.max_batch // params.n)
         for start in range(0, len(prompts), per_chunk):
             chunk = prompts[start : start + per_chunk]
-            samples += self._generate_chunk(chunk, start, params, rng, len(chunk) * params.n)
+            samples += self._generate_chunk(chunk, start, params, rng)
         return samples
 
     def _generate_chunk(self, prompts: list[list[int]], offset: int, params: SamplingParams,
-                        rng: random.Random, rows: int) -> list[Sample]:
+                        rng: random.Random) -> list[Sample]:
         from transformers import LogitsProcessorList
 
         pad = self.tokenizer.pad_token_id
-        width = max(len(p) for p in prompts)
         if min(len(p) for p in prompts) < 1:
             raise ValueError("every prompt needs at least one token")
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding: generation continues at the right edge
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        rows = len(prompts) * params.n
+        # left padding: generation continues at the right edge
+        batch = pad_batch(prompts, [[] for _ in prompts], pad, side="left")
         device = next(self.model.parameters()).device
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask, positions = (x.to(device) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
+        width = ids.shape[1]
         # prefill all but the last prompt token once, then share the cache across the n samples
         cache = None
         if width > 1:
-            positions = (mask[:, :-1].cumsum(-1) - 1).clamp_min(0)
-            cache = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions,
+            cache = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
                                use_cache=True).past_key_values
             cache.batch_repeat_interleave(params.n)
         ids, mask = ids.repeat_interleave(params.n, 0), mask.repeat_interleave(params.n, 0)

@@ -40,6 +40,13 @@ def pad_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
     return PaddedBatch(ids, mask, positions, torch.tensor(starts), lengths, int(lengths.max().item()) if rows else 0)
 
 
+def response_positions(batch: PaddedBatch) -> tuple[Tensor, Tensor]:
+    """(index `[B, T]` of the position whose output predicts each response token, mask `[B, T]`)."""
+    steps = torch.arange(batch.max_response)
+    index = (batch.response_start[:, None] - 1 + steps[None, :]).clamp(max=batch.input_ids.shape[1] - 1)
+    return index, (steps[None, :] < batch.response_len[:, None]).float()
+
+
 def token_logprobs(model, batch: PaddedBatch, full: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """(logp `[B, T]`, mask `[B, T]`, full log-distributions `[B, T, V]` or None) of the response tokens.
 
@@ -48,9 +55,7 @@ def token_logprobs(model, batch: PaddedBatch, full: bool = False) -> tuple[Tenso
     """
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                    position_ids=batch.position_ids).logits.float()  # [B, L, V]
-    steps = torch.arange(batch.max_response)
-    index = (batch.response_start[:, None] - 1 + steps[None, :]).clamp(max=logits.shape[1] - 1)  # [B, T]
-    mask = (steps[None, :] < batch.response_len[:, None]).float()  # [B, T]
+    index, mask = response_positions(batch)  # [B, T] each
     picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
     log_dist = torch.log_softmax(picked, -1)
     targets = batch.input_ids.gather(1, (index + 1).clamp(max=logits.shape[1] - 1))  # [B, T]

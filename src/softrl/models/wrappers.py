@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from softrl.models.generation import HFGenerator
 from softrl.models.loading import load_causal_lm
-from softrl.models.logprobs import PaddedBatch, pad_batch, token_logprobs
+from softrl.models.logprobs import PaddedBatch, pad_batch, response_positions, token_logprobs
 
 
 class PolicyModel:
@@ -76,10 +76,8 @@ class ValueModel(nn.Module):
     def values(self, batch: PaddedBatch) -> Tensor:
         hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                position_ids=batch.position_ids).last_hidden_state  # [B, L, H]
-        steps = torch.arange(batch.max_response)
-        index = (batch.response_start[:, None] - 1 + steps[None, :]).clamp(max=hidden.shape[1] - 1)  # [B, T]
+        index, mask = response_positions(batch)  # [B, T] each
         picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
-        mask = (steps[None, :] < batch.response_len[:, None]).to(picked.dtype)
         return self.head(picked.float()).squeeze(-1) * mask
 
 
