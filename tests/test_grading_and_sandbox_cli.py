@@ -45,6 +45,17 @@ def test_strict_equality_semantics():
         assert box.run_checks(source, checks).status == "wrong_answer", (source, checks)
 
 
+@pytest.mark.skipif(not HAS_BACKEND, reason="no sandbox backend works here")
+def test_stop_at_first_error_skips_the_rest():
+    box = Sandbox(limits=Limits(wall_s=0.5))
+    source = "n = int(input())\nwhile n == 2:\n    pass\nprint(n)"
+    tests = [("1", "1"), ("3", "4"), ("2", "2"), ("1", "1"), ("5", "5")]
+    stopped = [r.status for r in box.run_tests(source, tests, stop_at_first_error=True)]
+    # a wrong answer is not an error: the timeout on the third test is what stops the run
+    assert stopped == ["passed", "wrong_answer", "time_limit", "skipped", "skipped"]
+    assert [r.status for r in box.run_tests(source, tests)] == ["passed", "wrong_answer", "time_limit", "passed", "passed"]
+
+
 @pytest.mark.skipif(SOFTRL is None or not HAS_BACKEND, reason="needs the console script and a backend")
 def test_sandbox_cli(tmp_path):
     (tmp_path / "add.py").write_text("a, b = map(int, input().split())\nprint(a + b)\n")

@@ -185,8 +185,9 @@ def evaluate(model, tokenizer, config: BootstrapConfig, temperature: float = 1.0
                                 seed=config.seed))
     correct = [0] * len(prompts)
     distinct: list[set[str]] = [set() for _ in prompts]
-    for s in samples:
-        if task.grade(prompts[s.prompt_index], s.text).passed:
+    grades = task.grade_many([(prompts[s.prompt_index], s.text) for s in samples])
+    for s, grade in zip(samples, grades):
+        if grade.passed:
             correct[s.prompt_index] += 1
             distinct[s.prompt_index].add(s.text.strip())
     solved = [len(d) for d in distinct if d]

@@ -214,10 +214,11 @@ def run_test(job, test, bpf):
     for fd in (out_r, err_r):
         os.close(fd)
     cap = lim["output_bytes"]
-    return (
+    code = os.waitstatus_to_exitcode(status)
+    return code == 0 and not killed and not over, (
         '{"exit_code": %d, "killed": %s, "output_limit": %s, "wall_s": %.4f, "cpu_s": %.4f, '
         '"stdout": "%s", "stderr": "%s"}'
-        % (os.waitstatus_to_exitcode(status), '"wall"' if killed else "null", "true" if over else "false", wall,
+        % (code, '"wall"' if killed else "null", "true" if over else "false", wall,
            usage.ru_utime + usage.ru_stime, _b64(buffers[out_r][:cap]), _b64(buffers[err_r][:cap]))
     )
 
@@ -232,8 +233,11 @@ def main():
     if job.get("landlock_runner"):
         landlock(job["read_paths"], [job["scratch"]], filesystem=True)
     for test in job["tests"]:
-        sys.stdout.write(run_test(job, test, job["bpf"]) + "\n")
+        clean, line = run_test(job, test, job["bpf"])
+        sys.stdout.write(line + "\n")
         sys.stdout.flush()
+        if not clean and job.get("stop_at_first_error"):
+            break
 
 
 if __name__ == "__main__":

@@ -139,9 +139,12 @@ class Sandbox:
         """Run once; `passed` means it exited with status 0 within its limits."""
         return self._execute(source, [{"input": stdin}], limits)[0]
 
-    def run_tests(self, source: str, tests: list[tuple[str, str]], limits: Limits | None = None) -> list[ExecResult]:
-        """stdin/stdout tests `(input, expected_output)`, all in one sandbox; outputs compared token-wise."""
-        results = self._execute(source, [{"input": i} for i, _ in tests], limits)
+    def run_tests(self, source: str, tests: list[tuple[str, str]], limits: Limits | None = None,
+                  stop_at_first_error: bool = False) -> list[ExecResult]:
+        """stdin/stdout tests `(input, expected_output)`, all in one sandbox; outputs compared token-wise.
+        With `stop_at_first_error`, the tests after the first that crashed or ran out of a limit are not
+        run (status "skipped"): a grader that only needs pass/fail does not wait out every timeout."""
+        results = self._execute(source, [{"input": i} for i, _ in tests], limits, stop_at_first_error=stop_at_first_error)
         for result, (_, expected) in zip(results, tests):
             if result.status == "passed" and not outputs_match(result.stdout, expected):
                 result.status = "wrong_answer"
@@ -162,7 +165,8 @@ class Sandbox:
         return result
 
     # --- execution --------------------------------------------------------------------------
-    def _execute(self, source: str, tests: list[dict], limits: Limits | None, nonce: str = "") -> list[ExecResult]:
+    def _execute(self, source: str, tests: list[dict], limits: Limits | None, nonce: str = "",
+                 stop_at_first_error: bool = False) -> list[ExecResult]:
         limits = limits or self.limits
         scratch = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="softrl-sandbox-")
         job = {
@@ -171,7 +175,7 @@ class Sandbox:
             "bpf": b"" if self.backend == "unsafe" else seccomp_bpf(),
             "child_landlock": self.backend != "unsafe" and landlock_abi() >= 6,
             "landlock_runner": self.backend == "landlock", "read_paths": _read_paths(),
-            "helpers": HELPERS, "helper_names": HELPER_NAMES,
+            "helpers": HELPERS, "helper_names": HELPER_NAMES, "stop_at_first_error": stop_at_first_error,
         }
         cmd = _bwrap_command(limits) if self.backend == "bwrap" else [_python(), "-I", "-S", str(RUNNER)]
         budget = len(tests) * (limits.wall_s + 0.5) + 10
@@ -191,6 +195,9 @@ class Sandbox:
         lines = out.decode(errors="replace").splitlines()
         results = []
         for i in range(len(tests)):
+            if stop_at_first_error and results and results[-1].status != "passed" and i >= len(lines):
+                results.append(ExecResult("skipped", "", "", None, 0.0, 0.0))
+                continue
             try:
                 results.append(_classify(json.loads(lines[i]), limits))
             except (IndexError, ValueError, KeyError):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,8 +41,20 @@ class Task(ABC):
         """Known-correct responses (a solver's or humans'), for tests and offline data."""
         return []
 
-    def grade_many(self, pairs: list[tuple[Prompt, str]]) -> list[Grade]:
-        return [self.grade(p, r) for p, r in pairs]
+    # graders that wait on a sandbox process run in threads; graders that use signals must not
+    parallel_grading: bool = False
+
+    def grade_many(self, pairs: list[tuple[Prompt, str]], workers: int | None = None) -> list[Grade]:
+        """Grades in order; a repeated (prompt, response) pair is graded once."""
+        prompts = {p.id: p for p, _ in pairs}
+        unique = list(dict.fromkeys((p.id, r) for p, r in pairs))
+        grade = lambda key: self.grade(prompts[key[0]], key[1])  # noqa: E731
+        if self.parallel_grading and len(unique) > 1:
+            with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+                grades = dict(zip(unique, pool.map(grade, unique)))
+        else:
+            grades = {key: grade(key) for key in unique}
+        return [grades[(p.id, r)] for p, r in pairs]
 
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)

@@ -46,8 +46,9 @@ def _limits(where: str, seconds: Any, memory_bytes: Any) -> Limits:
 
 
 def grade_stdio(sandbox: Sandbox, program: str, tests: list[tuple[str, str]], limits: Limits | None = None) -> Grade:
-    """All tests in one sandbox; passed when every test passed; reward = 1 or 0."""
-    results = sandbox.run_tests(program, tests, limits)
+    """All tests in one sandbox, up to the first crash or timeout; passed when every test passed;
+    reward = 1 or 0."""
+    results = sandbox.run_tests(program, tests, limits, stop_at_first_error=True)
     statuses = [r.status for r in results]
     if "sandbox_error" in statuses:
         raise RuntimeError(f"sandbox failed while grading: {results[statuses.index('sandbox_error')].stderr[-500:]}")
@@ -145,6 +146,8 @@ def humaneval_path() -> Path:
 
 class CodeTask(Task):
     """Problems of one dataset shape; prompts are the statements, responses are programs."""
+
+    parallel_grading = True
 
     def __init__(self, problems: list[CodeProblem], name: str = "code", sandbox: Sandbox | None = None):
         if not problems:

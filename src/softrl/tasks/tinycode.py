@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import random
+import re
+import sys
 from dataclasses import dataclass
 
 from softrl.rewards.sandbox import Limits, Sandbox
@@ -27,7 +29,18 @@ class Family:
 
     @property
     def solutions(self) -> list[str]:
-        return [self.solution, *self.variants]
+        """The written programs, then each again with its variables renamed (a different correct text)."""
+        written = [self.solution, *self.variants]
+        return written + [r for r in dict.fromkeys(map(rename_variables, written)) if r not in written]
+
+
+# one-letter names people also spell out; `x` and `i` stay (loop variables read fine either way)
+RENAMES = {"xs": "nums", "s": "line", "n": "k", "w": "word", "t": "total", "m": "best", "c": "count", "r": "res",
+           "f": "fibs", "a": "prev", "b": "cur"}
+
+
+def rename_variables(program: str) -> str:
+    return re.sub(r"\b(%s)\b" % "|".join(RENAMES), lambda m: RENAMES[m.group(1)], program)
 
 
 def _ints(rng: random.Random, n_max: int = 8, lo: int = -20, hi: int = 20) -> str:
@@ -91,10 +104,20 @@ FAMILIES = [
 
 def run_reference(source: str, stdin: str) -> str:
     """Run a trusted reference solution in-process, capturing stdout."""
-    lines = iter(stdin.splitlines())
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(source, "reference.py", "exec"), {"__name__": "__main__", "input": lambda *_: next(lines)})
+    stream, out = io.StringIO(stdin), io.StringIO()
+
+    def read_line(*_):
+        line = stream.readline()
+        if not line:
+            raise EOFError("EOF when reading a line")
+        return line.rstrip("\n")
+
+    saved_stdin, sys.stdin = sys.stdin, stream
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(source, "reference.py", "exec"), {"__name__": "__main__", "input": read_line})
+    finally:
+        sys.stdin = saved_stdin
     return out.getvalue()
 
 
@@ -102,6 +125,7 @@ class TinyCodeTask(Task):
     """Prompt: statement plus two examples; response: a Python program (fenced or bare)."""
 
     name = "tinycode"
+    parallel_grading = True
 
     def __init__(self, size: int = 200, seed: int = 0, tests: int = 5, families: list[str] | None = None,
                  sandbox: Sandbox | None = None):

@@ -1,0 +1,7 @@
+"""The data layer: the Trajectory schema, the ExperienceStore and the batch samplers."""
+
+from softrl.data.samplers import GroupSampler, MixtureSampler, TrajectoryPool, replay
+from softrl.data.schema import Trajectory
+from softrl.data.store import ExperienceStore, StoreError
+
+__all__ = ["ExperienceStore", "GroupSampler", "MixtureSampler", "StoreError", "Trajectory", "TrajectoryPool", "replay"]

@@ -1,0 +1,112 @@
+"""Samplers: which trajectories make up a training batch.
+
+A *source* is anything with `draw(n, rng) -> list[dict]` (trajectory rows). `TrajectoryPool` is the
+source over rows of the store (e.g. "passed only", SPO's offline set); a runtime's online queue is
+another. `MixtureSampler` mixes sources by weight, `GroupSampler` draws n responses of one prompt
+(AGRO, RLOO, GRPO: groups contiguous), and `replay` swaps fresh samples for stored ones with
+probability p (AGRO's synthetic off-policy setting).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+
+class Source(Protocol):
+    def draw(self, n: int, rng: random.Random) -> list[dict[str, Any]]:
+        """Up to `n` trajectory rows (fewer only when the source has run dry)."""
+
+
+class TrajectoryPool:
+    """Rows of a store table, sampled uniformly with replacement, or by prompt."""
+
+    def __init__(self, rows: pa.Table | Sequence[dict[str, Any]]):
+        self.rows = rows.to_pylist() if isinstance(rows, pa.Table) else list(rows)
+        self.by_prompt: dict[str, list[int]] = defaultdict(list)
+        for i, row in enumerate(self.rows):
+            self.by_prompt[row["prompt_id"]].append(i)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def draw(self, n: int, rng: random.Random) -> list[dict[str, Any]]:
+        return [self.rows[rng.randrange(len(self.rows))] for _ in range(n)] if self.rows else []
+
+    def of_prompt(self, prompt_id: str, n: int, rng: random.Random, replace: bool = False) -> list[dict[str, Any]]:
+        """n rows of one prompt; without replacement unless asked (then fewer when it has fewer)."""
+        index = self.by_prompt.get(prompt_id, [])
+        chosen = [rng.choice(index) for _ in range(n)] if replace and index else rng.sample(index, min(n, len(index)))
+        return [self.rows[i] for i in chosen]
+
+
+def split_counts(total: int, weights: dict[str, float], rng: random.Random) -> dict[str, int]:
+    """`total` divided in proportion to `weights`: the floors, then the remainders drawn by weight, so
+    every batch holds each source's share to within one row and the long-run mix is exact."""
+    names = [k for k, w in weights.items() if w > 0]
+    mass = sum(weights[k] for k in names)
+    exact = {k: total * weights[k] / mass for k in names}
+    counts = {k: int(v) for k, v in exact.items()}
+    remainders = {k: exact[k] - counts[k] for k in names}
+    for _ in range(total - sum(counts.values())):
+        k = rng.choices(list(remainders), weights=list(remainders.values()))[0]
+        counts[k] += 1
+        remainders[k] = 0.0
+    return counts
+
+
+class MixtureSampler:
+    """Batches mixed from named sources by weight, e.g. {"online": 0.5, "offline": 0.25, "mc": 0.25}.
+    Each row is tagged with `mix_source`; a dry source's share goes to the others."""
+
+    def __init__(self, sources: dict[str, Source], weights: dict[str, float], seed: int = 0):
+        unknown = set(weights) - set(sources)
+        if unknown:
+            raise ValueError(f"weight for unknown source {sorted(unknown)[0]!r}; sources: {', '.join(sources)}")
+        bad = {k: w for k, w in weights.items() if not w >= 0}
+        if bad or not any(w > 0 for w in weights.values()):
+            raise ValueError(f"source weights must be >= 0 with a positive sum, got {weights}")
+        self.sources, self.weights, self.rng = sources, dict(weights), random.Random(seed)
+
+    def sample(self, batch_size: int) -> list[dict[str, Any]]:
+        weights, batch = dict(self.weights), []
+        while len(batch) < batch_size and any(w > 0 for w in weights.values()):
+            for name, count in split_counts(batch_size - len(batch), weights, self.rng).items():
+                rows = self.sources[name].draw(count, self.rng) if count else []
+                batch += [{**row, "mix_source": name} for row in rows]
+                if len(rows) < count:
+                    weights[name] = 0.0  # ran dry: the others fill its share
+        if not batch:
+            raise ValueError(f"every source is empty ({', '.join(self.sources)}): nothing to train on")
+        return batch
+
+
+class GroupSampler:
+    """`groups` prompts (among those with at least n rows), n rows each, groups contiguous."""
+
+    def __init__(self, pool: TrajectoryPool, n: int, seed: int = 0):
+        if n < 1:
+            raise ValueError(f"group size n must be >= 1, got n={n}")
+        self.pool, self.n, self.rng = pool, n, random.Random(seed)
+        self.prompts = sorted(p for p, rows in pool.by_prompt.items() if len(rows) >= n)
+
+    def sample(self, groups: int) -> list[dict[str, Any]]:
+        if not self.prompts:
+            raise ValueError(f"no prompt has {self.n} stored responses; lower the group size or add data")
+        chosen = [self.rng.choice(self.prompts) for _ in range(groups)]
+        return [row for prompt_id in chosen for row in self.pool.of_prompt(prompt_id, self.n, self.rng)]
+
+
+def replay(fresh: list[dict[str, Any]], buffer: TrajectoryPool, p: float, rng: random.Random) -> list[dict[str, Any]]:
+    """Each fresh row, with probability p, replaced by a stored row of the same prompt (if it has one)."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"replay probability p must be in [0, 1], got p={p}")
+    out = []
+    for row in fresh:
+        stored = buffer.of_prompt(row["prompt_id"], 1, rng) if rng.random() < p else []
+        out.append({**stored[0], "replayed": True} if stored else row)
+    return out
