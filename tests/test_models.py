@@ -7,26 +7,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from softrl.models.chartok import build_char_tokenizer  # noqa: E402
 from softrl.models.generation import HFGenerator, SamplingParams  # noqa: E402
 from softrl.models.loading import ModelLoadError, load_causal_lm  # noqa: E402
 from softrl.models.logprobs import pad_batch, token_logprobs  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    directory = tmp_path_factory.mktemp("tiny")
-    tokenizer = build_char_tokenizer(directory)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    model, tokenizer = load_causal_lm(directory)
-    return directory, model, tokenizer
 
 
 def _encode(tokenizer, texts):

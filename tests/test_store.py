@@ -1,7 +1,6 @@
 """ExperienceStore: round trip, concurrent writers, a writer killed mid-write, bad files, filters,
 prompts, annotations, dedupe, stats; and the samplers."""
 
-import os
 import random
 import signal
 import subprocess

@@ -2,7 +2,6 @@
 Correct solutions pass and wrong ones fail; bad records are named."""
 
 import json
-import random
 import sys
 from pathlib import Path
 

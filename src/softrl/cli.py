@@ -12,15 +12,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from softrl.cli_common import JSON_OPT, err, fail
+
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="softrl: RL post-training of language models from any data (SPO, AGRO).")
-err = Console(stderr=True)
-
-
-def _fail(message: str) -> None:
-    """One unwrapped line on stderr, exit status 2."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 @app.callback()
@@ -51,7 +46,7 @@ def toy(
     names = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [n for n in names if n not in METHODS]
     if unknown or not names:
-        _fail(f"unknown method {unknown[0] if unknown else methods!r} in --methods; choose from {', '.join(METHODS)}")
+        fail(f"unknown method {unknown[0] if unknown else methods!r} in --methods; choose from {', '.join(METHODS)}")
     try:
         problem = TabularProblem.make(vocab=vocab, length=length, success_rate=success_rate,
                                       beta=beta or SPO_BETA, seed=seed)
@@ -68,7 +63,7 @@ def toy(
                            max_grad_norm=max_grad_norm or None, workers=workers or os.cpu_count() or 1,
                            progress=advance)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     mode = f"{samples} samples/step" if samples else "exact expectations"
     mode += f", grad norm <= {max_grad_norm:g}" if max_grad_norm else ""
     title = (f"V={vocab}, L={length}, beta={problem.beta:.4g}, reference success {problem.success_rate:.2f}, "
@@ -108,21 +103,20 @@ def _make_sandbox(backend: str, unsafe: bool, timeout: float, memory_mb: int):
             typer.echo(f"warning: {w.message}", err=True)
         return sandbox
     except (ValueError, SandboxError) as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 def _read_text(path: Path, what: str) -> str:
     try:
         return path.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        _fail(f"cannot read {what} {path}: {e}")
+        fail(f"cannot read {what} {path}: {e}")
 
 
 PROGRAM_ARG = typer.Argument(..., help="the Python program")
 MEMORY_OPT = typer.Option(512, "--memory-mb", help="address-space limit, MiB")
 BACKEND_OPT = typer.Option("auto", help="auto | bwrap | landlock | unsafe")
 UNSAFE_OPT = typer.Option(False, "--unsafe", help="allow running unsandboxed when no backend works")
-JSON_OPT = typer.Option(False, "--json", help="print one JSON object")
 
 
 @sandbox_app.command("run")
@@ -168,9 +162,9 @@ def sandbox_test(
             record = json.loads(line)
             cases.append((str(record["input"]), str(record["output"])))
         except (ValueError, KeyError, TypeError) as e:
-            _fail(f"{tests}:{number}: a test needs string fields 'input' and 'output' ({type(e).__name__}: {e})")
+            fail(f"{tests}:{number}: a test needs string fields 'input' and 'output' ({type(e).__name__}: {e})")
     if not cases:
-        _fail(f"{tests}: no tests")
+        fail(f"{tests}: no tests")
     results = _make_sandbox(backend, unsafe, timeout, memory_mb).run_tests(source, cases)
     passed = all(r.passed for r in results)
     if as_json:
@@ -224,7 +218,7 @@ def bootstrap(
         try:
             directory = build(task, seed=seed, force=force, progress=progress, **({"steps": steps} if steps else {}))
         except ValueError as e:
-            _fail(str(e))
+            fail(str(e))
     card = json.loads((directory / "softrl.json").read_text())
     if as_json:
         typer.echo(json.dumps({"directory": str(directory), **card["heldout"], "train_seconds": card["train_seconds"]}))
@@ -252,5 +246,12 @@ def model_prepare(
         with err.status(f"preparing {name} (checking sha256, dequantizing, saving)"):
             directory = prepare_model(name, force=force)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(str(directory))
+
+
+from softrl.cli_data import data_app, pts, q0  # noqa: E402  (their own module: the data and annotation commands)
+
+app.add_typer(data_app, name="data")
+app.command("q0")(q0)
+app.command("pts")(pts)

@@ -8,7 +8,6 @@ per trajectory `[B]` whose gradient is the estimator of the contract (the weight
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from softrl.algorithms.common import (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -63,6 +64,19 @@ def apply_chat_template(tokenizer, text: str) -> str:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
     return text
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Prompt token ids as every softrl component feeds them to a model: chat template (when the
+    tokenizer has one), no extra special tokens."""
+    return tokenizer(apply_chat_template(tokenizer, text), add_special_tokens=False)["input_ids"]
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Token ids are only comparable under the same vocabulary: a short hash of it, for the store."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    digest = hashlib.sha256(json.dumps([vocab, tokenizer.eos_token, tokenizer.pad_token]).encode()).hexdigest()
+    return f"{type(tokenizer).__name__}-{len(vocab)}-{digest[:12]}"
 
 
 def model_card(path: str | Path) -> dict:

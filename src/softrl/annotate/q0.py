@@ -1,0 +1,64 @@
+"""Q0 estimation: `Q0_hat(x) = beta * log mean_k exp(r_k / beta)` from K samples of the reference
+policy (ALGORITHMS.md; SPO's r = reward - 1, so a prompt with no success gets -1).
+
+Prompts are processed a few at a time; after each chunk its samples go to the store (source
+"reference": offline data too) and then its Q0 to the prompts table, so a killed run resumes at the
+first prompt without a Q0 for this model and K.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+
+import torch
+
+from softrl.algorithms.spo import q0_from_rewards
+from softrl.annotate.rollouts import RolloutSpec, rollouts
+from softrl.data.store import ExperienceStore
+from softrl.tasks.base import Prompt
+
+
+def q0_row(prompt: Prompt, task: str, rewards: list[float], passed: list[bool], beta: float, model: str) -> dict:
+    """The prompts-table row for one prompt's K samples (task rewards in [0, 1])."""
+    spo_rewards = torch.tensor(rewards, dtype=torch.float64) - 1.0
+    return {"prompt_id": prompt.id, "task": task, "text": prompt.text, "q0_k": len(rewards),
+            "q0_hat": q0_from_rewards(spo_rewards, beta).item(), "q0_success": sum(passed) / len(passed),
+            "q0_beta": beta, "q0_model": model, "meta": {}}
+
+
+def binomial_stderr(success: float, k: int) -> float:
+    return math.sqrt(max(success * (1 - success), 1.0 / k) / k)
+
+
+def is_done(row: dict | None, k: int, model: str) -> bool:
+    return row is not None and row.get("q0_model") == model and (row.get("q0_k") or 0) >= k
+
+
+def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str], list[int]], store: ExperienceStore,
+                k: int, beta: float, model: str, seed: int = 0, chunk: int = 4,
+                progress: Callable[[int, int], None] | None = None) -> dict[str, dict]:
+    """Q0 rows for every prompt (those already in the store for this model and K are kept)."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1 samples per prompt, got k={k}")
+    known = store.prompts()
+    todo = [p for p in prompts if not is_done(known.get(p.id), k, model)]
+    done = len(prompts) - len(todo)
+    if progress is not None:
+        progress(done, len(prompts))
+    for start in range(0, len(todo), chunk):
+        rows, trajectories = [], []
+        for prompt in todo[start : start + chunk]:
+            # the seed depends on the prompt, not on where a resumed run starts
+            samples = rollouts(spec, prompt, encode(prompt.text), [], k, seed + zlib.crc32(prompt.id.encode()))
+            trajectories += samples
+            rows.append(q0_row(prompt, spec.task.name, [s.reward for s in samples], [s.passed for s in samples],
+                               beta, model))
+        store.append(trajectories)
+        store.put_prompts(rows)
+        done += len(rows)
+        if progress is not None:
+            progress(done, len(prompts))
+    latest = store.prompts()
+    return {p.id: latest[p.id] for p in prompts if p.id in latest}

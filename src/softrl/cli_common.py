@@ -1,0 +1,41 @@
+"""What every `softrl` subcommand shares: one-line errors, the stderr console, progress bars."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+err = Console(stderr=True)
+JSON_OPT = typer.Option(False, "--json", help="print one JSON object")
+
+
+def default_store() -> Path:
+    return Path(os.environ.get("SOFTRL_STORE", "runs/store"))
+
+
+STORE_OPT = typer.Option(None, "--store", help="experience store directory (default $SOFTRL_STORE or runs/store)")
+
+
+def fail(message: str) -> None:
+    """One unwrapped line on stderr, exit status 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@contextmanager
+def progress_bar(description: str, total: int | None = None):
+    """A transient bar on stderr; yields `update(done, total=None, **fields)`."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=err, transient=True) as bar:
+        job = bar.add_task(description, total=total)
+
+        def update(done: int, total: int | None = None, description: str | None = None) -> None:
+            bar.update(job, completed=done, **({"total": total} if total is not None else {}),
+                       **({"description": description} if description else {}))
+
+        yield update

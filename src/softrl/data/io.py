@@ -1,0 +1,78 @@
+"""Getting trajectories into and out of the store: prompt/response/reward records (JSONL, JSON,
+Parquet), rows exported by `softrl data export`, and a task's known solutions."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from softrl.data.schema import TRAJECTORY_SCHEMA, Trajectory
+from softrl.tasks.base import Task
+from softrl.tasks.records import RecordError, field, read_records
+
+
+def prompt_id_of(text: str) -> str:
+    return "prompt-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def record_to_trajectory(record: dict[str, Any], where: str, source: str | None, task: str) -> Trajectory:
+    """An exported store row (it has `response_text`) or a `{prompt, response, reward[, passed,
+    prompt_id, task]}` record."""
+    if "response_text" in record:
+        known = {f.name for f in TRAJECTORY_SCHEMA}
+        row = {k: v for k, v in record.items() if k in known}
+        field(row, "prompt_id", where)
+        row.pop("id", None)  # recomputed from the content, so an edited row cannot keep a stale id
+        if isinstance(row.get("created_at"), str):  # from JSONL
+            row["created_at"] = datetime.fromisoformat(row["created_at"])
+        trajectory = Trajectory.from_row({"reward": 0.0, "passed": False, **row})
+        if source:
+            trajectory.source = source
+        return trajectory
+    prompt, response = field(record, "prompt", where), field(record, "response", where)
+    if "reward" not in record and "passed" not in record:
+        raise RecordError(f"{where}: record needs a 'reward' (in [0, 1]) or a 'passed' field")
+    passed_given = record.get("passed")
+    if passed_given is not None and not isinstance(passed_given, bool):
+        raise RecordError(f"{where}: field 'passed' must be true or false, got {passed_given!r}")
+    reward = record.get("reward", float(bool(passed_given)))
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not 0 <= reward <= 1:
+        raise RecordError(f"{where}: field 'reward' must be a number in [0, 1] (1 = solved), got {reward!r}")
+    passed = passed_given if passed_given is not None else reward >= 1
+    return Trajectory(record.get("prompt_id") or prompt_id_of(prompt), response, float(reward), passed,
+                      task=record.get("task") or task, prompt_text=prompt, source=source or "import", policy_version=-1)
+
+
+def read_trajectories(path: str | Path, source: str | None, task: str = "") -> list[Trajectory]:
+    """Every record of a file as trajectories; the first bad record stops the import (nothing written)."""
+    return [record_to_trajectory(record, where, source, task) for where, record in read_records(path)]
+
+
+def task_solutions(task: Task, source: str = "human") -> list[Trajectory]:
+    """The task's known solutions of every prompt, graded by the task (so a wrong one is recorded as such)."""
+    pairs = [(p, s) for p in task.prompts() for s in task.reference_solutions(p)]
+    grades = task.grade_many(pairs)
+    return [Trajectory(p.id, s, g.reward, g.passed, task=task.name, prompt_text=p.text, source=source)
+            for (p, s), g in zip(pairs, grades)]
+
+
+def export(table: pa.Table, out: str | Path) -> int:
+    """Rows to `.parquet`, `.jsonl` or `.jsonl.gz` (timestamps as ISO strings); returns rows written."""
+    out = Path(out)
+    if out.suffix == ".parquet":
+        pq.write_table(table, out)
+    elif out.name.endswith((".jsonl", ".jsonl.gz")):
+        opener = gzip.open if out.suffix == ".gz" else open
+        with opener(out, "wt", encoding="utf-8") as f:
+            for row in table.to_pylist():
+                f.write(json.dumps(row, default=lambda v: v.isoformat()) + "\n")
+    else:
+        raise ValueError(f"cannot export to {out}: use a .parquet, .jsonl or .jsonl.gz file name")
+    return table.num_rows
