@@ -27,7 +27,7 @@ from softrl.models.chartok import build_char_tokenizer
 TASKS = ("countdown", "tinycode")
 # tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell
 # from the statement, so the share of correct answers sets the success rate
-TASK_DEFAULTS = {"tinycode": dict(steps=300, batch_size=16, train_problems=1000, eval_problems=40, p_correct=0.35)}
+TASK_DEFAULTS = {"tinycode": dict(steps=300, batch_size=16, lr=3e-3, train_problems=1000, eval_problems=40, p_correct=0.8)}
 MAX_NEW_TOKENS = {"countdown": 24, "tinycode": 120}
 
 
