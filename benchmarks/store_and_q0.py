@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 
 from softrl.annotate.q0 import binomial_stderr, estimate_q0
-from softrl.annotate.rollouts import RolloutSpec
+from softrl.rollout import RolloutSpec
 from softrl.data import ExperienceStore, Trajectory, TrajectoryPool
 from softrl.models.bootstrap import MAX_NEW_TOKENS, bootstrap
 from softrl.models.generation import HFGenerator, SamplingParams
 from softrl.models.loading import encode_prompt, load_causal_lm, tokenizer_fingerprint
-from softrl.tabular.problem import SPO_BETA
+from softrl.algorithms.common import SPO_BETA
 from softrl.tasks.registry import load_task
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from softrl.annotate.pts import annotate_store, bisect_pivots, render, search
 from softrl.annotate.q0 import binomial_stderr, estimate_q0
-from softrl.annotate.rollouts import RolloutSpec
+from softrl.rollout import RolloutSpec
 from softrl.data import ExperienceStore, Trajectory
 from softrl.models.generation import Sample
 from softrl.tasks.base import Grade, Prompt, Task

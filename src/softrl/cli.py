@@ -255,3 +255,9 @@ from softrl.cli_data import data_app, pts, q0  # noqa: E402  (their own module: 
 app.add_typer(data_app, name="data")
 app.command("q0")(q0)
 app.command("pts")(pts)
+
+from softrl.cli_train import demo, plot, train_command  # noqa: E402
+
+app.command("train")(train_command)
+app.command("demo")(demo)
+app.command("plot")(plot)

@@ -106,7 +106,7 @@ def data_dedupe(store: Path = STORE_OPT) -> None:
 def reference_spec(task_spec: str, model: str, size: int, seed: int, max_new_tokens: int, temperature: float,
                    source: str, dtype: str):
     """(task, RolloutSpec, encode_prompt, encode_response, model id) for sampling the reference policy."""
-    from softrl.annotate.rollouts import RolloutSpec
+    from softrl.rollout import RolloutSpec
     from softrl.models.bootstrap import MAX_NEW_TOKENS, TASKS, bootstrap
     from softrl.models.generation import HFGenerator
     from softrl.models.loading import ModelLoadError, encode_prompt, load_causal_lm, tokenizer_fingerprint
@@ -149,7 +149,7 @@ def q0(
     import math
 
     from softrl.annotate.q0 import binomial_stderr, estimate_q0
-    from softrl.tabular.problem import SPO_BETA
+    from softrl.algorithms.common import SPO_BETA
 
     beta = beta or SPO_BETA
     if not math.isfinite(beta) or beta <= 0:

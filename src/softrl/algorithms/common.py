@@ -17,6 +17,8 @@ import math
 import torch
 from torch import Tensor
 
+SPO_BETA = 1.0 / math.log(100_000)  # the SPO paper's default beta, ~0.0869
+
 
 def check_beta(beta: float) -> float:
     if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from softrl.annotate.rollouts import RolloutSpec, rollouts
 from softrl.data.schema import Trajectory
 from softrl.data.store import ExperienceStore
+from softrl.rollout import Context, RolloutSpec, rollouts
 from softrl.tasks.base import Prompt
 
 
@@ -74,7 +74,7 @@ def search(spec: RolloutSpec, prompt: Prompt, prompt_tokens: list[int], response
         if t == 0 and s0 is not None:
             ks[t] = s0[1]
             return s0[0]
-        batch = rollouts(spec, prompt, prompt_tokens, response[:t], k, seed + 104729 * t)
+        batch = rollouts(spec, [Context(prompt, list(prompt_tokens), tuple(response[:t]))], k, seed + 104729 * t)
         made.extend(batch)
         ks[t] = k
         return sum(r.passed for r in batch) / k

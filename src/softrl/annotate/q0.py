@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 
 from softrl.algorithms.spo import q0_from_rewards
-from softrl.annotate.rollouts import RolloutSpec, rollouts
 from softrl.data.store import ExperienceStore
+from softrl.rollout import Context, RolloutSpec, rollouts
 from softrl.tasks.base import Prompt
 
 
@@ -51,7 +51,7 @@ def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str]
         rows, trajectories = [], []
         for prompt in todo[start : start + chunk]:
             # the seed depends on the prompt, not on where a resumed run starts
-            samples = rollouts(spec, prompt, encode(prompt.text), [], k, seed + zlib.crc32(prompt.id.encode()))
+            samples = rollouts(spec, [Context(prompt, encode(prompt.text))], k, seed + zlib.crc32(prompt.id.encode()))
             trajectories += samples
             rows.append(q0_row(prompt, spec.task.name, [s.reward for s in samples], [s.passed for s in samples],
                                beta, model))

@@ -94,6 +94,10 @@ class GroupSampler:
         self.pool, self.n, self.rng = pool, n, random.Random(seed)
         self.prompts = sorted(p for p, rows in pool.by_prompt.items() if len(rows) >= n)
 
+    def draw(self, n: int, rng: random.Random) -> list[dict[str, Any]]:
+        """About n rows in whole groups (a Source; its own RNG, so its state can be saved)."""
+        return self.sample(max(1, round(n / self.n))) if self.prompts else []
+
     def sample(self, groups: int) -> list[dict[str, Any]]:
         if not self.prompts:
             raise ValueError(f"no prompt has {self.n} stored responses; lower the group size or add data")

@@ -173,31 +173,15 @@ def train_sft(model, tokenizer, examples, config: BootstrapConfig, progress: Cal
 
 def evaluate(model, tokenizer, config: BootstrapConfig, temperature: float = 1.0, top_p: float = 1.0) -> dict:
     """Held-out problems (their own seed): per-sample success, pass@1, pass@10, distinct correct answers."""
-    from softrl.algorithms.passk import mean_pass_at_k
-    from softrl.models.generation import HFGenerator, SamplingParams
+    from softrl.eval.protocol import evaluate as run_protocol
+    from softrl.models.generation import HFGenerator
+    from softrl.rollout import RolloutSpec
 
     task = make_task(config.task, config.eval_problems, 2_000_000 + config.seed)
-    prompts = task.prompts()
-    encoded = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
-    n = config.eval_samples
-    samples = HFGenerator(model, tokenizer).generate(
-        encoded, SamplingParams(n=n, max_new_tokens=MAX_NEW_TOKENS[config.task], temperature=temperature, top_p=top_p,
-                                seed=config.seed))
-    correct = [0] * len(prompts)
-    distinct: list[set[str]] = [set() for _ in prompts]
-    grades = task.grade_many([(prompts[s.prompt_index], s.text) for s in samples])
-    for s, grade in zip(samples, grades):
-        if grade.passed:
-            correct[s.prompt_index] += 1
-            distinct[s.prompt_index].add(s.text.strip())
-    solved = [len(d) for d in distinct if d]
-    return {
-        "problems": len(prompts), "samples_per_problem": n, "temperature": temperature, "top_p": top_p,
-        "success_per_sample": sum(correct) / (len(prompts) * n),
-        "pass@1": mean_pass_at_k(correct, n, 1), "pass@10": mean_pass_at_k(correct, n, 10) if n >= 10 else None,
-        "solved_problems": len(solved),
-        "distinct_correct_per_solved": sum(solved) / len(solved) if solved else 0.0,
-    }
+    spec = RolloutSpec(task, HFGenerator(model, tokenizer), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                       "", MAX_NEW_TOKENS[config.task], source="eval")
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return run_protocol(spec, task.prompts(), encode, config.eval_samples, temperature, top_p, config.seed)
 
 
 def bootstrap(task: str = "countdown", seed: int = 0, force: bool = False,

@@ -8,16 +8,14 @@ A tabular autoregressive policy holds one logit row per prefix: level `t` is a `
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 from torch import Tensor, nn
 
-from softrl.algorithms.common import check_beta
+from softrl.algorithms.common import SPO_BETA, check_beta
 
-SPO_BETA = 1.0 / math.log(100_000)  # the SPO paper's default, ~0.0869
 
 
 class TabularPolicy(nn.Module):

@@ -1,0 +1,125 @@
+"""`softrl train`, `softrl demo` and `softrl plot`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from softrl.cli_common import JSON_OPT, err, fail
+
+# the demo's embedded defaults: SPO with the terminal Q-loss (the paper's main variant), half online
+# and half offline (passed reference samples from Q0 estimation), on the countdown bootstrap model
+DEMO = {
+    "name": "demo", "out_dir": "runs",
+    "task": {"name": "countdown", "size": 200, "eval_size": 100},
+    "q0": {"k": 64},
+    "sampling": {"prompts_per_step": 16, "samples_per_prompt": 4},
+    "data": {"mix": {"online": 0.5, "offline": 0.5}, "store": "runs/store",
+             "objective": {"algorithm": "spo", "terminal": 1.0, "loss": "bce"}},
+    "optim": {"steps": 150, "lr": 1e-4, "warmup_steps": 10},
+    "eval": {"samples": 20, "temperature": 0.4, "top_p": 0.95},
+    "log": {"checkpoint_every": 50},
+}
+
+
+def run_training(config, resume: bool, quiet: bool = False) -> dict:
+    """Train with a progress bar (step, reward, KL, samples/s); errors as one line."""
+    from softrl.config import ConfigError
+    from softrl.data.store import StoreError
+    from softrl.models.loading import ModelLoadError
+    from softrl.train.learner import NonFiniteLossError
+
+    if config.runtime.kind == "ray":  # the same interface on Ray actors
+        from softrl.runtime import ray_runtime as runtime
+    else:
+        from softrl.runtime import local as runtime
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=err, transient=True, disable=quiet) as bar:
+        job = bar.add_task("setup", total=config.optim.steps, info="")
+
+        def on_phase(name: str, done: int, total: int) -> None:
+            bar.update(job, description=name, completed=done, total=total, info="")
+
+        def on_step(r: dict) -> None:
+            info = (f"reward {r.get('online_pass_rate', float('nan')):.3f}  KL {r.get('kl_ref', float('nan')):.3f}  "
+                    f"{r['samples_per_s']:.1f} samples/s")
+            bar.update(job, description="train", completed=r["step"], total=config.optim.steps, info=info)
+
+        try:
+            return runtime.train(config, resume=resume, on_step=on_step, on_phase=on_phase,
+                         log=(lambda m: None) if quiet else (lambda m: err.print(m, highlight=False)))
+        except (ConfigError, ModelLoadError, StoreError, NonFiniteLossError) as e:
+            fail(str(e))
+
+
+def train_command(
+    args: list[str] = typer.Argument(None, help="[CONFIG.yaml] [key=value ...], e.g. run.yaml optim.lr=3e-4"),
+    resume: bool = typer.Option(False, "--resume", help="continue the run from its newest checkpoint"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Train a policy from a YAML config (and key=value overrides)."""
+    from softrl.config import ConfigError, load_config
+
+    args = list(args or [])
+    path = args.pop(0) if args and "=" not in args[0] else None
+    try:
+        config = load_config(path, args)
+    except ConfigError as e:
+        fail(str(e))
+    summary = run_training(config, resume)
+    typer.echo(json.dumps(summary) if as_json else f"run directory: {summary['run_dir']}")
+
+
+def demo(
+    steps: int = typer.Option(DEMO["optim"]["steps"], min=1, help="learner steps"),
+    seed: int = typer.Option(0, help="seed of sampling and batches"),
+    mode: str = typer.Option("sync", help="local runtime mode: sync or async"),
+    out: Path = typer.Option(Path("runs"), help="parent of the run directory"),
+    as_json: bool = typer.Option(False, "--json", help="print pass@1/pass@10 before and after as JSON"),
+) -> None:
+    """The main job on embedded defaults: countdown reference, Q0, SPO half online / half offline, pass@k before and after."""
+    from softrl.config import ConfigError, load_config
+
+    name = f"demo-s{seed}-{mode}"
+    overrides = [f"optim.steps={steps}", f"seed={seed}", f"runtime.mode={mode}", f"out_dir={out}", f"name={name}",
+                 f"data.store={out / 'store'}"]
+    try:
+        config = load_config(None, overrides, base=DEMO)
+    except ConfigError as e:
+        fail(str(e))
+    run_dir = config.run_dir
+    if run_dir.exists():  # a demo starts over; the store (and its Q0 samples) is kept
+        import shutil
+
+        shutil.rmtree(run_dir)
+    summary = run_training(config, resume=False, quiet=as_json)
+    if as_json:
+        typer.echo(json.dumps({k: summary[k] for k in ("pass@1_before", "pass@10_before", "pass@1_after",
+                                                       "pass@10_after", "run_dir", "steps", "samples", "seconds")}))
+        return
+    table = Table(title=f"SPO on countdown ({summary['steps']} steps, {summary['samples']} online samples, "
+                        f"{summary['seconds']:.0f} s)")
+    for col in ("", "pass@1", "pass@10"):
+        table.add_column(col, justify="right" if col else "left")
+    table.add_row("reference (before)", f"{summary['pass@1_before']:.3f}", f"{summary['pass@10_before']:.3f}")
+    table.add_row("SPO (after)", f"{summary['pass@1_after']:.3f}", f"{summary['pass@10_after']:.3f}")
+    Console().print(table)
+    typer.echo(f"run directory: {summary['run_dir']}\nplot: {summary['plots'][0]}")
+
+
+def plot(run_dir: Path = typer.Argument(..., help="a run directory (holds metrics.jsonl)")) -> None:
+    """Draw reward, pass@k, KL and loss against steps to RUN_DIR/training.png."""
+    from softrl.plots import plot_run
+
+    try:
+        paths = plot_run(run_dir)
+    except FileNotFoundError as e:
+        fail(str(e))
+    for p in paths:
+        typer.echo(str(p))

@@ -1,0 +1,264 @@
+"""Run configuration: pydantic models, one YAML file, `key=value` overrides from the command line.
+
+A wrong key or value is a `ConfigError` with one line naming it (`optim.lr: must be > 0, got -1`).
+docs/USAGE.md's configuration reference is generated from these models (`config_reference()`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from softrl.algorithms.common import SPO_BETA
+
+ALGORITHMS = ("spo", "agro-off", "agro-on", "ppo", "grpo", "rloo", "kl-pg")
+GROUP_ALGORITHMS = ("agro-off", "agro-on", "grpo", "rloo", "kl-pg")  # need n responses per prompt, contiguous
+SOURCES = ("online", "offline", "mc")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, in one line that names the key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field("bootstrap", description="model directory, or 'bootstrap' for the task's built-in reference")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="weights and compute dtype")
+    lora: dict[str, Any] | None = Field(None, description="PEFT LoRA options (r, alpha, ...); needs softrl[hf] + peft")
+
+
+class TaskConfig(Section):
+    name: str = Field("countdown", description="task spec: countdown, tinycode, KIND:PATH, gym:NAME, module:Name")
+    size: int = Field(200, ge=1, description="training prompts")
+    seed: int = Field(0, description="seed of the training prompts")
+    eval_size: int = Field(100, ge=1, description="held-out prompts for evaluation")
+    eval_seed: int = Field(1, description="seed of the held-out prompts (differs from `seed`)")
+
+
+class ObjectiveConfig(Section):
+    algorithm: Literal["spo", "agro-off", "agro-on", "ppo", "grpo", "rloo", "kl-pg"] = Field(
+        "spo", description="loss applied to this source's rows")
+    weight: float = Field(1.0, ge=0, description="weight of this source's loss in the total")
+    terminal: float = Field(1.0, ge=0, description="spo: weight of the terminal Q-regression")
+    reverse: float = Field(0.0, ge=0, description="spo: weight of the reverse-Q (non-terminal) targets")
+    advantage: float = Field(0.0, ge=0, description="spo: weight of the sigmoid-warped advantage BCE")
+    mc: float = Field(0.0, ge=0, description="spo: weight of the Monte-Carlo (PTS) targets")
+    loss: Literal["bce", "squared"] = Field("bce", description="spo: regression loss")
+    eps: float = Field(1e-4, gt=0, lt=1, description="spo: BCE clip")
+    estimator: Literal["g1", "g2", "g3"] = Field("g1", description="agro: regulariser-gradient estimator")
+    kl: Literal["sequence", "token"] = Field("sequence", description="kl-pg: KL term")
+    clip: float = Field(0.2, gt=0, description="ppo / grpo: ratio clip")
+    value_coef: float = Field(0.5, ge=0, description="ppo: value-loss weight")
+    lam: float = Field(0.95, ge=0, le=1, description="ppo: GAE lambda")
+
+
+class DataConfig(Section):
+    store: str = Field("runs/store", description="experience store directory (shared by runs)")
+    mix: dict[str, float] = Field(default_factory=lambda: {"online": 0.5, "offline": 0.5},
+                                  description="share of each source in a batch: online, offline, mc")
+    objectives: dict[str, ObjectiveConfig] = Field(
+        default_factory=dict, description="per-source loss; a source not named uses `objective`")
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig, description="the default loss")
+    offline_sources: list[str] = Field(["reference"], description="store sources that make the offline pool")
+    offline_passed_only: bool = Field(True, description="offline pool holds passed trajectories only (SPO)")
+
+    @field_validator("mix")
+    @classmethod
+    def _mix(cls, mix: dict[str, float]) -> dict[str, float]:
+        for name, weight in mix.items():
+            if name not in SOURCES:
+                raise ValueError(f"unknown source {name!r} (use {', '.join(SOURCES)})")
+            if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
+                raise ValueError(f"weight of {name!r} must be a number >= 0, got {weight!r}")
+        if not any(w > 0 for w in mix.values()):
+            raise ValueError("at least one source needs a weight > 0")
+        return mix
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, objectives: dict[str, ObjectiveConfig]) -> dict[str, ObjectiveConfig]:
+        unknown = [k for k in objectives if k not in SOURCES]
+        if unknown:
+            raise ValueError(f"unknown source {unknown[0]!r} (use {', '.join(SOURCES)})")
+        return objectives
+
+    def objective_for(self, source: str) -> ObjectiveConfig:
+        return self.objectives.get(source, self.objective)
+
+
+class Q0Config(Section):
+    k: int = Field(64, ge=1, description="reference samples per prompt for Q0_hat (the SPO paper: 800)")
+
+
+class SamplingConfig(Section):
+    prompts_per_step: int = Field(16, ge=1, description="prompts sampled online per learner step")
+    samples_per_prompt: int = Field(4, ge=1, description="online responses per prompt (the group size)")
+    max_new_tokens: int = Field(0, ge=0, description="0 = the task's default")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    temperature_range: tuple[float, float] | None = Field(
+        None, description="per-sample temperature ~ U(lo, hi), e.g. [0.1, 0.8] (SPO); overrides temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+
+
+class OptimConfig(Section):
+    steps: int = Field(100, ge=1, description="learner steps")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    warmup_steps: int = Field(5, ge=0, description="linear warm-up steps")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping (0 = off)")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per step (gradient accumulation)")
+    max_nonfinite: int = Field(3, ge=1, description="stop after this many NaN/inf losses in a row")
+
+
+class RuntimeConfig(Section):
+    kind: Literal["local", "ray"] = Field("local", description="local (one process) or ray")
+    mode: Literal["sync", "async"] = Field("sync", description="local: generate then learn, or generate in a thread")
+    model_update_interval: int = Field(1, ge=1, description="learner steps between weight updates to generation")
+    workers: int = Field(2, ge=1, description="ray: rollout-worker actors")
+    ray_address: str | None = Field(None, description="ray: cluster address (None = start a local Ray)")
+
+
+class EvalConfig(Section):
+    samples: int = Field(20, ge=1, description="samples per held-out prompt (SPO's protocol: 20)")
+    temperature: float = Field(0.4, gt=0, description="evaluation temperature (SPO's protocol: 0.4)")
+    top_p: float = Field(0.95, gt=0, le=1, description="evaluation top-p (SPO's protocol: 0.95)")
+    every: int = Field(0, ge=0, description="evaluate every this many steps (0 = before and after only)")
+
+
+class LogConfig(Section):
+    checkpoint_every: int = Field(25, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept")
+    tensorboard: bool = Field(False, description="also log to TensorBoard (needs tensorboard)")
+    wandb: bool = Field(False, description="also log to Weights & Biases (needs wandb)")
+    wandb_project: str = Field("softrl", description="W&B project")
+
+
+class RunConfig(Section):
+    name: str = Field("run", description="run name; the run directory is out_dir/name")
+    out_dir: str = Field("runs", description="parent of run directories")
+    seed: int = Field(0, description="seed of sampling, batches and initialisation")
+    beta: float = Field(SPO_BETA, gt=0, description="KL-regularisation strength (SPO paper: 1/ln(1e5))")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    q0: Q0Config = Field(default_factory=Q0Config)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        for source in self.data.mix:
+            algorithm = self.data.objective_for(source).algorithm
+            if source == "online" and algorithm in GROUP_ALGORITHMS and self.sampling.samples_per_prompt < (
+                    3 if algorithm == "agro-on" else 2):
+                raise ValueError(f"sampling.samples_per_prompt must be >= {3 if algorithm == 'agro-on' else 2} "
+                                 f"for {algorithm} (it needs a group of responses per prompt)")
+            if algorithm == "ppo" and source != "online":
+                raise ValueError(f"data.objectives.{source}: ppo learns from online rollouts only")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.name
+
+
+def _location(error: dict) -> str:
+    return ".".join(str(part) for part in error["loc"] if not str(part).startswith("function-after"))
+
+
+def _one_line(e: ValidationError) -> str:
+    error = e.errors()[0]
+    where = _location(error)
+    if error["type"] == "extra_forbidden":
+        return f"unknown key {where!r}"
+    message = error["msg"].removeprefix("Value error, ")
+    got = error.get("input")
+    shown = "" if isinstance(got, dict) else f", got {got!r}"
+    return f"{where}: {message}{shown}" if where else f"{message}"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`optim.lr=3e-4` -> (["optim", "lr"], 3e-4); the value is read as YAML (numbers, lists, null)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not key=value (e.g. optim.lr=3e-4)")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip().split("."), parsed
+
+
+def apply_override(data: dict, path: list[str], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {'.'.join(path)}: {part!r} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), base: dict | None = None) -> RunConfig:
+    """`base` (e.g. the demo's embedded defaults), then the YAML file, then the overrides, validated."""
+    data: dict = copy.deepcopy(base or {})
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        for key, value in _flatten(loaded):
+            apply_override(data, key, value)
+    for text in overrides:
+        apply_override(data, *parse_override(text))
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_one_line(e)) from None
+
+
+def _flatten(tree: dict, prefix: tuple = ()) -> list[tuple[list[str], Any]]:
+    """Leaves of a YAML mapping as (path, value); a section's mapping merges into the base's."""
+    out = []
+    for key, value in tree.items():
+        path = (*prefix, str(key))
+        section = len(path) == 1 and key in RunConfig.model_fields and isinstance(value, dict)
+        out += _flatten(value, path) if section else [(list(path), value)]
+    return out
+
+
+def config_reference() -> str:
+    """Markdown tables of every section and key, from the models (docs/USAGE.md embeds this)."""
+    lines = []
+    top = [(n, f) for n, f in RunConfig.model_fields.items() if not isinstance(f.default_factory, type)]
+    lines += ["### top level", "", "| key | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{n}` | `{_default(f)}` | {f.description or ''} |" for n, f in top]
+    for name, f in RunConfig.model_fields.items():
+        if isinstance(f.default_factory, type) and issubclass(f.default_factory, Section):
+            lines += ["", f"### `{name}`", "", "| key | default | meaning |", "|---|---|---|"]
+            for key, sub in f.default_factory.model_fields.items():
+                lines.append(f"| `{name}.{key}` | `{_default(sub)}` | {sub.description or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def _default(field) -> Any:
+    if field.default_factory is not None:
+        value = field.default_factory()
+        return value.model_dump() if isinstance(value, BaseModel) else value
+    return round(field.default, 4) if isinstance(field.default, float) else field.default

@@ -1,0 +1,41 @@
+"""SPO's evaluation protocol: n samples per held-out prompt (n = 20, temperature 0.4, top-p 0.95 by
+default), unbiased pass@1 and pass@10, per-sample success and distinct correct answers."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
+
+from softrl.algorithms.passk import mean_pass_at_k
+from softrl.rollout import Context, RolloutSpec, rollouts
+from softrl.tasks.base import Prompt
+
+
+def summarize(results: list[tuple[str, str, bool]], n: int, ks: tuple[int, ...] = (1, 10)) -> dict:
+    """(prompt_id, response text, passed) for n samples of each prompt -> the protocol's numbers."""
+    correct: dict[str, int] = defaultdict(int)
+    distinct: dict[str, set[str]] = defaultdict(set)
+    for prompt_id, text, passed in results:
+        correct[prompt_id] += 0
+        if passed:
+            correct[prompt_id] += 1
+            distinct[prompt_id].add(text.strip())
+    counts = list(correct.values())
+    solved = [len(d) for d in distinct.values() if d]
+    out = {"problems": len(counts), "samples_per_problem": n,
+           "success_per_sample": sum(counts) / (len(counts) * n) if counts else 0.0,
+           "solved_problems": len(solved),
+           "distinct_correct_per_solved": sum(solved) / len(solved) if solved else 0.0}
+    for k in ks:
+        out[f"pass@{k}"] = mean_pass_at_k(counts, n, k) if n >= k else None
+    return out
+
+
+def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[str], list[int]], n: int = 20,
+             temperature: float = 0.4, top_p: float = 0.95, seed: int = 0) -> dict:
+    """Sample n responses per prompt at the protocol's decoding, grade them, summarize."""
+    spec = replace(spec, temperature=temperature, temperature_range=None, top_p=top_p)
+    rows = rollouts(spec, [Context(p, encode_prompt(p.text)) for p in prompts], n, seed)
+    return {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], n),
+            "temperature": temperature, "top_p": top_p}

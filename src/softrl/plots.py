@@ -1,0 +1,47 @@
+"""Plots of a run directory's metrics.jsonl (`softrl plot RUN_DIR`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PANELS = [
+    ("reward", [("online_pass_rate", "online samples: pass rate"), ("reward", "batch: mean reward")]),
+    ("pass@k (held-out)", [("eval/pass@1", "pass@1"), ("eval/pass@10", "pass@10")]),
+    ("KL to the reference", [("kl_ref", "sequence log-ratio, batch mean")]),
+    ("loss", [("loss", "total")]),
+]
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_run(run_dir: str | Path) -> list[Path]:
+    """One PNG with reward, pass@k, KL and loss against steps; returns its path(s)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    for ax, (title, series) in zip(axes.flat, PANELS):
+        for key, label in series:
+            points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o" if key.startswith("eval/") else None, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("learner step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(str(run_dir))
+    fig.tight_layout()
+    out = Path(run_dir) / "training.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return [out]

@@ -1,0 +1,78 @@
+"""Sampling graded trajectories: K continuations of each context (a prompt, optionally followed by a
+response prefix), as store rows. Q0 estimation samples prompts, Pivotal Token Search continues
+prefixes of a stored response, and a `RolloutWorker` samples the current policy for training."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from softrl.data.schema import Trajectory
+from softrl.models.generation import Generator, SamplingParams
+from softrl.tasks.base import Prompt, Task
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """Everything but the contexts: who samples, how, who grades, how rows are labelled."""
+
+    task: Task
+    generator: Generator
+    decode: Callable[[list[int]], str]
+    tokenizer: str  # fingerprint written with the rows
+    max_new_tokens: int
+    temperature: float = 1.0
+    temperature_range: tuple[float, float] | None = None  # per-sample temperature ~ U(lo, hi)
+    top_p: float = 1.0
+    max_per_call: int = 256  # samples per generate call
+    source: str = "reference"
+    run_id: str = ""
+    policy_version: int = 0
+
+
+@dataclass(frozen=True)
+class Context:
+    prompt: Prompt
+    prompt_tokens: list[int]
+    prefix: tuple[int, ...] = ()  # a response prefix to continue
+
+
+def rollouts(spec: RolloutSpec, contexts: list[Context], k: int, seed: int) -> list[Trajectory]:
+    """k graded continuations of every context, grouped by context in order; each row's response is
+    the prefix followed by the continuation."""
+    per_call = max(1, spec.max_per_call // k)
+    samples = []
+    for call, start in enumerate(range(0, len(contexts), per_call)):
+        chunk = contexts[start : start + per_call]
+        budget = max(1, spec.max_new_tokens - max(len(c.prefix) for c in chunk))
+        for rep, first in enumerate(range(0, k, spec.max_per_call)):
+            params = SamplingParams(n=min(spec.max_per_call, k - first), max_new_tokens=budget,
+                                    temperature=spec.temperature, temperature_range=spec.temperature_range,
+                                    top_p=spec.top_p, seed=seed + 7919 * call + 104729 * rep)
+            got = spec.generator.generate([c.prompt_tokens + list(c.prefix) for c in chunk], params)
+            samples += [(start + s.prompt_index, s) for s in got]
+    samples.sort(key=lambda pair: pair[0])  # stable: by context, then in sampling order
+    samples = [(contexts[i], s) for i, s in samples]
+    texts = [spec.decode(list(c.prefix) + s.tokens) for c, s in samples]
+    grades = spec.task.grade_many([(c.prompt, t) for (c, _), t in zip(samples, texts)])
+    return [Trajectory(c.prompt.id, text, grade.reward, grade.passed, task=spec.task.name, prompt_text=c.prompt.text,
+                       prompt_tokens=list(c.prompt_tokens), response_tokens=list(c.prefix) + s.tokens,
+                       tokenizer=spec.tokenizer, source=spec.source, run_id=spec.run_id,
+                       policy_version=spec.policy_version, behavior_logprobs=None if c.prefix else s.logprobs,
+                       decoding={"temperature": s.temperature, "top_p": spec.top_p})
+            for (c, s), text, grade in zip(samples, texts, grades)]
+
+
+class RolloutWorker:
+    """Samples the policy its generator holds, on a task's prompts; every trajectory goes to `store`."""
+
+    def __init__(self, spec: RolloutSpec, encode_prompt: Callable[[str], list[int]], store=None):
+        self.spec, self.encode_prompt, self.store = spec, encode_prompt, store
+        self._tokens: dict[str, list[int]] = {}
+
+    def collect(self, prompts: list[Prompt], n: int, version: int, seed: int) -> list[Trajectory]:
+        contexts = [Context(p, self._tokens.setdefault(p.id, self.encode_prompt(p.text))) for p in prompts]
+        rows = rollouts(replace(self.spec, policy_version=version), contexts, n, seed)
+        if self.store is not None:
+            self.store.append(rows)
+        return rows

@@ -1,0 +1,158 @@
+"""The local runtime: one process. `sync` generates a batch, then learns on it; `async` generates
+in a background thread with its own copy of the weights, refreshed every `model_update_interval`
+learner steps, so generation and learning overlap (and online rows can be a few versions stale)."""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from softrl.config import RunConfig
+from softrl.runtime.session import Session
+
+
+class Generation:
+    """Where online rows come from: the policy itself (sync, interval 1), or a copy of its weights
+    refreshed every `interval` steps, used inline (sync) or by a background thread (async)."""
+
+    def __init__(self, session: Session, mode: str, interval: int):
+        self.session, self.mode, self.interval = session, mode, interval
+        shared = mode == "sync" and interval == 1
+        self.model = session.policy.model if shared else copy.deepcopy(session.policy.model).eval()
+        self.version = session.learner.version
+        self.worker = session.worker(self.model)
+        self.pending: dict | None = None
+        self.lock = threading.Lock()
+        self.queue: queue.Queue = queue.Queue(maxsize=1)
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.produced = session.progress.step
+        self.thread = None
+        if mode == "async":
+            self.thread = threading.Thread(target=self._produce, name="softrl-generation", daemon=True)
+            self.thread.start()
+
+    def _generate(self) -> list[dict]:
+        self._apply_pending()
+        s = self.session
+        if self.model is s.policy.model:
+            self.version = s.learner.version
+        self.model.eval()
+        rows = self.worker.collect(s.next_prompts(), s.config.sampling.samples_per_prompt, self.version,
+                                   s.generation_seed(self.produced))
+        self.produced += 1
+        return [{**r.to_row(), "mix_source": "online"} for r in rows]
+
+    def _produce(self) -> None:
+        try:
+            while not self.stop.is_set():
+                rows = self._generate()
+                while not self.stop.is_set():
+                    try:
+                        self.queue.put(rows, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # noqa: BLE001 - handed to the learner's thread
+            self.error = e
+
+    def next(self) -> list[dict]:
+        if self.mode == "sync":
+            return self._generate()
+        while True:
+            if self.error is not None:
+                raise self.error
+            try:
+                return self.queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+
+    def learner_stepped(self, step: int) -> None:
+        """Every `interval` steps the generation weights become the learner's."""
+        if self.model is self.session.policy.model or step % self.interval:
+            return
+        state = {k: v.detach().clone() for k, v in self.session.policy.model.state_dict().items()}
+        with self.lock:
+            self.pending, self.pending_version = state, self.session.learner.version
+
+    def _apply_pending(self) -> None:
+        with self.lock:
+            if self.pending is not None:
+                self.model.load_state_dict(self.pending)
+                self.version, self.pending = self.pending_version, None
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=60)
+
+
+def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
+          on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print) -> dict:
+    """Run (or resume) training; returns the summary also written to RUN_DIR/summary.json."""
+    session = Session(config, resume, log)
+    phase = on_phase or (lambda name, done, total: None)
+    session.estimate_q0(progress=lambda done, total: phase("q0", done, total))
+    session.offline_sources()
+    if resume:
+        session.restore()
+    else:
+        phase("evaluate (before)", 0, 1)
+        before = session.evaluate(session.policy.model)
+        session.write_metrics({"step": 0, "samples": 0, "time": 0.0, **before})
+    generation = Generation(session, config.runtime.mode, config.runtime.model_update_interval)
+    started = time.time()
+    try:
+        while session.progress.step < config.optim.steps:
+            online = generation.next()
+            batch = session.batch(online + session.extra_rows(len(online)))
+            metrics = session.learner.step(batch)
+            p = session.progress
+            p.step += 1
+            p.samples += len(online)
+            generation.learner_stepped(p.step)
+            elapsed = session.elapsed(started)
+            record = {"step": p.step, "samples": p.samples, "time": round(elapsed, 2),
+                      "samples_per_s": p.samples / max(elapsed, 1e-9), "online_pass_rate":
+                      sum(r["passed"] for r in online) / max(len(online), 1), "batch_rows": len(batch), **metrics}
+            if config.eval.every and p.step % config.eval.every == 0 and p.step < config.optim.steps:
+                record.update(session.evaluate(session.policy.model))
+            session.write_metrics(record)
+            if on_step is not None:
+                on_step(record)
+            if p.step % config.log.checkpoint_every == 0 or p.step == config.optim.steps:
+                p.seconds = elapsed
+                session.checkpoint()
+    finally:
+        generation.close()
+    phase("evaluate (after)", 0, 1)
+    after = session.evaluate(session.policy.model)
+    session.write_metrics({"step": session.progress.step, "samples": session.progress.samples,
+                           "time": round(session.elapsed(started), 2), **after})
+    return finish(session, after)
+
+
+def finish(session: Session, after: dict) -> dict:
+    """Final weights, plots and summary.json."""
+    import json
+
+    from softrl.plots import plot_run
+
+    session.policy.save(session.run_dir / "final")
+    plots = plot_run(session.run_dir)
+    records = [json.loads(line) for line in session.metrics_path.read_text().splitlines()]
+    before = next((r for r in records if r["step"] == 0 and "eval/pass@1" in r), {})
+    summary = {
+        "run_dir": str(session.run_dir), "steps": session.progress.step, "samples": session.progress.samples,
+        "seconds": round(records[-1]["time"], 1) if records else 0.0,
+        "pass@1_before": before.get("eval/pass@1"), "pass@10_before": before.get("eval/pass@10"),
+        "pass@1_after": after.get("eval/pass@1"), "pass@10_after": after.get("eval/pass@10"),
+        "plots": [str(p) for p in plots], "threads": torch.get_num_threads(),
+    }
+    (session.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

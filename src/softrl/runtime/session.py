@@ -1,0 +1,227 @@
+"""What every runtime sets up the same way: models, tasks, store, Q0, data sources, learner,
+run directory, metrics log and checkpoints. A runtime (local.py, ray_runtime.py) only decides where
+generation and learning run and how they talk; the pieces live here and below."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+from softrl.annotate.q0 import estimate_q0
+from softrl.config import GROUP_ALGORITHMS, ConfigError, RunConfig
+from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, TrajectoryPool
+from softrl.eval.protocol import evaluate
+from softrl.models.generation import HFGenerator
+from softrl.models.loading import encode_prompt, tokenizer_fingerprint
+from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
+from softrl.rollout import RolloutSpec, RolloutWorker
+from softrl.train.batch import make_batch
+from softrl.train.learner import Learner
+
+BUILTIN_SIZED = ("countdown", "tinycode")
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    samples: int = 0  # online samples generated
+    seconds: float = 0.0  # wall time spent in earlier sessions of this run
+    rng: dict = field(default_factory=dict)
+
+
+def resolve_model(config: RunConfig) -> str:
+    if config.model.path != "bootstrap":
+        return config.model.path
+    from softrl.models.bootstrap import TASKS, bootstrap
+
+    if config.task.name not in TASKS:
+        raise ConfigError(f"model.path: no bootstrap model for task {config.task.name!r}; give a model directory")
+    return str(bootstrap(config.task.name))
+
+
+def load_tasks(config: RunConfig):
+    from softrl.tasks.registry import load_task
+
+    if config.task.name in BUILTIN_SIZED:
+        return (load_task(config.task.name, size=config.task.size, seed=config.task.seed),
+                load_task(config.task.name, size=config.task.eval_size, seed=config.task.eval_seed))
+    task = load_task(config.task.name)
+    return task, task  # a dataset task: its prompts are both (documented in USAGE.md)
+
+
+class Session:
+    """One run: everything a runtime needs, set up in the order that fails fast and creates nothing
+    on bad input (the model is loaded before the run directory exists)."""
+
+    def __init__(self, config: RunConfig, resume: bool = False, log=print):
+        self.config, self.log = config, log
+        run_dir = config.run_dir
+        if run_dir.exists() and not resume and any(run_dir.iterdir()):
+            raise ConfigError(f"run directory {run_dir} exists: pass --resume, or another name=...")
+        if resume and not (run_dir / "checkpoints").is_dir():
+            raise ConfigError(f"nothing to resume in {run_dir} (no checkpoints/)")
+        self.model_path = resolve_model(config)
+        self.policy = PolicyModel.load(self.model_path, config.model.dtype, config.model.lora)
+        self.reference = ReferenceModel.from_policy(self.policy)
+        self.tokenizer = self.policy.tokenizer
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        self.train_task, self.eval_task = load_tasks(config)
+        self.prompts = self.train_task.prompts()
+        uses = {config.data.objective_for(s).algorithm for s in config.data.mix}
+        self.value = ValueModel(self.reference.model) if "ppo" in uses else None
+        self.store = ExperienceStore(config.data.store)
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        self.learner = Learner(self.policy, self.reference, config, self.value)
+        self.progress = Progress()
+        self.prompt_rng = random.Random(config.seed)
+        self.metrics_path = run_dir / "metrics.jsonl"
+
+    # --- pieces -------------------------------------------------------------------------------
+    def encode_prompt(self, text: str) -> list[int]:
+        return encode_prompt(self.tokenizer, text)
+
+    def encode_response(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+
+    def spec(self, model, source: str, task=None) -> RolloutSpec:
+        from softrl.models.bootstrap import MAX_NEW_TOKENS
+
+        s = self.config.sampling
+        return RolloutSpec(task or self.train_task, HFGenerator(model, self.tokenizer),
+                           lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True), self.fingerprint,
+                           s.max_new_tokens or MAX_NEW_TOKENS.get(self.config.task.name, 256),
+                           temperature=s.temperature, temperature_range=s.temperature_range, top_p=s.top_p,
+                           source=source, run_id=self.config.name)
+
+    def worker(self, model) -> RolloutWorker:
+        return RolloutWorker(self.spec(model, "online"), self.encode_prompt, self.store)
+
+    def estimate_q0(self, progress=None) -> dict[str, float]:
+        """Q0 success of every training prompt (sampled from the reference now where missing)."""
+        rows = estimate_q0(self.spec(self.reference.model, "reference"), self.prompts, self.encode_prompt,
+                           self.store, self.config.q0.k, self.config.beta, str(Path(self.model_path).resolve()),
+                           seed=self.config.seed, progress=progress)
+        self.q0_success = {pid: row["q0_success"] for pid, row in rows.items()}
+        return self.q0_success
+
+    def offline_sources(self) -> MixtureSampler | None:
+        """The non-online sources of the mix, drawn from the store (rows of the training prompts);
+        also kept as `self.mixture` (its RNG state is checkpointed)."""
+        cfg = self.config.data
+        wanted = {s: w for s, w in cfg.mix.items() if s != "online" and w > 0}
+        self.mixture = None
+        if not wanted:
+            return None
+        known = set(self.q0_success)
+        sources = {}
+        for source in wanted:
+            if source == "offline":
+                table = self.store.trajectories(task=self.train_task.name, source=cfg.offline_sources,
+                                                passed=True if cfg.offline_passed_only else None)
+            else:  # mc: rows annotated by `softrl pts`
+                table = self.store.trajectories(task=self.train_task.name)
+            rows = [r for r in table.to_pylist() if r["prompt_id"] in known and (source != "mc" or r["mc_targets"])]
+            pool = TrajectoryPool(rows)
+            if cfg.objective_for(source).algorithm in GROUP_ALGORITHMS:
+                pool = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
+            sources[source] = pool
+            self.log(f"{source} pool: {len(rows)} trajectories")
+        self.mixture = MixtureSampler(sources, wanted, seed=self.config.seed)
+        return self.mixture
+
+    def extra_rows(self, online_rows: int) -> list[dict]:
+        """Rows of the other sources in proportion to their weight against online's."""
+        mix, mixture = self.config.data.mix, self.mixture
+        if mixture is None:
+            return []
+        online_weight = mix.get("online", 0.0)
+        if online_weight > 0:
+            count = round(online_rows * sum(w for s, w in mix.items() if s != "online") / online_weight)
+        else:
+            count = self.config.sampling.prompts_per_step * self.config.sampling.samples_per_prompt
+        return mixture.sample(count) if count else []
+
+    def batch(self, rows: list[dict]):
+        return make_batch(rows, self.fingerprint, self.tokenizer.pad_token_id, self.encode_prompt,
+                          self.encode_response, self.q0_success, self.config.beta)
+
+    def next_prompts(self):
+        return self.prompt_rng.sample(self.prompts, min(self.config.sampling.prompts_per_step, len(self.prompts)))
+
+    def generation_seed(self, step: int) -> int:
+        return self.config.seed * 1_000_003 + step
+
+    def evaluate(self, model) -> dict:
+        e = self.config.eval
+        result = evaluate(self.spec(model, "eval", self.eval_task), self.eval_task.prompts(), self.encode_prompt,
+                          e.samples, e.temperature, e.top_p, seed=self.config.seed + 17)
+        return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float)) and v is not None}
+
+    # --- logging and checkpoints --------------------------------------------------------------
+    def write_metrics(self, record: dict) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def sampler_states(self) -> dict:
+        if self.mixture is None:
+            return {}
+        return {"mixture": self.mixture.rng.getstate(),
+                **{name: src.rng.getstate() for name, src in self.mixture.sources.items() if hasattr(src, "rng")}}
+
+    def set_sampler_states(self, states: dict) -> None:
+        if self.mixture is None:
+            return
+        self.mixture.rng.setstate(states["mixture"])
+        for name, src in self.mixture.sources.items():
+            if name in states and hasattr(src, "rng"):
+                src.rng.setstate(states[name])
+
+    def checkpoint(self) -> Path:
+        """policy weights + learner, sampler and RNG state + progress, written atomically."""
+        root = self.run_dir / "checkpoints"
+        final = root / f"step-{self.progress.step:06d}"
+        work = root / f".{final.name}.tmp"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        self.policy.model.save_pretrained(work / "policy")
+        torch.save({"learner": self.learner.state_dict(), "progress": vars(self.progress),
+                    "rng": {"samplers": self.sampler_states(), "prompts": self.prompt_rng.getstate(),
+                            "torch": torch.get_rng_state()}},
+                   work / "state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        work.rename(final)
+        for old in sorted(p for p in root.iterdir() if p.name.startswith("step-"))[: -self.config.log.keep_checkpoints]:
+            shutil.rmtree(old)
+        return final
+
+    def restore(self) -> None:
+        """Load the newest checkpoint (after `offline_sources`); drop metrics logged after it."""
+        root = self.run_dir / "checkpoints"
+        latest = sorted(p for p in root.iterdir() if p.name.startswith("step-"))[-1]
+        from transformers import AutoModelForCausalLM
+
+        weights = AutoModelForCausalLM.from_pretrained(latest / "policy", dtype=self.policy.model.dtype).state_dict()
+        self.policy.model.load_state_dict(weights)
+        state = torch.load(latest / "state.pt", weights_only=False)
+        self.learner.load_state_dict(state["learner"])
+        self.progress = Progress(**state["progress"])
+        self.prompt_rng.setstate(state["rng"]["prompts"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.set_sampler_states(state["rng"]["samplers"])
+        if self.metrics_path.exists():
+            kept = [line for line in self.metrics_path.read_text().splitlines()
+                    if json.loads(line).get("step", 0) <= self.progress.step]
+            self.metrics_path.write_text("".join(line + "\n" for line in kept))
+        self.log(f"resumed from {latest.name}")
+
+    def elapsed(self, started: float) -> float:
+        return self.progress.seconds + time.time() - started

@@ -1,0 +1,93 @@
+"""A Batch: trajectory rows (from any source) as the tensors a loss needs.
+
+Rows whose tokens were made by another tokenizer (or text-only rows, e.g. imports) are re-tokenised
+from their text. Rewards follow SPO's convention `r = reward - 1` (0 for a solved prompt, -1 for a
+failed one), which leave-one-out and group-normalised baselines do not notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from softrl.algorithms.spo import success_to_prob
+from softrl.models.logprobs import PaddedBatch, pad_batch
+
+
+@dataclass
+class Batch:
+    rows: list[dict]
+    padded: PaddedBatch  # prompt + response, right padding
+    reward: Tensor  # [B], SPO's r = task reward - 1
+    q0: Tensor  # [B], Q0_hat of each row's prompt at the run's beta
+    behavior_logp: Tensor  # [B, T], 0 where unknown
+    has_behavior: Tensor  # [B] bool: sampled at temperature 1 with known log-probs (importance weights)
+    mc_positions: Tensor  # [B, M] prefix lengths with MC targets
+    mc_target_prob: Tensor  # [B, M] target exp(Q_t / beta)
+    mc_mask: Tensor  # [B, M]
+    policy_version: Tensor  # [B]
+    sources: list[str]  # the mix source of each row (online | offline | mc)
+    pad_id: int
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def subset(self, index: list[int]) -> Batch:
+        """The rows `index`, padding recomputed (so a micro-batch is no wider than it must be)."""
+        ix = torch.tensor(index, dtype=torch.long)
+        width = int(self.padded.response_len[ix].max())
+        start, lengths = self.padded.response_start[ix], self.padded.response_len[ix]
+        prompts = [self.padded.input_ids[i, : start[j]].tolist() for j, i in enumerate(index)]
+        responses = [self.padded.input_ids[i, start[j] : start[j] + lengths[j]].tolist() for j, i in enumerate(index)]
+        return Batch([self.rows[i] for i in index], pad_batch(prompts, responses, self.pad_id), self.reward[ix], self.q0[ix],
+                     self.behavior_logp[ix, :width], self.has_behavior[ix], self.mc_positions[ix],
+                     self.mc_target_prob[ix], self.mc_mask[ix], self.policy_version[ix],
+                     [self.sources[i] for i in index], self.pad_id)
+
+
+def q0_at_beta(success: float, beta: float) -> float:
+    """`Q0_hat = beta * log(S + (1 - S) exp(-1/beta))` for binary rewards with success rate S."""
+    return beta * torch.log(success_to_prob(torch.tensor(float(success), dtype=torch.float64), beta)).item()
+
+
+def make_batch(rows: list[dict], tokenizer: str, pad_id: int, encode_prompt: Callable[[str], list[int]],
+               encode_response: Callable[[str], list[int]], q0_success: dict[str, float], beta: float) -> Batch:
+    """Tensors for `rows` (each with a `mix_source` tag, else counted as online)."""
+    if not rows:
+        raise ValueError("a batch needs at least one trajectory")
+    prompts, responses = [], []
+    for row in rows:
+        ours = row.get("tokenizer") == tokenizer and row.get("response_tokens")
+        prompts.append(list(row["prompt_tokens"]) if ours else encode_prompt(row["prompt_text"]))
+        responses.append(list(row["response_tokens"]) if ours else encode_response(row["response_text"]))
+    padded = pad_batch(prompts, responses, pad_id, side="right")
+    width = padded.max_response
+    missing = sorted({r["prompt_id"] for r in rows} - set(q0_success))
+    if missing:
+        raise ValueError(f"no Q0 for prompt {missing[0]!r}: run `softrl q0` on its task first")
+    behavior = torch.zeros(len(rows), width)
+    has_behavior = torch.zeros(len(rows), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        lp = row.get("behavior_logprobs")
+        decoding = row.get("decoding") or {}
+        if lp and len(lp) == len(responses[i]) and decoding.get("temperature") == 1.0 and decoding.get("top_p") == 1.0:
+            behavior[i, : len(lp)] = torch.tensor(lp)
+            has_behavior[i] = True
+    m = max([len(r.get("mc_targets") or []) for r in rows] + [1])
+    positions, probs, mc_mask = torch.zeros(len(rows), m, dtype=torch.long), torch.ones(len(rows), m), torch.zeros(len(rows), m)
+    for i, row in enumerate(rows):
+        for j, target in enumerate(row.get("mc_targets") or []):
+            if target["t"] <= len(responses[i]):
+                positions[i, j], mc_mask[i, j] = target["t"], 1.0
+                probs[i, j] = success_to_prob(torch.tensor(target["success"]), beta)
+    return Batch(
+        rows, padded,
+        reward=torch.tensor([float(r["reward"]) - 1.0 for r in rows]),
+        q0=torch.tensor([q0_at_beta(q0_success[r["prompt_id"]], beta) for r in rows], dtype=torch.float32),
+        behavior_logp=behavior, has_behavior=has_behavior, mc_positions=positions, mc_target_prob=probs,
+        mc_mask=mc_mask, policy_version=torch.tensor([int(r.get("policy_version", -1)) for r in rows]),
+        sources=[r.get("mix_source", "online") for r in rows], pad_id=pad_id,
+    )

@@ -1,0 +1,137 @@
+"""The Learner: one optimisation step of any algorithm from a Batch.
+
+Policy and reference forward passes (plus the value model for PPO), one loss per data source
+combined by weight and share of the batch, AdamW with linear warm-up, gradient clipping, gradient
+accumulation over micro-batches, and metrics. A non-finite loss skips the step; `max_nonfinite` of
+them in a row raise `NonFiniteLossError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+
+from softrl.config import GROUP_ALGORITHMS, RunConfig
+from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
+from softrl.train.batch import Batch
+from softrl.train.objectives import Forward, needs_distributions, objective_loss
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss was NaN or inf in too many steps in a row."""
+
+
+def micro_batches(batch: Batch, parts: int, group_size: Callable[[str], int]) -> list[tuple[str, list[int]]]:
+    """(source, row indices) chunks: each source's rows split into about `parts` pieces of whole groups."""
+    chunks = []
+    by_source: dict[str, list[int]] = defaultdict(list)
+    for i, source in enumerate(batch.sources):
+        by_source[source].append(i)
+    for source, index in by_source.items():
+        n = group_size(source)
+        groups = [index[g : g + n] for g in range(0, len(index), n)]
+        per = max(1, math.ceil(len(groups) / parts))
+        chunks += [(source, sum(groups[c : c + per], [])) for c in range(0, len(groups), per)]
+    return chunks
+
+
+class Learner:
+    def __init__(self, policy: PolicyModel, reference: ReferenceModel, config: RunConfig,
+                 value: ValueModel | None = None):
+        self.policy, self.reference, self.value, self.config = policy, reference, value, config
+        params = [p for p in policy.model.parameters() if p.requires_grad]
+        params += list(value.parameters()) if value is not None else []
+        self.params = params
+        opt = config.optim
+        self.optimizer = torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
+        warmup = max(1, opt.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.version = 0  # optimizer steps taken: the policy version of what it generates next
+        self.nonfinite_in_row = 0
+
+    def group_size(self, source: str) -> int:
+        return self.config.sampling.samples_per_prompt if self.config.data.objective_for(source).algorithm in \
+            GROUP_ALGORITHMS or source == "online" else 1
+
+    def forward(self, part: Batch, full: bool) -> Forward:
+        logp, mask, log_dist = self.policy.logprobs(part.padded, full=True)
+        ref_logp, _, ref_dist = self.reference.logprobs(part.padded, full=full)
+        values = self.value.values(part.padded) if self.value is not None else None
+        return Forward(logp, ref_logp, mask, log_dist, ref_dist, values)
+
+    def step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on `batch` (skipped when the loss is not finite); returns metrics."""
+        self.policy.model.train()
+        cfg = self.config
+        total_rows = len(batch)
+        metrics: dict[str, float] = defaultdict(float)
+        finite = True
+        for source, index in micro_batches(batch, cfg.optim.grad_accum, self.group_size):
+            objective = cfg.data.objective_for(source)
+            part = batch.subset(index)
+            fw = self.forward(part, needs_distributions(objective))
+            loss, parts = objective_loss(objective, fw, part, cfg.beta, self.group_size(source))
+            share = len(index) / total_rows
+            scaled = objective.weight * share * loss
+            if not torch.isfinite(scaled):
+                finite = False
+                break
+            scaled.backward()
+            metrics["loss"] += scaled.item()
+            metrics[f"loss/{source}"] += share * loss.item()
+            for key, value in parts.items():
+                metrics[key] += share * value
+            self._diagnostics(fw, part, share, metrics)
+        if not finite:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_in_row += 1
+            if self.nonfinite_in_row >= cfg.optim.max_nonfinite:
+                raise NonFiniteLossError(f"the loss was not finite in {self.nonfinite_in_row} steps in a row "
+                                         f"(optim.max_nonfinite={cfg.optim.max_nonfinite}): lower optim.lr or check the data")
+            return {"skipped_nonfinite": 1.0, "nonfinite_in_row": float(self.nonfinite_in_row)}
+        self.nonfinite_in_row = 0
+        norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm or float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        metrics["grad_norm"] = float(norm)
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        online = [r.get("policy_version", -1) for r in batch.rows if r.get("mix_source", "online") == "online"]
+        if online:
+            metrics["staleness/mean"] = self.version - 1 - sum(online) / len(online)
+            metrics["staleness/max"] = float(self.version - 1 - min(online))
+        metrics["reward"] = (batch.reward + 1).mean().item()
+        return dict(metrics)
+
+    @torch.no_grad()
+    def _diagnostics(self, fw: Forward, part: Batch, share: float, metrics: dict[str, float]) -> None:
+        """KL to the reference (sequence log-ratio), entropy, importance-weight statistics."""
+        mask = fw.mask
+        log_ratio = ((fw.logp - fw.ref_logp) * mask).sum(-1)  # [b]
+        metrics["kl_ref"] += share * log_ratio.mean().item()
+        entropy = -(fw.log_dist.exp() * fw.log_dist).sum(-1)  # [b, T]
+        metrics["entropy"] += share * ((entropy * mask).sum() / mask.sum().clamp_min(1)).item()
+        if part.has_behavior.any():
+            behavior = part.behavior_logp[:, : mask.shape[1]]
+            log_w = ((fw.logp - behavior) * mask).sum(-1)[part.has_behavior]  # [b']
+            w = log_w.exp()
+            metrics["iw/mean"] += share * w.mean().item()
+            metrics["iw/max"] = max(metrics["iw/max"], w.max().item())
+            metrics["iw/ess_fraction"] += share * (w.sum() ** 2 / (w**2).sum() / len(w)).item()
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "version": self.version, "nonfinite_in_row": self.nonfinite_in_row,
+                "value": self.value.state_dict() if self.value is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version, self.nonfinite_in_row = state["version"], state["nonfinite_in_row"]
+        if self.value is not None and state["value"] is not None:
+            self.value.load_state_dict(state["value"])
