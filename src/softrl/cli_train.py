@@ -16,13 +16,13 @@ from softrl.cli_common import JSON_OPT, err, fail
 # and half offline (passed reference samples from Q0 estimation), on the countdown bootstrap model
 DEMO = {
     "name": "demo", "out_dir": "runs",
-    "task": {"name": "countdown", "size": 200, "eval_size": 100},
-    "q0": {"k": 64},
+    "task": {"name": "countdown", "size": 1000, "eval_size": 100},
+    "q0": {"k": 32},
     "sampling": {"prompts_per_step": 16, "samples_per_prompt": 4},
     "data": {"mix": {"online": 0.5, "offline": 0.5}, "store": "runs/store",
              "objective": {"algorithm": "spo", "terminal": 1.0, "loss": "bce"}},
-    "optim": {"steps": 150, "lr": 1e-4, "warmup_steps": 10},
-    "eval": {"samples": 20, "temperature": 0.4, "top_p": 0.95},
+    "optim": {"steps": 300, "lr": 1e-4, "warmup_steps": 10},
+    "eval": {"samples": 20, "temperature": 0.4, "top_p": 0.95, "every": 100},
     "log": {"checkpoint_every": 50},
 }
 

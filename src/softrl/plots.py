@@ -8,7 +8,8 @@ from pathlib import Path
 PANELS = [
     ("reward", [("online_pass_rate", "online samples: pass rate"), ("reward", "batch: mean reward")]),
     ("pass@k (held-out)", [("eval/pass@1", "pass@1"), ("eval/pass@10", "pass@10")]),
-    ("KL to the reference", [("kl_ref", "sequence log-ratio, batch mean")]),
+    ("KL to the reference", [("kl_ref/online", "online samples: mean log pi/pi0 (estimates KL)"),
+                             ("kl_ref/offline", "offline samples: mean log pi/pi0")]),
     ("loss", [("loss", "total")]),
 ]
 

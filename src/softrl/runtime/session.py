@@ -84,6 +84,7 @@ class Session:
         self.progress = Progress()
         self.prompt_rng = random.Random(config.seed)
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.earlier_seconds = 0.0  # wall time of the sessions before a resume
 
     # --- pieces -------------------------------------------------------------------------------
     def encode_prompt(self, text: str) -> list[int]:
@@ -214,6 +215,7 @@ class Session:
         state = torch.load(latest / "state.pt", weights_only=False)
         self.learner.load_state_dict(state["learner"])
         self.progress = Progress(**state["progress"])
+        self.earlier_seconds = self.progress.seconds
         self.prompt_rng.setstate(state["rng"]["prompts"])
         torch.set_rng_state(state["rng"]["torch"])
         self.set_sampler_states(state["rng"]["samplers"])
@@ -224,4 +226,4 @@ class Session:
         self.log(f"resumed from {latest.name}")
 
     def elapsed(self, started: float) -> float:
-        return self.progress.seconds + time.time() - started
+        return self.earlier_seconds + time.time() - started

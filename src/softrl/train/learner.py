@@ -84,7 +84,7 @@ class Learner:
             metrics[f"loss/{source}"] += share * loss.item()
             for key, value in parts.items():
                 metrics[key] += share * value
-            self._diagnostics(fw, part, share, metrics)
+            self._diagnostics(fw, part, source, batch.sources.count(source), share, metrics)
         if not finite:
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_in_row += 1
@@ -108,11 +108,14 @@ class Learner:
         return dict(metrics)
 
     @torch.no_grad()
-    def _diagnostics(self, fw: Forward, part: Batch, share: float, metrics: dict[str, float]) -> None:
-        """KL to the reference (sequence log-ratio), entropy, importance-weight statistics."""
+    def _diagnostics(self, fw: Forward, part: Batch, source: str, source_rows: int, share: float,
+                     metrics: dict[str, float]) -> None:
+        """KL to the reference (sequence log-ratio: on online rows an estimate of KL(pi || pi0)),
+        entropy, importance-weight statistics."""
         mask = fw.mask
         log_ratio = ((fw.logp - fw.ref_logp) * mask).sum(-1)  # [b]
         metrics["kl_ref"] += share * log_ratio.mean().item()
+        metrics[f"kl_ref/{source}"] += log_ratio.sum().item() / source_rows
         entropy = -(fw.log_dist.exp() * fw.log_dist).sum(-1)  # [b, T]
         metrics["entropy"] += share * ((entropy * mask).sum() / mask.sum().clamp_min(1)).item()
         if part.has_behavior.any():
