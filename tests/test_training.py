@@ -195,3 +195,25 @@ def test_kill_9_and_resume_continue_the_run(tmp_path, tiny):
     a = PolicyModel.load(runs["straight"] / "run" / "final").model.state_dict()
     b = PolicyModel.load(runs["killed"] / "run" / "final").model.state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_ray_runtime_survives_a_killed_worker(tiny, tmp_path):
+    pytest.importorskip("ray")
+    from softrl.runtime import ray_runtime
+
+    seed_store(tmp_path)
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
+        "runtime.kind": "ray", "runtime.workers": 2, "optim.steps": 6, "sampling.prompts_per_step": 4}))
+    killed = []
+
+    def on_step(record):
+        if record["step"] == 2 and not killed:  # a worker process dies mid-run, as in a crash
+            killed.append(record["worker_pids"][0])
+            os.kill(record["worker_pids"][0], signal.SIGKILL)
+
+    summary = ray_runtime.train(config, on_step=on_step, log=lambda m: None)
+    assert killed and summary["steps"] == 6 and summary["worker_restarts"] >= 1
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    online = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id="run")
+    assert online.num_rows >= 6 * 4 * 2  # every step's rows, written by the workers

@@ -56,6 +56,17 @@ def load_tasks(config: RunConfig):
     return task, task  # a dataset task: its prompts are both (documented in USAGE.md)
 
 
+def rollout_spec(config: RunConfig, task, model, tokenizer, source: str) -> RolloutSpec:
+    """Sampling `model` on `task` with the run's decoding settings."""
+    from softrl.models.bootstrap import MAX_NEW_TOKENS
+
+    s = config.sampling
+    return RolloutSpec(task, HFGenerator(model, tokenizer), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                       tokenizer_fingerprint(tokenizer), s.max_new_tokens or MAX_NEW_TOKENS.get(config.task.name, 256),
+                       temperature=s.temperature, temperature_range=s.temperature_range, top_p=s.top_p,
+                       source=source, run_id=config.name)
+
+
 class Session:
     """One run: everything a runtime needs, set up in the order that fails fast and creates nothing
     on bad input (the model is loaded before the run directory exists)."""
@@ -94,14 +105,7 @@ class Session:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
 
     def spec(self, model, source: str, task=None) -> RolloutSpec:
-        from softrl.models.bootstrap import MAX_NEW_TOKENS
-
-        s = self.config.sampling
-        return RolloutSpec(task or self.train_task, HFGenerator(model, self.tokenizer),
-                           lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True), self.fingerprint,
-                           s.max_new_tokens or MAX_NEW_TOKENS.get(self.config.task.name, 256),
-                           temperature=s.temperature, temperature_range=s.temperature_range, top_p=s.top_p,
-                           source=source, run_id=self.config.name)
+        return rollout_spec(self.config, task or self.train_task, model, self.tokenizer, source)
 
     def worker(self, model) -> RolloutWorker:
         return RolloutWorker(self.spec(model, "online"), self.encode_prompt, self.store)

@@ -1,0 +1,225 @@
+"""The Ray runtime: N rollout-worker actors and one learner actor, on a local Ray or a cluster.
+
+The driver picks prompts, has the workers sample them (each worker writes its trajectories to the
+store itself), hands the rows to the learner, and every `model_update_interval` learner steps sends
+the learner's weights to the workers through the object store. Generation of the next batch is
+issued before the learner steps on this one, so the two overlap (online rows are one version
+stale, or more with a larger interval). A worker actor that dies is restarted by Ray; the driver
+sends it the current weights and asks again, and the run goes on.
+
+Same pieces as the local runtime (Session, RolloutWorker, Learner); only where they run differs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from softrl.config import ConfigError, RunConfig
+
+
+# a local Ray stays on loopback: no usage reports, and no outward probe for this node's address
+MAX_RECOVERY_TRIES = 60  # seconds, about, for Ray to restart a dead worker
+LOCAL_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def _ray(local: bool):
+    if local:
+        for key, value in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(key, value)
+    try:
+        import ray
+        from ray._private import ray_constants
+    except ImportError as e:
+        raise ConfigError("runtime.kind=ray needs Ray: pip install 'softrl[ray]'") from e
+    if local:
+        ray_constants.ENABLE_RAY_CLUSTER = False  # in case Ray was imported before the variable was set
+    return ray
+
+
+class _Learner:
+    """Holds the Session (models, store, Q0, offline sources, learner) inside its own process."""
+
+    def __init__(self, config: dict, resume: bool):
+        import torch
+
+        from softrl.runtime.session import Session
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+        self.session = Session(RunConfig.model_validate(config), resume, log=lambda m: None)
+
+    def setup(self, resume: bool) -> dict:
+        s = self.session
+        s.estimate_q0()
+        s.offline_sources()
+        before = {}
+        if resume:
+            s.restore()
+        else:
+            before = s.evaluate(s.policy.model)
+            s.write_metrics({"step": 0, "samples": 0, "time": 0.0, **before})
+        return {"model_path": s.model_path, "step": s.progress.step, "samples": s.progress.samples,
+                "version": s.learner.version, "seconds": s.progress.seconds}
+
+    def next_prompt_ids(self) -> list[str]:
+        return [p.id for p in self.session.next_prompts()]
+
+    def weights(self):
+        return {k: v.detach().clone() for k, v in self.session.policy.model.state_dict().items()}
+
+    def step(self, online: list[dict], samples: int, elapsed: float) -> dict:
+        s = self.session
+        batch = s.batch(online + s.extra_rows(len(online)))
+        metrics = s.learner.step(batch)
+        p = s.progress
+        p.step += 1
+        p.samples = samples
+        p.seconds = elapsed
+        record = {"step": p.step, "samples": p.samples, "time": round(elapsed, 2),
+                  "samples_per_s": p.samples / max(elapsed, 1e-9), "batch_rows": len(batch),
+                  "online_pass_rate": sum(r["passed"] for r in online) / max(len(online), 1), **metrics}
+        cfg = s.config
+        if cfg.eval.every and p.step % cfg.eval.every == 0 and p.step < cfg.optim.steps:
+            record.update(s.evaluate(s.policy.model))
+        s.write_metrics(record)
+        if p.step % cfg.log.checkpoint_every == 0 or p.step == cfg.optim.steps:
+            s.checkpoint()
+        return record
+
+    def finish(self) -> dict:
+        from softrl.runtime.local import finish
+
+        s = self.session
+        after = s.evaluate(s.policy.model)
+        s.write_metrics({"step": s.progress.step, "samples": s.progress.samples, "time": s.progress.seconds, **after})
+        return finish(s, after)
+
+
+class _Worker:
+    """A rollout worker: its own copy of the policy, the training task, the store."""
+
+    def __init__(self, config: dict, model_path: str):
+        import torch
+
+        from softrl.data import ExperienceStore
+        from softrl.models.loading import encode_prompt, load_causal_lm
+        from softrl.rollout import RolloutWorker
+        from softrl.runtime.session import load_tasks, rollout_spec
+
+        torch.set_num_threads(1)
+        cfg = RunConfig.model_validate(config)
+        self.model, tokenizer = load_causal_lm(model_path, cfg.model.dtype)
+        self.version = -1  # no weights from the learner yet
+        task, _ = load_tasks(cfg)
+        self.prompts = {p.id: p for p in task.prompts()}
+        self.worker = RolloutWorker(rollout_spec(cfg, task, self.model, tokenizer, "online"),
+                                    lambda text: encode_prompt(tokenizer, text), ExperienceStore(cfg.data.store))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def set_weights(self, weights: dict, version: int) -> int:
+        self.model.load_state_dict(weights)
+        self.version = version
+        return version
+
+    def collect(self, prompt_ids: list[str], n: int, seed: int) -> tuple[int, list[dict]]:
+        """(the weights' version, the rows): a restarted worker answers with version -1."""
+        self.model.eval()
+        rows = self.worker.collect([self.prompts[i] for i in prompt_ids], n, self.version, seed)
+        return self.version, [{**r.to_row(), "mix_source": "online"} for r in rows]
+
+
+def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
+          on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print) -> dict:
+    """The Ray runtime's run; the same contract as `softrl.runtime.local.train`."""
+    rc = config.runtime
+    ray = _ray(local=rc.ray_address is None)
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    from softrl.runtime.session import resolve_model
+
+    phase = on_phase or (lambda name, done, total: None)
+    resolve_model(config)  # fail fast (and build the bootstrap once) before starting Ray
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(address=rc.ray_address, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        data = config.model_dump(mode="json")
+        learner = ray.remote(num_cpus=0)(_Learner).remote(data, resume)
+        phase("setup (Q0, evaluation)", 0, 1)
+        info = ray.get(learner.setup.remote(resume))
+        actor = ray.remote(num_cpus=0, max_restarts=-1)(_Worker)
+        workers = [actor.remote(data, info["model_path"]) for _ in range(rc.workers)]
+        version, samples, step = info["version"], info["samples"], info["step"]
+        weights = learner.weights.remote()
+        ray.get([w.set_weights.remote(weights, version) for w in workers])
+        pids = ray.get([w.pid.remote() for w in workers])
+        restarts = 0
+        n = config.sampling.samples_per_prompt
+
+        def issue(at_step: int) -> list:
+            ids = ray.get(learner.next_prompt_ids.remote())
+            shares = [ids[i :: len(workers)] for i in range(len(workers))]
+            return [(i, share, ask(i, share, at_step), version) for i, share in enumerate(shares) if share]
+
+        def ask(i: int, share: list[str], at_step: int):
+            return workers[i].collect.remote(share, n, config.seed * 1_000_003 + at_step * 101 + i)
+
+        def gather(pending: list, at_step: int) -> list[dict]:
+            """Every share's rows. A worker that died (Ray restarts it) or answered with other weights
+            than it was asked with (a restart lost them) gets the current ones and the request again."""
+            nonlocal restarts
+            rows = []
+            for i, share, ref, expected in pending:
+                for attempt in range(MAX_RECOVERY_TRIES):
+                    try:
+                        got_version, got = ray.get(ref)
+                        if got_version == expected:
+                            rows += got
+                            break
+                    except (RayActorError, ActorUnavailableError):
+                        time.sleep(1.0)
+                    restarts += attempt == 0
+                    try:
+                        ray.get(workers[i].set_weights.remote(weights, version))
+                        pids[i] = ray.get(workers[i].pid.remote())
+                    except (RayActorError, ActorUnavailableError):
+                        pass  # still restarting: the next request fails the same way and waits
+                    ref, expected = ask(i, share, at_step), version
+                else:
+                    raise RuntimeError(f"rollout worker {i} did not come back after {MAX_RECOVERY_TRIES} tries")
+            return rows
+
+        def broadcast() -> None:
+            """The learner's weights to every worker; one that is down gets them when it is back."""
+            for w in workers:
+                try:
+                    ray.get(w.set_weights.remote(weights, version))
+                except (RayActorError, ActorUnavailableError):
+                    pass
+
+        started = time.time()
+        earlier = info["seconds"]
+        pending = issue(step)
+        while step < config.optim.steps:
+            online = gather(pending, step)
+            if step + 1 < config.optim.steps:
+                pending = issue(step + 1)  # generation of the next batch overlaps this learner step
+            samples += len(online)
+            record = ray.get(learner.step.remote(online, samples, earlier + time.time() - started))
+            step = record["step"]
+            if step % rc.model_update_interval == 0:
+                version = step
+                weights = learner.weights.remote()
+                broadcast()
+            record = {**record, "worker_restarts": restarts, "worker_pids": list(pids)}
+            if on_step is not None:
+                on_step(record)
+        phase("evaluate (after)", 0, 1)
+        return {**ray.get(learner.finish.remote()), "worker_restarts": restarts}
+    finally:
+        if started_ray:
+            ray.shutdown()
