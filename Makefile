@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 demo: install
-	$(VENV)/bin/softrl toy
+	$(VENV)/bin/softrl demo
 
 test: install
 	$(VENV)/bin/pytest -q

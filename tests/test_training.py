@@ -217,3 +217,28 @@ def test_ray_runtime_survives_a_killed_worker(tiny, tmp_path):
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
     online = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id="run")
     assert online.num_rows >= 6 * 4 * 2  # every step's rows, written by the workers
+
+
+def test_usage_configuration_reference_is_current(tmp_path):
+    from pathlib import Path
+
+    from softrl.config import write_reference
+
+    doc = Path(__file__).parent.parent / "docs" / "USAGE.md"
+    copy = tmp_path / "USAGE.md"
+    copy.write_text(doc.read_text())
+    assert not write_reference(copy), "docs/USAGE.md is stale: run python -m softrl.config docs/USAGE.md"
+
+
+def test_optional_sinks_need_their_package():
+    import importlib.util
+
+    from softrl.runtime.session import optional_sinks
+
+    for key, module in (("log.tensorboard", "tensorboard"), ("log.wandb", "wandb")):
+        config = load_config(None, [f"{key}=true"])
+        if importlib.util.find_spec(module) is None:
+            with pytest.raises(ConfigError, match=f"{key} needs"):
+                optional_sinks(config)
+        else:
+            assert len(optional_sinks(config)) == 1

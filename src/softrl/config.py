@@ -262,3 +262,25 @@ def _default(field) -> Any:
         value = field.default_factory()
         return value.model_dump() if isinstance(value, BaseModel) else value
     return round(field.default, 4) if isinstance(field.default, float) else field.default
+
+
+REFERENCE_START, REFERENCE_END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+
+
+def write_reference(doc: str | Path) -> bool:
+    """Replace the block between the markers in `doc` with `config_reference()`; True if it changed.
+    `python -m softrl.config docs/USAGE.md` runs it; a test fails when the doc is stale."""
+    path = Path(doc)
+    text = path.read_text()
+    head, _, rest = text.partition(REFERENCE_START)
+    _, _, tail = rest.partition(REFERENCE_END)
+    new = f"{head}{REFERENCE_START}\n{config_reference()}{REFERENCE_END}{tail}"
+    path.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":
+    import sys
+
+    for doc in sys.argv[1:]:
+        print(f"{doc}: {'updated' if write_reference(doc) else 'already current'}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
@@ -99,9 +99,12 @@ class Trajectory:
             self.id = trajectory_id(self.prompt_id, self.response_tokens, self.tokenizer, self.response_text)
 
     def to_row(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in FIELDS}
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Trajectory:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in row.items() if k in names})
+        return cls(**{k: v for k, v in row.items() if k in NAMES})
+
+
+FIELDS = fields(Trajectory)
+NAMES = frozenset(f.name for f in FIELDS)

@@ -67,6 +67,42 @@ def rollout_spec(config: RunConfig, task, model, tokenizer, source: str) -> Roll
                        source=source, run_id=config.name)
 
 
+def optional_sinks(config: RunConfig) -> list:
+    """Openers of the optional metric sinks (TensorBoard, Weights & Biases); each returns a
+    `write(step, numbers)`. Checked up front so that a missing package creates nothing."""
+    sinks = []
+    if config.log.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise ConfigError("log.tensorboard needs TensorBoard: pip install 'softrl[tensorboard]'") from e
+
+        def tensorboard(run_dir: Path, cfg: RunConfig):
+            writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+            def write(step: int, numbers: dict) -> None:
+                for key, value in numbers.items():
+                    writer.add_scalar(key, value, step)
+                writer.flush()
+
+            return write
+
+        sinks.append(tensorboard)
+    if config.log.wandb:
+        try:
+            import wandb
+        except ImportError as e:
+            raise ConfigError("log.wandb needs Weights & Biases: pip install 'softrl[wandb]'") from e
+
+        def weights_and_biases(run_dir: Path, cfg: RunConfig):
+            run = wandb.init(project=cfg.log.wandb_project, name=cfg.name, dir=str(run_dir),
+                             config=cfg.model_dump(mode="json"), resume="allow")
+            return lambda step, numbers: run.log(numbers, step=step)
+
+        sinks.append(weights_and_biases)
+    return sinks
+
+
 class Session:
     """One run: everything a runtime needs, set up in the order that fails fast and creates nothing
     on bad input (the model is loaded before the run directory exists)."""
@@ -78,6 +114,7 @@ class Session:
             raise ConfigError(f"run directory {run_dir} exists: pass --resume, or another name=...")
         if resume and not (run_dir / "checkpoints").is_dir():
             raise ConfigError(f"nothing to resume in {run_dir} (no checkpoints/)")
+        self.sinks = optional_sinks(config)  # fail before anything is created when a package is missing
         self.model_path = resolve_model(config)
         self.policy = PolicyModel.load(self.model_path, config.model.dtype, config.model.lora)
         self.reference = ReferenceModel.from_policy(self.policy)
@@ -96,6 +133,7 @@ class Session:
         self.prompt_rng = random.Random(config.seed)
         self.metrics_path = run_dir / "metrics.jsonl"
         self.earlier_seconds = 0.0  # wall time of the sessions before a resume
+        self.writers = [open_sink(run_dir, config) for open_sink in self.sinks]
 
     # --- pieces -------------------------------------------------------------------------------
     def encode_prompt(self, text: str) -> list[int]:
@@ -175,6 +213,9 @@ class Session:
     def write_metrics(self, record: dict) -> None:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        for write in self.writers:
+            write(record["step"], numbers)
 
     def sampler_states(self) -> dict:
         if self.mixture is None:
