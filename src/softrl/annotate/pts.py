@@ -57,6 +57,7 @@ class SearchResult:
     pivots: list[PivotalToken]
     evaluated: int  # prefixes whose S was estimated by rollouts
     rollouts: list[Trajectory] = field(default_factory=list)
+    prompt_text: str = ""
 
 
 def search(spec: RolloutSpec, prompt: Prompt, prompt_tokens: list[int], response: list[int], passed: bool,
@@ -85,7 +86,7 @@ def search(spec: RolloutSpec, prompt: Prompt, prompt_tokens: list[int], response
         trajectory_id, prompt.id, tokens,
         [{"t": t, "success": s, "k": ks[t]} for t, s in visited.items()],
         [PivotalToken(t, tokens[t - 1], visited[t - 1], visited[t]) for t in pivots],
-        evaluated=len(made) // k if k else 0, rollouts=made,
+        evaluated=len(made) // k if k else 0, rollouts=made, prompt_text=prompt.text,
     )
 
 
@@ -95,7 +96,9 @@ def render(result: SearchResult, mark: Callable[[str, PivotalToken], str] | None
     at = {p.t: p for p in result.pivots}
     body = "".join(mark(tok, at[i + 1]) if i + 1 in at else tok for i, tok in enumerate(result.tokens))
     lines = [f"{result.prompt_id}  {result.trajectory_id[:12]}  T={len(result.tokens)}  "
-             f"prefixes evaluated={result.evaluated}  rollouts={len(result.rollouts)}", body]
+             f"prefixes evaluated={result.evaluated}  rollouts={len(result.rollouts)}"]
+    lines += [f"  prompt: {line}" for line in result.prompt_text.strip().splitlines()[:3]]
+    lines.append(body)
     lines += [f"  pivotal token {p.t} {p.token!r}: S {p.before:.2f} -> {p.after:.2f}" for p in result.pivots]
     if not result.pivots:
         lines.append("  no pivotal token at this threshold")

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from softrl.models.chartok import build_char_tokenizer
+from softrl.models.loading import quiet_transformers
 
 TASKS = ("countdown", "tinycode")
 # tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell
@@ -194,6 +195,7 @@ def bootstrap(task: str = "countdown", seed: int = 0, force: bool = False,
     if (final / "softrl.json").exists() and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    quiet_transformers()
     work = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     tokenizer = build_char_tokenizer(work)

@@ -15,6 +15,13 @@ class ModelLoadError(ValueError):
     """A model or tokenizer could not be loaded; the message says what to do."""
 
 
+def quiet_transformers() -> None:
+    """softrl shows its own progress; transformers' per-load and per-save bars would interleave."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
 def load_tokenizer(path: str | Path, pad_token: str | None = None):
     from transformers import AutoTokenizer
 
@@ -33,6 +40,7 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", pad_token: str | No
     """(model, tokenizer) from a local directory (or a hub id where a hub is reachable)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    quiet_transformers()
     local = Path(path)
     if not local.exists() and (local.is_absolute() or str(path).startswith(".") or str(path).count("/") != 1):
         raise ModelLoadError(f"model directory {path} does not exist: run `softrl bootstrap countdown` for the "
