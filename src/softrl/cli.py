@@ -256,8 +256,9 @@ app.add_typer(data_app, name="data")
 app.command("q0")(q0)
 app.command("pts")(pts)
 
-from softrl.cli_train import demo, plot, train_command  # noqa: E402
+from softrl.cli_train import demo, eval_command, plot, train_command  # noqa: E402
 
 app.command("train")(train_command)
 app.command("demo")(demo)
 app.command("plot")(plot)
+app.command("eval")(eval_command)

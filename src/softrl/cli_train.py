@@ -123,3 +123,49 @@ def plot(run_dir: Path = typer.Argument(..., help="a run directory (holds metric
         fail(str(e))
     for p in paths:
         typer.echo(str(p))
+
+
+def eval_command(
+    model: str = typer.Option(..., "--model", help="model directory (or 'bootstrap' for the task's reference)"),
+    task: str = typer.Option("countdown", "--task", help="task spec"),
+    size: int = typer.Option(100, "--size", min=0, help="prompts (built-in tasks; 0 = the task's default)"),
+    task_seed: int = typer.Option(1, "--task-seed", help="seed of the prompts (1: the held-out split softrl train evaluates on)"),
+    samples: int = typer.Option(20, "--samples", min=1, help="samples per prompt (SPO's protocol: 20)"),
+    temperature: float = typer.Option(0.4, "--temperature", min=0.0, help="SPO's protocol: 0.4"),
+    top_p: float = typer.Option(0.95, "--top-p", help="SPO's protocol: 0.95"),
+    reference: str = typer.Option(None, "--reference", help="reference model directory, for KL(pi || pi0)"),
+    max_new_tokens: int = typer.Option(0, "--max-new-tokens", min=0, help="0 = the task's default"),
+    seed: int = typer.Option(0, help="sampling seed"),
+    dtype: str = typer.Option("float32", "--dtype"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """pass@1 and pass@10 (unbiased), per-sample success, distinct correct answers, token entropy, KL to a reference."""
+    from softrl.cli_data import reference_spec
+    from softrl.eval.diversity import token_stats
+    from softrl.eval.protocol import sample, summarize
+    from softrl.models.loading import ModelLoadError, load_causal_lm
+
+    if temperature <= 0 or not 0 < top_p <= 1:
+        fail(f"--temperature must be > 0 and --top-p in (0, 1], got {temperature} and {top_p}")
+    task_obj, spec, encode, _, _ = reference_spec(task, model, size, task_seed, max_new_tokens, temperature, "eval", dtype)
+    ref_model = None
+    if reference is not None:
+        try:
+            ref_model, _ = load_causal_lm(reference, dtype)
+        except ModelLoadError as e:
+            fail(str(e))
+    with err.status(f"sampling {samples} responses for each of {len(task_obj.prompts())} prompts"):
+        rows = sample(spec, task_obj.prompts(), encode, samples, temperature, top_p, seed)
+        result = {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], samples),
+                  **token_stats(spec.generator.model, rows, spec.generator.tokenizer.pad_token_id, ref_model),
+                  "temperature": temperature, "top_p": top_p, "task": task, "model": model}
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    table = Table(title=f"{model} on {task}: {result['problems']} prompts x {samples} samples, T={temperature}, top-p={top_p}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        if isinstance(value, float):
+            table.add_row(key, f"{value:.4f}")
+    Console().print(table)

@@ -32,10 +32,16 @@ def summarize(results: list[tuple[str, str, bool]], n: int, ks: tuple[int, ...] 
     return out
 
 
+def sample(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[str], list[int]], n: int = 20,
+           temperature: float = 0.4, top_p: float = 0.95, seed: int = 0) -> list:
+    """n graded responses per prompt at the protocol's decoding (Trajectory rows, grouped by prompt)."""
+    spec = replace(spec, temperature=temperature, temperature_range=None, top_p=top_p)
+    return rollouts(spec, [Context(p, encode_prompt(p.text)) for p in prompts], n, seed)
+
+
 def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[str], list[int]], n: int = 20,
              temperature: float = 0.4, top_p: float = 0.95, seed: int = 0) -> dict:
     """Sample n responses per prompt at the protocol's decoding, grade them, summarize."""
-    spec = replace(spec, temperature=temperature, temperature_range=None, top_p=top_p)
-    rows = rollouts(spec, [Context(p, encode_prompt(p.text)) for p in prompts], n, seed)
+    rows = sample(spec, prompts, encode_prompt, n, temperature, top_p, seed)
     return {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], n),
             "temperature": temperature, "top_p": top_p}

@@ -1,0 +1,30 @@
+"""Per-token statistics of a policy along evaluated responses: mean entropy of pi, and the exact
+per-token KL(pi || pi0) summed over each response (a sequence KL along the sampled prefixes)."""
+
+from __future__ import annotations
+
+import torch
+
+from softrl.algorithms.common import token_kl
+from softrl.models.logprobs import pad_batch, token_logprobs
+
+
+@torch.no_grad()
+def token_stats(model, rows: list, pad_id: int, reference=None, batch_size: int = 64) -> dict:
+    """`rows` are trajectories with prompt and response tokens. Returns mean token entropy (nats) and,
+    with a reference model, the mean over responses of sum_t KL_t(pi || pi0)."""
+    entropy_sum, tokens, kl_sum = 0.0, 0, 0.0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        batch = pad_batch([r.prompt_tokens for r in chunk], [r.response_tokens for r in chunk], pad_id)
+        _, mask, log_dist = token_logprobs(model, batch, full=True)  # mask [b, T], log_dist [b, T, V]
+        entropy = -(log_dist.exp() * log_dist).sum(-1)  # [b, T]
+        entropy_sum += (entropy * mask).sum().item()
+        tokens += int(mask.sum().item())
+        if reference is not None:
+            _, _, ref_dist = token_logprobs(reference, batch, full=True)
+            kl_sum += (token_kl(log_dist, ref_dist) * mask).sum().item()
+    out = {"mean_token_entropy": entropy_sum / max(tokens, 1)}
+    if reference is not None:
+        out["kl_to_reference"] = kl_sum / max(len(rows), 1)
+    return out
