@@ -242,3 +242,15 @@ def test_optional_sinks_need_their_package():
                 optional_sinks(config)
         else:
             assert len(optional_sinks(config)) == 1
+
+
+def test_empty_offline_sources(tiny, tmp_path):
+    from softrl.runtime.local import train
+
+    offline_only = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"data.mix": "{offline: 1}"}))
+    with pytest.raises(ConfigError, match="no trajectories for offline"):
+        train(offline_only, log=lambda m: None)
+    said = []
+    mixed = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"name": "mixed", "optim.steps": 1}))
+    assert train(mixed, log=said.append)["steps"] == 1  # the empty offline share falls back to online
+    assert any("online samples only" in m for m in said)

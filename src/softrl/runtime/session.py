@@ -178,6 +178,13 @@ class Session:
                 pool = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
             sources[source] = pool
             self.log(f"{source} pool: {len(rows)} trajectories")
+        if not any(len(getattr(src, "pool", src)) for src in sources.values()):
+            where = f"{', '.join(wanted)} in {cfg.store}"
+            if cfg.mix.get("online", 0) <= 0:
+                raise ConfigError(f"data.mix: no trajectories for {where} and no online share: import data "
+                                  "(softrl data import), run softrl q0, or give online a weight")
+            self.log(f"warning: no trajectories for {where}; training on online samples only")
+            return None
         self.mixture = MixtureSampler(sources, wanted, seed=self.config.seed)
         return self.mixture
 
