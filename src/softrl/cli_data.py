@@ -106,10 +106,9 @@ def data_dedupe(store: Path = STORE_OPT) -> None:
 def reference_spec(task_spec: str, model: str, size: int, seed: int, max_new_tokens: int, temperature: float,
                    source: str, dtype: str):
     """(task, RolloutSpec, encode_prompt, encode_response, model id) for sampling the reference policy."""
-    from softrl.rollout import RolloutSpec
     from softrl.models.bootstrap import MAX_NEW_TOKENS, TASKS, bootstrap
-    from softrl.models.generation import HFGenerator
-    from softrl.models.loading import ModelLoadError, encode_prompt, load_causal_lm, tokenizer_fingerprint
+    from softrl.models.loading import ModelLoadError, encode_prompt, encode_response, load_causal_lm
+    from softrl.rollout import RolloutSpec
     from softrl.tasks.registry import load_task
 
     try:
@@ -122,11 +121,10 @@ def reference_spec(task_spec: str, model: str, size: int, seed: int, max_new_tok
         lm, tokenizer = load_causal_lm(model, dtype)
     except (ModelLoadError, ValueError, OSError) as e:
         fail(str(e))
-    spec = RolloutSpec(task, HFGenerator(lm, tokenizer), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                       tokenizer_fingerprint(tokenizer), max_new_tokens or MAX_NEW_TOKENS.get(task_spec, 256),
-                       temperature=temperature, source=source)
-    encode_response = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]  # noqa: E731
-    return task, spec, (lambda text: encode_prompt(tokenizer, text)), encode_response, str(Path(model).resolve())
+    spec = RolloutSpec.for_model(task, lm, tokenizer, max_new_tokens or MAX_NEW_TOKENS.get(task_spec, 256),
+                                 temperature=temperature, source=source)
+    return (task, spec, (lambda text: encode_prompt(tokenizer, text)), (lambda text: encode_response(tokenizer, text)),
+            str(Path(model).resolve()))
 
 
 MODEL_OPT = typer.Option("bootstrap", "--model", help="reference model directory; 'bootstrap' = the task's built-in one")

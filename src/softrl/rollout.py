@@ -29,6 +29,15 @@ class RolloutSpec:
     run_id: str = ""
     policy_version: int = 0
 
+    @classmethod
+    def for_model(cls, task: Task, model, tokenizer, max_new_tokens: int, **options) -> RolloutSpec:
+        """Sampling a Hugging Face model with `transformers.generate`; rows carry its tokenizer's fingerprint."""
+        from softrl.models.generation import HFGenerator
+        from softrl.models.loading import tokenizer_fingerprint
+
+        return cls(task, HFGenerator(model, tokenizer), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                   tokenizer_fingerprint(tokenizer), max_new_tokens, **options)
+
 
 @dataclass(frozen=True)
 class Context:

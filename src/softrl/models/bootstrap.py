@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from softrl.models.chartok import build_char_tokenizer
-from softrl.models.loading import quiet_transformers
+from softrl.models.loading import encode_response, quiet_transformers
 
 TASKS = ("countdown", "tinycode")
 # tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell
@@ -154,7 +154,7 @@ def train_sft(model, tokenizer, examples, config: BootstrapConfig, progress: Cal
         rows, labels = [], []
         for prompt, right, wrong in rng.sample(examples, config.batch_size):
             response = rng.choice(right if rng.random() < config.p_correct else wrong)
-            p, r = encode(prompt), encode(response) + [tokenizer.eos_token_id]
+            p, r = encode(prompt), encode_response(tokenizer, response)
             rows.append(p + r)
             labels.append([-100] * len(p) + r)
         width = max(map(len, rows))
@@ -175,12 +175,10 @@ def train_sft(model, tokenizer, examples, config: BootstrapConfig, progress: Cal
 def evaluate(model, tokenizer, config: BootstrapConfig, temperature: float = 1.0, top_p: float = 1.0) -> dict:
     """Held-out problems (their own seed): per-sample success, pass@1, pass@10, distinct correct answers."""
     from softrl.eval.protocol import evaluate as run_protocol
-    from softrl.models.generation import HFGenerator
     from softrl.rollout import RolloutSpec
 
     task = make_task(config.task, config.eval_problems, 2_000_000 + config.seed)
-    spec = RolloutSpec(task, HFGenerator(model, tokenizer), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                       "", MAX_NEW_TOKENS[config.task], source="eval")
+    spec = RolloutSpec.for_model(task, model, tokenizer, MAX_NEW_TOKENS[config.task], source="eval")
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     return run_protocol(spec, task.prompts(), encode, config.eval_samples, temperature, top_p, config.seed)
 

@@ -80,6 +80,11 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return tokenizer(apply_chat_template(tokenizer, text), add_special_tokens=False)["input_ids"]
 
 
+def encode_response(tokenizer, text: str) -> list[int]:
+    """Response token ids as the models were trained on them: no special tokens, then EOS."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """Token ids are only comparable under the same vocabulary: a short hash of it, for the store."""
     vocab = sorted(tokenizer.get_vocab().items())

@@ -18,8 +18,7 @@ from softrl.annotate.q0 import estimate_q0
 from softrl.config import GROUP_ALGORITHMS, ConfigError, RunConfig
 from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, TrajectoryPool
 from softrl.eval.protocol import evaluate
-from softrl.models.generation import HFGenerator
-from softrl.models.loading import encode_prompt, tokenizer_fingerprint
+from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.rollout import RolloutSpec, RolloutWorker
 from softrl.train.batch import make_batch
@@ -61,10 +60,9 @@ def rollout_spec(config: RunConfig, task, model, tokenizer, source: str) -> Roll
     from softrl.models.bootstrap import MAX_NEW_TOKENS
 
     s = config.sampling
-    return RolloutSpec(task, HFGenerator(model, tokenizer), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                       tokenizer_fingerprint(tokenizer), s.max_new_tokens or MAX_NEW_TOKENS.get(config.task.name, 256),
-                       temperature=s.temperature, temperature_range=s.temperature_range, top_p=s.top_p,
-                       source=source, run_id=config.name)
+    return RolloutSpec.for_model(task, model, tokenizer, s.max_new_tokens or MAX_NEW_TOKENS.get(config.task.name, 256),
+                                 temperature=s.temperature, temperature_range=s.temperature_range, top_p=s.top_p,
+                                 source=source, run_id=config.name)
 
 
 def optional_sinks(config: RunConfig) -> list:
@@ -140,7 +138,7 @@ class Session:
         return encode_prompt(self.tokenizer, text)
 
     def encode_response(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        return encode_response(self.tokenizer, text)
 
     def spec(self, model, source: str, task=None) -> RolloutSpec:
         return rollout_spec(self.config, task or self.train_task, model, self.tokenizer, source)
