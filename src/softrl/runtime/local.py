@@ -10,8 +10,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import torch
-
 from softrl.config import RunConfig
 from softrl.runtime.session import Session
 
@@ -97,62 +95,16 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
     """Run (or resume) training; returns the summary also written to RUN_DIR/summary.json."""
     session = Session(config, resume, log)
     phase = on_phase or (lambda name, done, total: None)
-    session.estimate_q0(progress=lambda done, total: phase("q0", done, total))
-    session.offline_sources()
-    if resume:
-        session.restore()
-    else:
-        phase("evaluate (before)", 0, 1)
-        before = session.evaluate(session.policy.model)
-        session.write_metrics({"step": 0, "samples": 0, "time": 0.0, **before})
+    session.prepare(progress=lambda done, total: phase("q0", done, total))
     generation = Generation(session, config.runtime.mode, config.runtime.model_update_interval)
     started = time.time()
     try:
         while session.progress.step < config.optim.steps:
-            online = generation.next()
-            batch = session.batch(online + session.extra_rows(len(online)))
-            metrics = session.learner.step(batch)
-            p = session.progress
-            p.step += 1
-            p.samples += len(online)
-            generation.learner_stepped(p.step)
-            elapsed = session.elapsed(started)
-            record = {"step": p.step, "samples": p.samples, "time": round(elapsed, 2),
-                      "samples_per_s": p.samples / max(elapsed, 1e-9), "online_pass_rate":
-                      sum(r["passed"] for r in online) / max(len(online), 1), "batch_rows": len(batch), **metrics}
-            if config.eval.every and p.step % config.eval.every == 0 and p.step < config.optim.steps:
-                record.update(session.evaluate(session.policy.model))
-            session.write_metrics(record)
+            record = session.learn(generation.next(), session.elapsed(started))
+            generation.learner_stepped(record["step"])
             if on_step is not None:
                 on_step(record)
-            if p.step % config.log.checkpoint_every == 0 or p.step == config.optim.steps:
-                p.seconds = elapsed
-                session.checkpoint()
     finally:
         generation.close()
     phase("evaluate (after)", 0, 1)
-    after = session.evaluate(session.policy.model)
-    session.write_metrics({"step": session.progress.step, "samples": session.progress.samples,
-                           "time": round(session.elapsed(started), 2), **after})
-    return finish(session, after)
-
-
-def finish(session: Session, after: dict) -> dict:
-    """Final weights, plots and summary.json."""
-    import json
-
-    from softrl.plots import plot_run
-
-    session.policy.save(session.run_dir / "final")
-    plots = plot_run(session.run_dir)
-    records = [json.loads(line) for line in session.metrics_path.read_text().splitlines()]
-    before = next((r for r in records if r["step"] == 0 and "eval/pass@1" in r), {})
-    summary = {
-        "run_dir": str(session.run_dir), "steps": session.progress.step, "samples": session.progress.samples,
-        "seconds": round(records[-1]["time"], 1) if records else 0.0,
-        "pass@1_before": before.get("eval/pass@1"), "pass@10_before": before.get("eval/pass@10"),
-        "pass@1_after": after.get("eval/pass@1"), "pass@10_after": after.get("eval/pass@10"),
-        "plots": [str(p) for p in plots], "threads": torch.get_num_threads(),
-    }
-    (session.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return session.finish()

@@ -49,18 +49,11 @@ class _Learner:
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         self.session = Session(RunConfig.model_validate(config), resume, log=lambda m: None)
 
-    def setup(self, resume: bool) -> dict:
+    def setup(self) -> dict:
         s = self.session
-        s.estimate_q0()
-        s.offline_sources()
-        before = {}
-        if resume:
-            s.restore()
-        else:
-            before = s.evaluate(s.policy.model)
-            s.write_metrics({"step": 0, "samples": 0, "time": 0.0, **before})
-        return {"model_path": s.model_path, "step": s.progress.step, "samples": s.progress.samples,
-                "version": s.learner.version, "seconds": s.progress.seconds}
+        s.prepare()
+        return {"model_path": s.model_path, "step": s.progress.step, "version": s.learner.version,
+                "seconds": s.progress.seconds}
 
     def next_prompt_ids(self) -> list[str]:
         return [p.id for p in self.session.next_prompts()]
@@ -68,32 +61,11 @@ class _Learner:
     def weights(self):
         return {k: v.detach().clone() for k, v in self.session.policy.model.state_dict().items()}
 
-    def step(self, online: list[dict], samples: int, elapsed: float) -> dict:
-        s = self.session
-        batch = s.batch(online + s.extra_rows(len(online)))
-        metrics = s.learner.step(batch)
-        p = s.progress
-        p.step += 1
-        p.samples = samples
-        p.seconds = elapsed
-        record = {"step": p.step, "samples": p.samples, "time": round(elapsed, 2),
-                  "samples_per_s": p.samples / max(elapsed, 1e-9), "batch_rows": len(batch),
-                  "online_pass_rate": sum(r["passed"] for r in online) / max(len(online), 1), **metrics}
-        cfg = s.config
-        if cfg.eval.every and p.step % cfg.eval.every == 0 and p.step < cfg.optim.steps:
-            record.update(s.evaluate(s.policy.model))
-        s.write_metrics(record)
-        if p.step % cfg.log.checkpoint_every == 0 or p.step == cfg.optim.steps:
-            s.checkpoint()
-        return record
+    def step(self, online: list[dict], elapsed: float) -> dict:
+        return self.session.learn(online, elapsed)
 
     def finish(self) -> dict:
-        from softrl.runtime.local import finish
-
-        s = self.session
-        after = s.evaluate(s.policy.model)
-        s.write_metrics({"step": s.progress.step, "samples": s.progress.samples, "time": s.progress.seconds, **after})
-        return finish(s, after)
+        return self.session.finish()
 
 
 class _Worker:
@@ -150,10 +122,10 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
         data = config.model_dump(mode="json")
         learner = ray.remote(num_cpus=0)(_Learner).remote(data, resume)
         phase("setup (Q0, evaluation)", 0, 1)
-        info = ray.get(learner.setup.remote(resume))
+        info = ray.get(learner.setup.remote())
         actor = ray.remote(num_cpus=0, max_restarts=-1)(_Worker)
         workers = [actor.remote(data, info["model_path"]) for _ in range(rc.workers)]
-        version, samples, step = info["version"], info["samples"], info["step"]
+        version, step = info["version"], info["step"]
         weights = learner.weights.remote()
         ray.get([w.set_weights.remote(weights, version) for w in workers])
         pids = ray.get([w.pid.remote() for w in workers])
@@ -208,8 +180,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
             online = gather(pending, step)
             if step + 1 < config.optim.steps:
                 pending = issue(step + 1)  # generation of the next batch overlaps this learner step
-            samples += len(online)
-            record = ray.get(learner.step.remote(online, samples, earlier + time.time() - started))
+            record = ray.get(learner.step.remote(online, earlier + time.time() - started))
             step = record["step"]
             if step % rc.model_update_interval == 0:
                 version = step

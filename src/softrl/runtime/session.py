@@ -8,7 +8,7 @@ import json
 import random
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,8 +31,7 @@ BUILTIN_SIZED = ("countdown", "tinycode")
 class Progress:
     step: int = 0
     samples: int = 0  # online samples generated
-    seconds: float = 0.0  # wall time spent in earlier sessions of this run
-    rng: dict = field(default_factory=dict)
+    seconds: float = 0.0  # wall time of the run so far (kept across resumes)
 
 
 def resolve_model(config: RunConfig) -> str:
@@ -106,7 +105,7 @@ class Session:
     on bad input (the model is loaded before the run directory exists)."""
 
     def __init__(self, config: RunConfig, resume: bool = False, log=print):
-        self.config, self.log = config, log
+        self.config, self.log, self.resume = config, log, resume
         run_dir = config.run_dir
         if run_dir.exists() and not resume and any(run_dir.iterdir()):
             raise ConfigError(f"run directory {run_dir} exists: pass --resume, or another name=...")
@@ -213,6 +212,57 @@ class Session:
         result = evaluate(self.spec(model, "eval", self.eval_task), self.eval_task.prompts(), self.encode_prompt,
                           e.samples, e.temperature, e.top_p, seed=self.config.seed + 17)
         return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float)) and v is not None}
+
+    # --- the run's phases, as every runtime drives them ----------------------------------------
+    def prepare(self, progress=None) -> None:
+        """Q0, the offline sources, then the newest checkpoint (resume) or the evaluation before training."""
+        self.estimate_q0(progress)
+        self.offline_sources()
+        if self.resume:
+            self.restore()
+        else:
+            before = self.evaluate(self.policy.model)
+            self.write_metrics({"step": 0, "samples": 0, "time": 0.0, **before})
+
+    def learn(self, online: list[dict], elapsed: float) -> dict:
+        """One learner step on the online rows plus the other sources' share; logs the step,
+        evaluates and checkpoints when due. Returns the step's record."""
+        cfg, p = self.config, self.progress
+        batch = self.batch(online + self.extra_rows(len(online)))
+        metrics = self.learner.step(batch)
+        p.step += 1
+        p.samples += len(online)
+        p.seconds = elapsed
+        record = {"step": p.step, "samples": p.samples, "time": round(elapsed, 2),
+                  "samples_per_s": p.samples / max(elapsed, 1e-9), "batch_rows": len(batch),
+                  "online_pass_rate": sum(r["passed"] for r in online) / max(len(online), 1), **metrics}
+        if cfg.eval.every and p.step % cfg.eval.every == 0 and p.step < cfg.optim.steps:
+            record.update(self.evaluate(self.policy.model))
+        self.write_metrics(record)
+        if p.step % cfg.log.checkpoint_every == 0 or p.step == cfg.optim.steps:
+            self.checkpoint()
+        return record
+
+    def finish(self) -> dict:
+        """The evaluation after training, final weights, plots and summary.json."""
+        from softrl.plots import plot_run
+
+        after = self.evaluate(self.policy.model)
+        self.write_metrics({"step": self.progress.step, "samples": self.progress.samples,
+                            "time": round(self.progress.seconds, 2), **after})
+        self.policy.save(self.run_dir / "final")
+        plots = plot_run(self.run_dir)
+        records = [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
+        before = next((r for r in records if r["step"] == 0 and "eval/pass@1" in r), {})
+        summary = {
+            "run_dir": str(self.run_dir), "steps": self.progress.step, "samples": self.progress.samples,
+            "seconds": round(self.progress.seconds, 1),
+            "pass@1_before": before.get("eval/pass@1"), "pass@10_before": before.get("eval/pass@10"),
+            "pass@1_after": after.get("eval/pass@1"), "pass@10_after": after.get("eval/pass@10"),
+            "plots": [str(p) for p in plots], "threads": torch.get_num_threads(),
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
 
     # --- logging and checkpoints --------------------------------------------------------------
     def write_metrics(self, record: dict) -> None:
