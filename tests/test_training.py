@@ -254,3 +254,22 @@ def test_empty_offline_sources(tiny, tmp_path):
     mixed = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"name": "mixed", "optim.steps": 1}))
     assert train(mixed, log=said.append)["steps"] == 1  # the empty offline share falls back to online
     assert any("online samples only" in m for m in said)
+
+
+def test_offline_only_mix_generates_nothing(tiny, tmp_path):
+    """agro-off on fixed data: no online sampling, every batch row from the store, eval with KL stats."""
+    from softrl.runtime.local import train
+
+    seed_store(tmp_path)
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
+        "data.mix": "{offline: 1}", "data.objective": "{algorithm: agro-off}", "optim.steps": 2, "eval.stats": "true",
+        "data.offline_sources": "[human, reference]", "data.offline_passed_only": "false"}))
+    summary = train(config, log=lambda m: None)
+    assert summary["samples"] == 0
+    assert ExperienceStore(f"{tmp_path}/store").trajectories(source="online").num_rows == 0
+    records = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert [r["batch_rows"] for r in steps] == [4, 4] and all(r["samples"] == 0 for r in steps)
+    evals = [r for r in records if "eval/pass@1" in r]
+    assert evals[0]["eval/kl_to_reference"] == pytest.approx(0.0, abs=1e-6)  # before training pi == pi0
+    assert evals[-1]["eval/kl_to_reference"] > 0 and evals[-1]["eval/mean_token_entropy"] > 0

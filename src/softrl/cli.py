@@ -262,3 +262,7 @@ app.command("train")(train_command)
 app.command("demo")(demo)
 app.command("plot")(plot)
 app.command("eval")(eval_command)
+
+from softrl.cli_bench import bench_app  # noqa: E402
+
+app.add_typer(bench_app, name="bench")

@@ -141,8 +141,7 @@ def eval_command(
 ) -> None:
     """pass@1 and pass@10 (unbiased), per-sample success, distinct correct answers, token entropy, KL to a reference."""
     from softrl.cli_data import reference_spec
-    from softrl.eval.diversity import token_stats
-    from softrl.eval.protocol import sample, summarize
+    from softrl.eval.protocol import evaluate
     from softrl.models.loading import ModelLoadError, load_causal_lm
 
     if temperature <= 0 or not 0 < top_p <= 1:
@@ -155,10 +154,8 @@ def eval_command(
         except ModelLoadError as e:
             fail(str(e))
     with err.status(f"sampling {samples} responses for each of {len(task_obj.prompts())} prompts"):
-        rows = sample(spec, task_obj.prompts(), encode, samples, temperature, top_p, seed)
-        result = {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], samples),
-                  **token_stats(spec.generator.model, rows, spec.generator.tokenizer.pad_token_id, ref_model),
-                  "temperature": temperature, "top_p": top_p, "task": task, "model": model}
+        result = {**evaluate(spec, task_obj.prompts(), encode, samples, temperature, top_p, seed, stats=True,
+                             reference=ref_model), "task": task, "model": model}
     if as_json:
         typer.echo(json.dumps(result))
         return

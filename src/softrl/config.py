@@ -131,6 +131,7 @@ class EvalConfig(Section):
     temperature: float = Field(0.4, gt=0, description="evaluation temperature (SPO's protocol: 0.4)")
     top_p: float = Field(0.95, gt=0, le=1, description="evaluation top-p (SPO's protocol: 0.95)")
     every: int = Field(0, ge=0, description="evaluate every this many steps (0 = before and after only)")
+    stats: bool = Field(False, description="also the token entropy and exact KL(pi || pi0) of the evaluated responses")
 
 
 class LogConfig(Section):
@@ -167,6 +168,11 @@ class RunConfig(Section):
             if algorithm == "ppo" and source != "online":
                 raise ValueError(f"data.objectives.{source}: ppo learns from online rollouts only")
         return self
+
+    @property
+    def generates(self) -> bool:
+        """Whether the run samples online rows at all (an offline-only mix never generates)."""
+        return self.data.mix.get("online", 0) > 0
 
     @property
     def run_dir(self) -> Path:

@@ -40,8 +40,15 @@ def sample(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[st
 
 
 def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[str], list[int]], n: int = 20,
-             temperature: float = 0.4, top_p: float = 0.95, seed: int = 0) -> dict:
-    """Sample n responses per prompt at the protocol's decoding, grade them, summarize."""
+             temperature: float = 0.4, top_p: float = 0.95, seed: int = 0, stats: bool = False,
+             reference=None) -> dict:
+    """Sample n responses per prompt at the protocol's decoding, grade them, summarize; with `stats`,
+    also the policy's mean token entropy along them and (given a reference model) KL(pi || pi0)."""
     rows = sample(spec, prompts, encode_prompt, n, temperature, top_p, seed)
-    return {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], n),
-            "temperature": temperature, "top_p": top_p}
+    out = {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], n),
+           "temperature": temperature, "top_p": top_p}
+    if stats:
+        from softrl.eval.diversity import token_stats
+
+        out.update(token_stats(spec.generator.model, rows, spec.generator.tokenizer.pad_token_id, reference))
+    return out

@@ -31,7 +31,7 @@ class Generation:
         self.error: BaseException | None = None
         self.produced = session.progress.step
         self.thread = None
-        if mode == "async":
+        if mode == "async" and session.config.generates:
             self.thread = threading.Thread(target=self._produce, name="softrl-generation", daemon=True)
             self.thread.start()
 
@@ -60,6 +60,8 @@ class Generation:
             self.error = e
 
     def next(self) -> list[dict]:
+        if not self.session.config.generates:
+            return []
         if self.mode == "sync":
             return self._generate()
         while True:

@@ -133,6 +133,8 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
         n = config.sampling.samples_per_prompt
 
         def issue(at_step: int) -> list:
+            if not config.generates:
+                return []
             ids = ray.get(learner.next_prompt_ids.remote())
             shares = [ids[i :: len(workers)] for i in range(len(workers))]
             return [(i, share, ask(i, share, at_step), version) for i, share in enumerate(shares) if share]

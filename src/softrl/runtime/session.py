@@ -130,6 +130,7 @@ class Session:
         self.prompt_rng = random.Random(config.seed)
         self.metrics_path = run_dir / "metrics.jsonl"
         self.earlier_seconds = 0.0  # wall time of the sessions before a resume
+        self.eval_seconds = 0.0  # evaluation is not training: left out of the run's wall time
         self.writers = [open_sink(run_dir, config) for open_sink in self.sinks]
 
     # --- pieces -------------------------------------------------------------------------------
@@ -208,9 +209,11 @@ class Session:
         return self.config.seed * 1_000_003 + step
 
     def evaluate(self, model) -> dict:
-        e = self.config.eval
+        e, started = self.config.eval, time.time()
         result = evaluate(self.spec(model, "eval", self.eval_task), self.eval_task.prompts(), self.encode_prompt,
-                          e.samples, e.temperature, e.top_p, seed=self.config.seed + 17)
+                          e.samples, e.temperature, e.top_p, seed=self.config.seed + 17, stats=e.stats,
+                          reference=self.reference.model)
+        self.eval_seconds += time.time() - started
         return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float)) and v is not None}
 
     # --- the run's phases, as every runtime drives them ----------------------------------------
@@ -223,11 +226,14 @@ class Session:
         else:
             before = self.evaluate(self.policy.model)
             self.write_metrics({"step": 0, "samples": 0, "time": 0.0, **before})
+        self.eval_seconds = 0.0  # the run's clock starts after this
 
     def learn(self, online: list[dict], elapsed: float) -> dict:
         """One learner step on the online rows plus the other sources' share; logs the step,
-        evaluates and checkpoints when due. Returns the step's record."""
+        evaluates and checkpoints when due. Returns the step's record. `elapsed`: the runtime's wall
+        time so far, of which the evaluations during training are not counted."""
         cfg, p = self.config, self.progress
+        elapsed -= self.eval_seconds
         batch = self.batch(online + self.extra_rows(len(online)))
         metrics = self.learner.step(batch)
         p.step += 1

@@ -1,0 +1,1 @@
+"""Benchmarks: learning (the papers' claims) and systems (speed, memory, throughput)."""

@@ -1,0 +1,192 @@
+"""`softrl bench learning`: every method on a built-in task from the same reference, the same
+batch size, learner steps and learning rate, over several seeds; pass@1 / pass@10 curves against
+samples generated and wall time, reward against KL(pi || pi0), and the papers' claims checked.
+
+Equal budgets: every fully online method generates `prompts x samples_per_prompt` samples per step.
+SPO half-online keeps the batch size but draws half of it from the store's passed reference
+samples, so it generates half as many (the claim is that it matches online at half the cost).
+AGRO off-policy and KL-regularised PG learn from fixed reference data only (the Q0 samples, passed
+or not) and generate nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from softrl.config import RunConfig, apply_override, load_config
+
+SPO = {"algorithm": "spo", "terminal": 1.0, "loss": "bce"}
+ONLINE = {"online": 1.0}
+FIXED_DATA = {"data.mix": {"offline": 1.0}, "data.offline_passed_only": False}
+
+# method -> config overrides on top of the task's base
+METHODS: dict[str, dict] = {
+    "spo-online": {"data.mix": ONLINE, "data.objective": SPO},
+    "spo-half": {"data.mix": {"online": 0.5, "offline": 0.5}, "data.objective": SPO, "half": True},
+    "ppo": {"data.mix": ONLINE, "data.objective": {"algorithm": "ppo"}},
+    "grpo": {"data.mix": ONLINE, "data.objective": {"algorithm": "grpo"}},
+    "rloo": {"data.mix": ONLINE, "data.objective": {"algorithm": "rloo"}},
+    "agro-on": {"data.mix": ONLINE, "data.objective": {"algorithm": "agro-on"}},
+    "agro-off": {**FIXED_DATA, "data.objective": {"algorithm": "agro-off"}},
+    "kl-pg": {**FIXED_DATA, "data.objective": {"algorithm": "kl-pg"}},
+}
+
+# per task: what the base run looks like (the reference is the task's bootstrap model)
+TASK_BASES = {
+    "countdown": {"task.size": 1000, "q0.k": 32},
+    "tinycode": {"task.size": 300, "q0.k": 16},
+}
+
+
+def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr: float = 1e-4,
+                  prompts: int = 16, samples_per_prompt: int = 4, eval_size: int = 100, eval_every: int = 25,
+                  eval_samples: int = 20) -> RunConfig:
+    """The run of `method` on `task` with `seed`, under `runs/TASK/METHOD-sSEED`."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r} (use {', '.join(METHODS)})")
+    if task not in TASK_BASES:
+        raise ValueError(f"unknown task {task!r} for the learning benchmark (use {', '.join(TASK_BASES)})")
+    overrides = {
+        "name": f"{method}-s{seed}", "out_dir": str(runs / task), "seed": seed, "data.store": str(runs / task / "store"),
+        "task.name": task, "task.eval_size": eval_size, **TASK_BASES[task],
+        "sampling.prompts_per_step": prompts, "sampling.samples_per_prompt": samples_per_prompt,
+        "optim.steps": steps, "optim.lr": lr, "optim.warmup_steps": max(1, steps // 20),
+        "eval.every": eval_every, "eval.samples": eval_samples, "eval.stats": True,
+        "log.checkpoint_every": steps, "log.keep_checkpoints": 1,
+    }
+    for key, value in METHODS[method].items():
+        if key != "half":
+            overrides[key] = value
+    if METHODS[method].get("half"):  # the same batch size, half of it generated
+        overrides["sampling.prompts_per_step"] = max(1, prompts // 2)
+    data: dict = {}
+    for key, value in overrides.items():
+        apply_override(data, key.split("."), copy.deepcopy(value))
+    return load_config(None, [], base=data)
+
+
+def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], None] | None = None,
+            log: Callable[[str], None] = lambda m: None) -> None:
+    """Train each config in turn; a run with a summary.json is done and kept (a killed benchmark
+    resumes where it stopped), a run without one starts over."""
+    from softrl.runtime.local import train
+
+    for i, config in enumerate(configs):
+        if (config.run_dir / "summary.json").is_file():
+            continue
+        shutil.rmtree(config.run_dir, ignore_errors=True)
+        train(config, on_step=(lambda r, i=i, c=config: on_step(i, c, r)) if on_step else None, log=log)
+
+
+EVAL_KEYS = ("pass@1", "pass@10", "success_per_sample", "kl_to_reference", "mean_token_entropy",
+             "distinct_correct_per_solved")
+
+
+def curves(run_dir: Path) -> list[dict]:
+    """The run's evaluation points: step, samples generated, training wall time and the eval numbers."""
+    points = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "eval/pass@1" in r:
+            points.append({"step": r["step"], "samples": r["samples"], "time": r["time"],
+                           **{k: r.get(f"eval/{k}") for k in EVAL_KEYS}})
+    return points
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def aggregate(runs: dict[str, dict[int, list[dict]]]) -> dict[str, list[dict]]:
+    """method -> per evaluation point, the mean and sd over seeds of every number (seeds aligned by step)."""
+    out = {}
+    for method, by_seed in runs.items():
+        series = list(by_seed.values())
+        length = min(len(s) for s in series)
+        points = []
+        for j in range(length):
+            at = [s[j] for s in series]
+            point = {}
+            for key in ("step", "samples", "time", *EVAL_KEYS):
+                point[key], point[f"{key}_sd"] = mean_sd([p[key] for p in at])
+            points.append(point)
+        out[method] = points
+    return out
+
+
+def paired(runs: dict[str, dict[int, list[dict]]], a: str, b: str, value: Callable[[list[dict]], float]) -> dict:
+    """`value(a's curve) - value(b's curve)` per common seed: mean, standard error, verdict."""
+    seeds = sorted(set(runs.get(a, {})) & set(runs.get(b, {})))
+    diffs = [value(runs[a][s]) - value(runs[b][s]) for s in seeds]
+    if not diffs:
+        return {"seeds": 0, "verdict": "not run"}
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
+    if len(diffs) == 1:  # no spread to judge by: the sign only
+        verdict = "higher" if mean > 0 else "lower" if mean < 0 else "within 2 SE"
+    elif mean > 2 * se:
+        verdict = "higher"
+    elif mean < -2 * se:
+        verdict = "lower"
+    else:
+        verdict = "within 2 SE"
+    return {"seeds": len(diffs), "diff": mean, "se": se, "verdict": verdict, "per_seed": diffs}
+
+
+def final(key: str) -> Callable[[list[dict]], float]:
+    return lambda curve: curve[-1][key]
+
+
+def gap_change(curve: list[dict]) -> float:
+    """How much pass@10 - pass@1 grew from the first to the last evaluation (negative: it shrank)."""
+    return (curve[-1]["pass@10"] - curve[-1]["pass@1"]) - (curve[0]["pass@10"] - curve[0]["pass@1"])
+
+
+def mean_over_training(key: str) -> Callable[[list[dict]], float]:
+    """The mean of `key` over the evaluations after the first: the area under the learning curve."""
+    return lambda curve: statistics.fmean(p[key] for p in curve[1:]) if len(curve) > 1 else math.nan
+
+
+# (claim, paper, method a, method b, what is compared, expected verdict)
+CLAIMS = [
+    ("SPO's pass@10 beats PPO's", "SPO", "spo-online", "ppo", "final pass@10", final("pass@10"), "higher"),
+    ("half-online SPO matches or beats online SPO at half the sampling cost (pass@1)", "SPO", "spo-half",
+     "spo-online", "final pass@1", final("pass@1"), "higher|within 2 SE"),
+    ("half-online SPO matches or beats online SPO at half the sampling cost (pass@10)", "SPO", "spo-half",
+     "spo-online", "final pass@10", final("pass@10"), "higher|within 2 SE"),
+    ("PPO's pass@10 - pass@1 gap shrinks while SPO's stays", "SPO", "spo-online", "ppo",
+     "growth of the pass@10 - pass@1 gap", gap_change, "higher"),
+    ("on-policy AGRO learns faster per epoch than RLOO", "AGRO", "agro-on", "rloo",
+     "pass@1 averaged over the evaluations (area under the curve)", mean_over_training("pass@1"), "higher"),
+    ("off-policy AGRO beats KL-regularised PG on fixed reference data", "AGRO", "agro-off", "kl-pg",
+     "final pass@1", final("pass@1"), "higher"),
+]
+
+
+def check_claims(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
+    out = []
+    for claim, paper, a, b, compared, value, expected in CLAIMS:
+        result = paired(runs, a, b, value)
+        holds = None if result["verdict"] == "not run" else result["verdict"] in expected.split("|")
+        out.append({"claim": claim, "paper": paper, "a": a, "b": b, "compared": compared, **result,
+                    "expected": expected, "reproduced": holds})
+    return out
+
+
+def collect(configs: list[RunConfig]) -> dict[str, dict[int, list[dict]]]:
+    """method -> seed -> curve, for the finished runs among `configs`."""
+    runs: dict[str, dict[int, list[dict]]] = {}
+    for config in configs:
+        if (config.run_dir / "summary.json").is_file():
+            method = config.name.rsplit("-s", 1)[0]
+            runs.setdefault(method, {})[config.seed] = curves(config.run_dir)
+    return runs

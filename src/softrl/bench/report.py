@@ -1,0 +1,84 @@
+"""The learning benchmark's outputs: a markdown table of final numbers, the claims, and one PNG of
+pass@1 / pass@10 against samples generated and wall time plus reward against KL(pi || pi0)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+COLUMNS = [("pass@1", "pass@1"), ("pass@10", "pass@10"), ("success_per_sample", "success"),
+           ("kl_to_reference", "KL(pi||pi0)"), ("mean_token_entropy", "entropy"),
+           ("distinct_correct_per_solved", "distinct")]
+
+
+def _pm(point: dict, key: str, digits: int = 3) -> str:
+    mean, sd = point.get(key, math.nan), point.get(f"{key}_sd", math.nan)
+    if mean is None or math.isnan(mean):
+        return "-"
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int) -> str:
+    """Final evaluation of every method (mean ± sd over seeds), then the claims."""
+    reference = next(iter(agg.values()))[0] if agg else {}
+    head = ["method", "samples generated", "train time (s)"] + [label for _, label in COLUMNS]
+    lines = [f"| {' | '.join(head)} |", f"|{'---|' * len(head)}"]
+    lines.append(f"| reference (step 0) | 0 | 0 | {' | '.join(_pm(reference, k) for k, _ in COLUMNS)} |")
+    for method, points in agg.items():
+        last = points[-1]
+        lines.append(f"| {method} | {last['samples']:.0f} | {last['time']:.0f} | "
+                     f"{' | '.join(_pm(last, k) for k, _ in COLUMNS)} |")
+    lines += ["", f"Claims (paired differences over {seeds} seeds, a - b, mean ± standard error):", "",
+              "| paper | claim | a vs b | compared | a - b | reproduced? |", "|---|---|---|---|---|---|"]
+    for c in claims:
+        if c["verdict"] == "not run":
+            diff, verdict = "-", "not run"
+        else:
+            diff = f"{c['diff']:+.3f} ± {c['se']:.3f}"
+            verdict = f"{'yes' if c['reproduced'] else 'no'} ({c['verdict']})"
+        lines.append(f"| {c['paper']} | {c['claim']} | {c['a']} vs {c['b']} | {c['compared']} | {diff} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_learning(agg: dict[str, list[dict]], out: Path, title: str) -> Path:
+    """2 x 3 panels: pass@1 and pass@10 against samples generated and against training wall time,
+    reward (per-sample success) against KL(pi || pi0), and the fixed-data methods against steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    panels = [(axes[0, 0], "samples", "pass@1", "samples generated"), (axes[0, 1], "samples", "pass@10", "samples generated"),
+              (axes[1, 0], "time", "pass@1", "training wall time (s)"), (axes[1, 1], "time", "pass@10", "training wall time (s)"),
+              (axes[0, 2], "kl_to_reference", "success_per_sample", "KL(pi || pi0) on evaluated responses (nats)")]
+    colors = dict(zip(agg, plt.get_cmap("tab10").colors))
+    for method, points in agg.items():
+        fixed = all(p["samples"] == 0 for p in points)
+        for ax, x, y, xlabel in panels:
+            if fixed and x == "samples":
+                continue  # generates nothing: drawn against steps below
+            xs, ys = [p[x] for p in points], [p[y] for p in points]
+            sd = [p[f"{y}_sd"] for p in points]
+            ax.plot(xs, ys, marker="o", ms=3, color=colors[method], label=method)
+            ax.fill_between(xs, [a - b for a, b in zip(ys, sd)], [a + b for a, b in zip(ys, sd)],
+                            color=colors[method], alpha=0.12)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(y if y != "success_per_sample" else "reward (success per sample)")
+        if fixed:
+            for y, style in (("pass@1", "-"), ("pass@10", "--")):
+                axes[1, 2].plot([p["step"] for p in points], [p[y] for p in points], style, marker="o", ms=3,
+                                color=colors[method], label=f"{method} {y}")
+    axes[1, 2].set_xlabel("learner step (fixed reference data)")
+    axes[1, 2].set_ylabel("pass@k")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    axes[0, 2].set_title("KL-efficiency")
+    fig.suptitle(title + " (mean ± sd over seeds)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
