@@ -273,3 +273,18 @@ def test_offline_only_mix_generates_nothing(tiny, tmp_path):
     evals = [r for r in records if "eval/pass@1" in r]
     assert evals[0]["eval/kl_to_reference"] == pytest.approx(0.0, abs=1e-6)  # before training pi == pi0
     assert evals[-1]["eval/kl_to_reference"] > 0 and evals[-1]["eval/mean_token_entropy"] > 0
+
+
+def test_gym_task_options_and_held_out_split():
+    pytest.importorskip("reasoning_gym")
+    from softrl.runtime.session import load_tasks
+
+    config = load_config(None, ["task.name=gym:basic_arithmetic", "task.size=5", "task.eval_size=3",
+                                "task.options={min_terms: 2, max_terms: 2, max_digits: 2, prompt_suffix: ' Answer:'}"])
+    train_task, eval_task = load_tasks(config)
+    assert len(train_task.prompts()) == 5 and len(eval_task.prompts()) == 3
+    assert all(p.text.endswith(" Answer:") for p in train_task.prompts())
+    assert not {p.id for p in train_task.prompts()} & {p.id for p in eval_task.prompts()}
+    bad = load_config(None, ["task.name=gym:basic_arithmetic", "task.options={no_such_key: 1}"])
+    with pytest.raises(ConfigError, match="^task: "):
+        load_tasks(bad)

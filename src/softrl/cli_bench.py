@@ -17,6 +17,23 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def base_overrides(path: Path) -> dict:
+    """A YAML file of run settings as dotted keys (`task: {options: ...}` -> `task.options`)."""
+    import yaml
+
+    from softrl.config import flatten
+
+    if not path.is_file():
+        fail(f"--base: {path} does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        fail(f"--base: {path} is not valid YAML ({str(e).splitlines()[0]})")
+    if not isinstance(tree, dict):
+        fail(f"--base: {path}: the top level must be a mapping of sections")
+    return {".".join(key): value for key, value in flatten(tree)}
+
+
 @bench_app.command("learning")
 def learning(
     task: str = typer.Option("countdown", help="built-in task: countdown or tinycode"),
@@ -27,6 +44,7 @@ def learning(
     prompts: int = typer.Option(16, min=1, help="prompts per step (x samples per prompt = the batch)"),
     eval_size: int = typer.Option(100, min=1, help="held-out prompts per evaluation"),
     eval_every: int = typer.Option(25, min=1, help="learner steps between evaluations"),
+    base: Path = typer.Option(None, help="YAML of run settings under every method's (model, task options, ...)"),
     runs: Path = typer.Option(Path("runs/bench"), help="where the runs (and their store) go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/bench/report"), help="where the table, JSON and PNG go"),
     as_json: bool = typer.Option(False, "--json", help="print the claims as JSON"),
@@ -34,14 +52,15 @@ def learning(
     """Every method from the same reference at equal batch and budget, N seeds: curves, table, claims."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from softrl.bench.learning import aggregate, check_claims, collect, method_config, run_all
+    from softrl.bench.learning import aggregate, check_claims, collect, method_config, run_all, slug
     from softrl.bench.report import markdown, plot_learning
     from softrl.config import ConfigError
 
     chosen = _csv(methods)
     try:
-        configs = [method_config(m, task, s, steps, runs, lr, prompts, eval_size=eval_size, eval_every=eval_every)
-                   for s in range(seeds) for m in chosen]
+        extra = base_overrides(base) if base is not None else None
+        configs = [method_config(m, task, s, steps, runs, lr, prompts, eval_size=eval_size, eval_every=eval_every,
+                                 extra=extra) for s in range(seeds) for m in chosen]
     except (ValueError, ConfigError) as e:
         fail(str(e))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -57,13 +76,57 @@ def learning(
     agg, claims = aggregate(runs_by_method), check_claims(runs_by_method)
     report.mkdir(parents=True, exist_ok=True)
     table = markdown(agg, claims, seeds)
-    (report / f"learning-{task}.md").write_text(table)
-    (report / f"learning-{task}.json").write_text(json.dumps({"curves": agg, "claims": claims, "runs": runs_by_method},
-                                                             indent=1, default=str))
-    png = plot_learning(agg, report / f"learning-{task}.png",
+    name = f"learning-{slug(task)}"
+    (report / f"{name}.md").write_text(table)
+    (report / f"{name}.json").write_text(json.dumps({"curves": agg, "claims": claims, "runs": runs_by_method},
+                                                    indent=1, default=str))
+    png = plot_learning(agg, report / f"{name}.png",
                         f"{task}: {steps} steps x {prompts * 4} rows, lr {lr}, {seeds} seeds")
     if as_json:
         typer.echo(json.dumps(claims, default=str))
         return
     typer.echo(table)
     typer.echo(f"plot: {png}")
+
+
+@bench_app.command("systems")
+def systems(
+    task: str = typer.Option("countdown", help="built-in task whose bootstrap model and prompts are used"),
+    model: str = typer.Option("bootstrap", help="model directory, or 'bootstrap' for the task's reference"),
+    parts: str = typer.Option("learner,e2e,ray,trl", help="comma-separated: learner, e2e, ray, trl"),
+    prompts: int = typer.Option(16, min=1, help="prompts per step"),
+    samples_per_prompt: int = typer.Option(4, min=2, help="samples per prompt (the group size)"),
+    max_new_tokens: int = typer.Option(24, min=1, help="generation length"),
+    e2e_steps: int = typer.Option(40, min=2, help="learner steps of each end-to-end run"),
+    runs: Path = typer.Option(Path("runs/bench/systems"), help="scratch directory of the runs"),
+    report: Path = typer.Option(Path("runs/bench/report"), help="where systems.md and systems.json go"),
+    as_json: bool = typer.Option(False, "--json", help="print the numbers as JSON"),
+) -> None:
+    """Learner step time, memory and FLOP/s of SPO vs PPO vs GRPO; samples/s of sync vs async, Ray
+    interval 1 vs 10, and TRL's GRPOTrainer on the same work (when TRL is installed)."""
+    from softrl.bench.systems import markdown, run_systems
+    from softrl.config import ConfigError
+    from softrl.models.loading import ModelLoadError
+
+    chosen = set(_csv(parts))
+    unknown = chosen - {"learner", "e2e", "ray", "trl"}
+    if unknown:
+        fail(f"--parts: unknown part {sorted(unknown)[0]!r} (use learner, e2e, ray, trl)")
+    if model == "bootstrap":
+        from softrl.models.bootstrap import TASKS, bootstrap
+
+        if task not in TASKS:
+            fail(f"--task: no bootstrap model for {task!r} (use {', '.join(TASKS)}) or give --model")
+        model = str(bootstrap(task))
+    with err.status("benchmarking") as status:
+        try:
+            result = run_systems(model, task, runs, chosen, prompts, samples_per_prompt, max_new_tokens,
+                                 e2e_steps=e2e_steps, ray_steps=e2e_steps, trl_steps=max(2, e2e_steps // 2),
+                                 phase=lambda name: status.update(name))
+        except (ConfigError, ModelLoadError, RuntimeError) as e:
+            fail(str(e))
+    report.mkdir(parents=True, exist_ok=True)
+    table = markdown(result)
+    (report / "systems.md").write_text(table)
+    (report / "systems.json").write_text(json.dumps(result, indent=1, default=str))
+    typer.echo(json.dumps(result, default=str) if as_json else table)

@@ -30,7 +30,8 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    path: str = Field("bootstrap", description="model directory, or 'bootstrap' for the task's built-in reference")
+    path: str = Field("bootstrap", description="model directory, 'bootstrap' for the task's built-in reference, "
+                      "or a name `softrl model prepare` knows (smollm2-135m)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="weights and compute dtype")
     lora: dict[str, Any] | None = Field(None, description="PEFT LoRA options (r, alpha, ...); needs softrl[hf] + peft")
 
@@ -41,6 +42,8 @@ class TaskConfig(Section):
     seed: int = Field(0, description="seed of the training prompts")
     eval_size: int = Field(100, ge=1, description="held-out prompts for evaluation")
     eval_seed: int = Field(1, description="seed of the held-out prompts (differs from `seed`)")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="task keyword options, e.g. a gym dataset's keys or prompt_suffix")
 
 
 class ObjectiveConfig(Section):
@@ -229,7 +232,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
             raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
-        for key, value in _flatten(loaded):
+        for key, value in flatten(loaded):
             apply_override(data, key, value)
     for text in overrides:
         apply_override(data, *parse_override(text))
@@ -239,13 +242,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
         raise ConfigError(_one_line(e)) from None
 
 
-def _flatten(tree: dict, prefix: tuple = ()) -> list[tuple[list[str], Any]]:
+def flatten(tree: dict, prefix: tuple = ()) -> list[tuple[list[str], Any]]:
     """Leaves of a YAML mapping as (path, value); a section's mapping merges into the base's."""
     out = []
     for key, value in tree.items():
         path = (*prefix, str(key))
         section = len(path) == 1 and key in RunConfig.model_fields and isinstance(value, dict)
-        out += _flatten(value, path) if section else [(list(path), value)]
+        out += flatten(value, path) if section else [(list(path), value)]
     return out
 
 

@@ -44,17 +44,23 @@ TASK_BASES = {
 }
 
 
+def slug(task: str) -> str:
+    return task.replace(":", "-").replace("/", "-")
+
+
 def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr: float = 1e-4,
                   prompts: int = 16, samples_per_prompt: int = 4, eval_size: int = 100, eval_every: int = 25,
-                  eval_samples: int = 20) -> RunConfig:
-    """The run of `method` on `task` with `seed`, under `runs/TASK/METHOD-sSEED`."""
+                  eval_samples: int = 20, extra: dict | None = None) -> RunConfig:
+    """The run of `method` on `task` with `seed`, under `runs/TASK/METHOD-sSEED`; `extra` overrides
+    come last (e.g. `model.path`)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r} (use {', '.join(METHODS)})")
-    if task not in TASK_BASES:
-        raise ValueError(f"unknown task {task!r} for the learning benchmark (use {', '.join(TASK_BASES)})")
+    if task not in TASK_BASES and not extra:
+        raise ValueError(f"--task: no built-in base for {task!r} (use {', '.join(TASK_BASES)}, or give --base FILE)")
     overrides = {
-        "name": f"{method}-s{seed}", "out_dir": str(runs / task), "seed": seed, "data.store": str(runs / task / "store"),
-        "task.name": task, "task.eval_size": eval_size, **TASK_BASES[task],
+        "name": f"{method}-s{seed}", "out_dir": str(runs / slug(task)), "seed": seed,
+        "data.store": str(runs / slug(task) / "store"),
+        "task.name": task, "task.eval_size": eval_size, **TASK_BASES.get(task, {}),
         "sampling.prompts_per_step": prompts, "sampling.samples_per_prompt": samples_per_prompt,
         "optim.steps": steps, "optim.lr": lr, "optim.warmup_steps": max(1, steps // 20),
         "eval.every": eval_every, "eval.samples": eval_samples, "eval.stats": True,
@@ -65,6 +71,7 @@ def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr:
             overrides[key] = value
     if METHODS[method].get("half"):  # the same batch size, half of it generated
         overrides["sampling.prompts_per_step"] = max(1, prompts // 2)
+    overrides.update(extra or {})
     data: dict = {}
     for key, value in overrides.items():
         apply_override(data, key.split("."), copy.deepcopy(value))

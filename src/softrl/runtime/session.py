@@ -35,8 +35,17 @@ class Progress:
 
 
 def resolve_model(config: RunConfig) -> str:
-    if config.model.path != "bootstrap":
-        return config.model.path
+    """The model directory: as given, the task's bootstrap reference, or a prepared pretrained model."""
+    from softrl.models.prepare import KNOWN, prepare_model
+
+    path = config.model.path
+    if path in KNOWN:
+        try:
+            return str(prepare_model(path))
+        except ValueError as e:
+            raise ConfigError(f"model.path: {e}") from e
+    if path != "bootstrap":
+        return path
     from softrl.models.bootstrap import TASKS, bootstrap
 
     if config.task.name not in TASKS:
@@ -45,13 +54,19 @@ def resolve_model(config: RunConfig) -> str:
 
 
 def load_tasks(config: RunConfig):
+    """(training task, evaluation task): built-in and gym tasks are generated, the held-out split
+    from its own seed; a dataset task's prompts are both (documented in USAGE.md)."""
     from softrl.tasks.registry import load_task
 
-    if config.task.name in BUILTIN_SIZED:
-        return (load_task(config.task.name, size=config.task.size, seed=config.task.seed),
-                load_task(config.task.name, size=config.task.eval_size, seed=config.task.eval_seed))
-    task = load_task(config.task.name)
-    return task, task  # a dataset task: its prompts are both (documented in USAGE.md)
+    t = config.task
+    try:
+        if t.name in BUILTIN_SIZED or t.name.startswith("gym:"):
+            return (load_task(t.name, size=t.size, seed=t.seed, **t.options),
+                    load_task(t.name, size=t.eval_size, seed=t.eval_seed, **t.options))
+        task = load_task(t.name, **t.options)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"task: {e}") from e
+    return task, task
 
 
 def rollout_spec(config: RunConfig, task, model, tokenizer, source: str) -> RolloutSpec:

@@ -8,9 +8,10 @@ from softrl.tasks.base import Grade, Prompt, Task, extract_answer
 
 
 class GymTask(Task):
-    """`gym:NAME` with the dataset's own config keys; graded by the dataset's own scorer."""
+    """`gym:NAME` with the dataset's own config keys; graded by the dataset's own scorer. `prompt_suffix`
+    is appended to every question (e.g. how to format the answer, which the scorer reads)."""
 
-    def __init__(self, dataset: str, size: int = 500, seed: int = 0, **config: Any):
+    def __init__(self, dataset: str, size: int = 500, seed: int = 0, prompt_suffix: str = "", **config: Any):
         try:
             import reasoning_gym
         except ImportError as e:
@@ -20,7 +21,7 @@ class GymTask(Task):
         except (KeyError, ValueError, TypeError) as e:
             raise ValueError(f"reasoning-gym dataset {dataset!r} with config {config}: {e}") from e
         self.name = f"gym:{dataset}"
-        self._prompts = [Prompt(f"gym-{dataset}-{seed}-{i}", entry["question"], {"index": i})
+        self._prompts = [Prompt(f"gym-{dataset}-{seed}-{i}", entry["question"] + prompt_suffix, {"index": i})
                          for i, entry in enumerate(self.data)]
 
     def prompts(self) -> list[Prompt]:

@@ -1,0 +1,99 @@
+"""The benchmark suite's logic on synthetic curves, and both benchmarks end to end on a tiny model."""
+
+import json
+import math
+
+import pytest
+
+from softrl.bench.learning import (aggregate, check_claims, collect, curves, final, gap_change, method_config,
+                                   paired, run_all)
+from softrl.bench.report import markdown, plot_learning
+
+
+def curve(*pass1_pass10, samples_per_point=64):
+    return [{"step": i, "samples": i * samples_per_point, "time": float(i), "pass@1": a, "pass@10": b,
+             "success_per_sample": a, "kl_to_reference": 0.1 * i, "mean_token_entropy": 0.5,
+             "distinct_correct_per_solved": 2.0} for i, (a, b) in enumerate(pass1_pass10)]
+
+
+def test_paired_verdicts_and_gap():
+    runs = {"a": {s: curve((0.4, 0.9), (0.5 + 0.01 * s, 0.95)) for s in range(3)},
+            "b": {s: curve((0.4, 0.9), (0.4 + 0.02 * s, 0.95)) for s in range(3)}}
+    higher = paired(runs, "a", "b", final("pass@1"))
+    diffs = [0.1, 0.09, 0.08]
+    assert higher["per_seed"] == pytest.approx(diffs) and higher["diff"] == pytest.approx(0.09)
+    assert higher["se"] == pytest.approx(0.01 / math.sqrt(3)) and higher["verdict"] == "higher"
+    assert paired(runs, "b", "a", final("pass@1"))["verdict"] == "lower"
+    assert paired(runs, "a", "b", final("pass@10"))["verdict"] == "within 2 SE"  # identical: diff 0, se 0
+    assert paired(runs, "a", "missing", final("pass@1")) == {"seeds": 0, "verdict": "not run"}
+    assert gap_change(curve((0.4, 0.9), (0.6, 0.9))) == pytest.approx(-0.2)  # the gap shrank by 0.2
+
+
+def test_aggregate_and_claims_table(tmp_path):
+    runs = {"spo-online": {0: curve((0.4, 0.9), (0.6, 0.95)), 1: curve((0.4, 0.9), (0.5, 0.97))},
+            "ppo": {0: curve((0.4, 0.9), (0.7, 0.8)), 1: curve((0.4, 0.9), (0.6, 0.82))}}
+    agg = aggregate(runs)
+    assert agg["spo-online"][1]["pass@1"] == pytest.approx(0.55)
+    assert agg["spo-online"][1]["pass@1_sd"] == pytest.approx(math.sqrt(0.005))
+    claims = {c["claim"]: c for c in check_claims(runs)}
+    beats = claims["SPO's pass@10 beats PPO's"]
+    assert beats["diff"] == pytest.approx(0.15) and beats["reproduced"] is True
+    assert claims["on-policy AGRO learns faster per epoch than RLOO"]["reproduced"] is None  # not run
+    table = markdown(agg, list(claims.values()), 2)
+    assert "| spo-online | 64 |" in table and "0.550 ± 0.071" in table and "not run" in table
+    assert plot_learning(agg, tmp_path / "p.png", "t").stat().st_size > 10_000
+
+
+def test_bench_learning_end_to_end(tiny, tmp_path):
+    """Two methods x two seeds on the tiny model: resumable, curves per evaluation, the offline
+    method generates nothing, pass@k before training is the same for every method of a seed."""
+    extra = {"model.path": str(tiny[0]), "task.size": 6, "q0.k": 4, "sampling.max_new_tokens": 8}
+    configs = [method_config(m, "countdown", s, 2, tmp_path, prompts=2, eval_size=3, eval_every=1, eval_samples=2,
+                             extra=extra) for s in (0, 1) for m in ("spo-online", "agro-off")]
+    steps = []
+    run_all(configs, on_step=lambda i, c, r: steps.append((i, r["step"])))
+    assert steps == [(i, s) for i in range(4) for s in (1, 2)]
+    run_all(configs, on_step=lambda i, c, r: steps.append((i, r["step"])))
+    assert len(steps) == 8  # finished runs are kept, not redone
+    runs = collect(configs)
+    assert set(runs) == {"spo-online", "agro-off"} and set(runs["agro-off"]) == {0, 1}
+    online, offline = curves(configs[0].run_dir), curves(configs[1].run_dir)
+    assert [p["step"] for p in online] == [0, 1, 2]
+    assert [p["samples"] for p in online] == [0, 8, 16] and all(p["samples"] == 0 for p in offline)
+    assert online[0]["pass@1"] == offline[0]["pass@1"] and online[0]["kl_to_reference"] == pytest.approx(0, abs=1e-6)
+    assert online[-1]["kl_to_reference"] > 0
+
+
+def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
+    from softrl.bench.systems import (STEP_PASSES, batch_rows, end_to_end, learner_step_in_subprocess,
+                                      markdown as systems_markdown, matmul_peak_flops, runtime_config)
+
+    directory = str(tiny[0])
+    rows = batch_rows(directory, "countdown", 2, 2, 8)
+    assert len(rows) == 4
+    rows_file = tmp_path / "rows.json"
+    rows_file.write_text(json.dumps(rows, default=str))
+    learner = {m: learner_step_in_subprocess(m, directory, rows_file, 2, 2) for m in ("spo", "ppo")}
+    for r in learner.values():
+        assert r["step_s"] > 0 and r["peak_mib"] > 0 and r["rows"] == 4
+    assert learner["ppo"]["step_flops"] / learner["spo"]["step_flops"] == pytest.approx(STEP_PASSES["ppo"] / STEP_PASSES["spo"])
+    peak = matmul_peak_flops(n=256, reps=2)
+    assert peak > 1e6
+    config = runtime_config(tmp_path, "sync", "countdown", 2, 2, 2, **{"model.path": directory,
+                                                                        "sampling.max_new_tokens": 8})
+    e2e = end_to_end(config)
+    assert e2e["samples"] == 8 and e2e["samples_per_s"] > 0
+    result = {"model": directory, "task": "countdown", "batch": "2 x 2", "max_new_tokens": 8, "threads": 1,
+              "cpu": "x", "matmul_peak_flops": peak,
+              "learner": {m: {**r, "of_peak": r["achieved_flops"] / peak} for m, r in learner.items()},
+              "e2e": {"sync": e2e, "async": e2e}}
+    table = systems_markdown(result)
+    assert "SPO / PPO: step time" in table and "async / sync samples/s: 1.00x" in table
+
+
+def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path):
+    pytest.importorskip("trl")
+    from softrl.bench.systems import trl_grpo
+
+    r = trl_grpo(str(tiny[0]), "countdown", 2, 2, 2, 8, tmp_path)
+    assert r["steps"] == 2 and r["samples"] == 8 and r["samples_per_s"] > 0
