@@ -92,7 +92,7 @@ def learning(
 @bench_app.command("systems")
 def systems(
     task: str = typer.Option("countdown", help="built-in task whose bootstrap model and prompts are used"),
-    model: str = typer.Option("bootstrap", help="model directory, or 'bootstrap' for the task's reference"),
+    model: str = typer.Option("bootstrap", help="model directory, 'bootstrap' (the task's reference) or smollm2-135m"),
     parts: str = typer.Option("learner,e2e,ray,trl", help="comma-separated: learner, e2e, ray, trl"),
     prompts: int = typer.Option(16, min=1, help="prompts per step"),
     samples_per_prompt: int = typer.Option(4, min=2, help="samples per prompt (the group size)"),
@@ -112,12 +112,12 @@ def systems(
     unknown = chosen - {"learner", "e2e", "ray", "trl"}
     if unknown:
         fail(f"--parts: unknown part {sorted(unknown)[0]!r} (use learner, e2e, ray, trl)")
-    if model == "bootstrap":
-        from softrl.models.bootstrap import TASKS, bootstrap
+    from softrl.runtime.session import model_directory
 
-        if task not in TASKS:
-            fail(f"--task: no bootstrap model for {task!r} (use {', '.join(TASKS)}) or give --model")
-        model = str(bootstrap(task))
+    try:
+        model = model_directory(model, task)
+    except ConfigError as e:
+        fail(str(e))
     with err.status("benchmarking") as status:
         try:
             result = run_systems(model, task, runs, chosen, prompts, samples_per_prompt, max_new_tokens,

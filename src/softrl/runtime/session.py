@@ -35,10 +35,13 @@ class Progress:
 
 
 def resolve_model(config: RunConfig) -> str:
+    return model_directory(config.model.path, config.task.name)
+
+
+def model_directory(path: str, task: str) -> str:
     """The model directory: as given, the task's bootstrap reference, or a prepared pretrained model."""
     from softrl.models.prepare import KNOWN, prepare_model
 
-    path = config.model.path
     if path in KNOWN:
         try:
             return str(prepare_model(path))
@@ -48,9 +51,9 @@ def resolve_model(config: RunConfig) -> str:
         return path
     from softrl.models.bootstrap import TASKS, bootstrap
 
-    if config.task.name not in TASKS:
-        raise ConfigError(f"model.path: no bootstrap model for task {config.task.name!r}; give a model directory")
-    return str(bootstrap(config.task.name))
+    if task not in TASKS:
+        raise ConfigError(f"model.path: no bootstrap model for task {task!r}; give a model directory")
+    return str(bootstrap(task))
 
 
 def load_tasks(config: RunConfig):
