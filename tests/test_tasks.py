@@ -157,6 +157,22 @@ def test_gym_task():
         load_task("gym:no_such_dataset")
 
 
+def test_gym_answer_regex_reads_the_last_match():
+    pytest.importorskip("reasoning_gym")
+    task = load_task("gym:basic_arithmetic", size=4, seed=1, min_terms=2, max_terms=2, answer_regex=r"-?\d+",
+                     prompt_suffix=" Reply with only the number.")
+    plain = load_task("gym:basic_arithmetic", size=4, seed=1, min_terms=2, max_terms=2)
+    for prompt, other in zip(task.prompts(), plain.prompts()):
+        answer = task.reference_solutions(prompt)[0]
+        assert prompt.text == other.text + " Reply with only the number."
+        assert task.grade(prompt, f"1 + 1 = 2, so it is {answer}").passed
+        assert not plain.grade(other, f"1 + 1 = 2, so it is {answer}").passed  # the last line is not the answer
+        assert not task.grade(prompt, f"{answer} is wrong; it is {answer}1").passed
+        assert task.grade(prompt, f"<answer>{answer}</answer> not 7").passed  # tags win
+    with pytest.raises(ValueError, match="answer_regex"):
+        load_task("gym:basic_arithmetic", size=2, answer_regex="(")
+
+
 def test_user_task_and_reward_function_by_import_path(tmp_path, monkeypatch):
     (tmp_path / "my_tasks.py").write_text(
         "from softrl.tasks import Grade, Prompt, Task\n"

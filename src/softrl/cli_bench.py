@@ -97,6 +97,7 @@ def systems(
     prompts: int = typer.Option(16, min=1, help="prompts per step"),
     samples_per_prompt: int = typer.Option(4, min=2, help="samples per prompt (the group size)"),
     max_new_tokens: int = typer.Option(24, min=1, help="generation length"),
+    timed_steps: int = typer.Option(10, min=1, help="timed learner steps per method (after one warm-up step)"),
     e2e_steps: int = typer.Option(40, min=2, help="learner steps of each end-to-end run"),
     runs: Path = typer.Option(Path("runs/bench/systems"), help="scratch directory of the runs"),
     report: Path = typer.Option(Path("runs/bench/report"), help="where systems.md and systems.json go"),
@@ -121,8 +122,8 @@ def systems(
     with err.status("benchmarking") as status:
         try:
             result = run_systems(model, task, runs, chosen, prompts, samples_per_prompt, max_new_tokens,
-                                 e2e_steps=e2e_steps, ray_steps=e2e_steps, trl_steps=max(2, e2e_steps // 2),
-                                 phase=lambda name: status.update(name))
+                                 timed_steps=timed_steps, e2e_steps=e2e_steps, ray_steps=e2e_steps,
+                                 trl_steps=max(2, e2e_steps // 2), phase=lambda name: status.update(name))
         except (ConfigError, ModelLoadError, RuntimeError) as e:
             fail(str(e))
     report.mkdir(parents=True, exist_ok=True)
