@@ -38,9 +38,14 @@ def peak_rss_mib() -> float:
     return _status_kib("VmHWM") / 1024
 
 
-def reset_peak_rss() -> None:
-    """Writing 5 to clear_refs resets the peak resident set size (Linux >= 4.0)."""
-    Path("/proc/self/clear_refs").write_text("5")
+def reset_peak_rss() -> bool:
+    """Writing 5 to clear_refs resets the peak resident set size (Linux >= 4.0); False where /proc
+    does not allow it (the peak then also covers the imports before)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
 
 # --- the CPU's physical limit ---------------------------------------------------------------------
@@ -96,7 +101,7 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
     from softrl.train.learner import Learner
 
     base = rss_mib()
-    reset_peak_rss()
+    peak_was_reset = reset_peak_rss()
     config = load_config(None, [f"data.objective.algorithm={method}", "data.mix={online: 1}",
                                 f"sampling.samples_per_prompt={samples_per_prompt}", "optim.warmup_steps=0"])
     policy = PolicyModel.load(model_path)
@@ -117,7 +122,7 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
     flops = STEP_PASSES[method] * 2 * matmul_params(policy.model) * tokens
     return {"method": method, "step_s": step_s, "peak_mib": peak_rss_mib() - base, "rows": len(rows),
             "padded_tokens": tokens, "params": matmul_params(policy.model), "step_flops": flops,
-            "achieved_flops": flops / step_s, "threads": torch.get_num_threads()}
+            "achieved_flops": flops / step_s, "threads": torch.get_num_threads(), "peak_was_reset": peak_was_reset}
 
 
 def learner_step_in_subprocess(method: str, model_path: str, rows_file: Path, samples_per_prompt: int,
