@@ -242,6 +242,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
         raise ConfigError(_one_line(e)) from None
 
 
+def config_from(settings: dict[str, Any]) -> RunConfig:
+    """A validated RunConfig from dotted keys and plain values, e.g. `{"optim.lr": 1e-4,
+    "data.mix": {"online": 1.0}}` (what code builds; `load_config` reads what people write)."""
+    data: dict = {}
+    for key, value in settings.items():
+        apply_override(data, key.split("."), copy.deepcopy(value))
+    return load_config(None, [], base=data)
+
+
 def flatten(tree: dict, prefix: tuple = ()) -> list[tuple[list[str], Any]]:
     """Leaves of a YAML mapping as (path, value); a section's mapping merges into the base's."""
     out = []

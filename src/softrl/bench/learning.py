@@ -11,7 +11,6 @@ or not) and generate nothing.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
@@ -19,7 +18,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from softrl.config import RunConfig, apply_override, load_config
+from softrl.config import RunConfig, config_from
 
 SPO = {"algorithm": "spo", "terminal": 1.0, "loss": "bce"}
 ONLINE = {"online": 1.0}
@@ -28,7 +27,7 @@ FIXED_DATA = {"data.mix": {"offline": 1.0}, "data.offline_passed_only": False}
 # method -> config overrides on top of the task's base
 METHODS: dict[str, dict] = {
     "spo-online": {"data.mix": ONLINE, "data.objective": SPO},
-    "spo-half": {"data.mix": {"online": 0.5, "offline": 0.5}, "data.objective": SPO, "half": True},
+    "spo-half": {"data.mix": {"online": 0.5, "offline": 0.5}, "data.objective": SPO},
     "ppo": {"data.mix": ONLINE, "data.objective": {"algorithm": "ppo"}},
     "grpo": {"data.mix": ONLINE, "data.objective": {"algorithm": "grpo"}},
     "rloo": {"data.mix": ONLINE, "data.objective": {"algorithm": "rloo"}},
@@ -36,6 +35,7 @@ METHODS: dict[str, dict] = {
     "agro-off": {**FIXED_DATA, "data.objective": {"algorithm": "agro-off"}},
     "kl-pg": {**FIXED_DATA, "data.objective": {"algorithm": "kl-pg"}},
 }
+HALF_ONLINE = {"spo-half"}  # the same batch size, half of it generated: half the prompts per step
 
 # per task: what the base run looks like (the reference is the task's bootstrap model)
 TASK_BASES = {
@@ -66,16 +66,11 @@ def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr:
         "eval.every": eval_every, "eval.samples": eval_samples, "eval.stats": True,
         "log.checkpoint_every": steps, "log.keep_checkpoints": 1,
     }
-    for key, value in METHODS[method].items():
-        if key != "half":
-            overrides[key] = value
-    if METHODS[method].get("half"):  # the same batch size, half of it generated
+    overrides.update(METHODS[method])
+    if method in HALF_ONLINE:
         overrides["sampling.prompts_per_step"] = max(1, prompts // 2)
     overrides.update(extra or {})
-    data: dict = {}
-    for key, value in overrides.items():
-        apply_override(data, key.split("."), copy.deepcopy(value))
-    return load_config(None, [], base=data)
+    return config_from(overrides)
 
 
 def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], None] | None = None,

@@ -94,7 +94,7 @@ def batch_rows(model_path: str, task: str, prompts: int, samples_per_prompt: int
 def learner_step(method: str, model_path: str, rows: list[dict], samples_per_prompt: int, steps: int) -> dict:
     """Load the models, take one warm-up step (optimizer state), then time `steps` steps. Memory is
     the peak resident size during all of it above the process before any model was loaded."""
-    from softrl.config import load_config
+    from softrl.config import config_from
     from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
     from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
     from softrl.train.batch import make_batch
@@ -102,8 +102,8 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
 
     base = rss_mib()
     peak_was_reset = reset_peak_rss()
-    config = load_config(None, [f"data.objective.algorithm={method}", "data.mix={online: 1}",
-                                f"sampling.samples_per_prompt={samples_per_prompt}", "optim.warmup_steps=0"])
+    config = config_from({"data.objective.algorithm": method, "data.mix": {"online": 1.0},
+                          "sampling.samples_per_prompt": samples_per_prompt, "optim.warmup_steps": 0})
     policy = PolicyModel.load(model_path)
     reference = ReferenceModel.from_policy(policy)
     value = ValueModel(reference.model) if method == "ppo" else None
@@ -138,15 +138,14 @@ def learner_step_in_subprocess(method: str, model_path: str, rows_file: Path, sa
 # --- end to end -----------------------------------------------------------------------------------
 def runtime_config(root: Path, name: str, task: str, steps: int, prompts: int, samples_per_prompt: int,
                    **overrides):
-    """SPO online on `task`'s bootstrap, no periodic evaluation and a minimal one before and after."""
-    from softrl.config import load_config
+    """Online on `task`'s bootstrap, no periodic evaluation and a minimal one before and after."""
+    from softrl.config import config_from
 
-    base = {"name": name, "out_dir": str(root), "data.store": str(root / "store"), "task.name": task,
-            "task.size": 200, "task.eval_size": 1, "q0.k": 4, "eval.samples": 1,
-            "data.mix": "{online: 1}", "sampling.prompts_per_step": prompts,
-            "sampling.samples_per_prompt": samples_per_prompt, "optim.steps": steps,
-            "log.checkpoint_every": steps, "log.keep_checkpoints": 1, **overrides}
-    return load_config(None, [f"{k}={v}" for k, v in base.items()])
+    return config_from({
+        "name": name, "out_dir": str(root), "data.store": str(root / "store"), "task.name": task,
+        "task.size": 200, "task.eval_size": 1, "q0.k": 4, "eval.samples": 1, "data.mix": {"online": 1.0},
+        "sampling.prompts_per_step": prompts, "sampling.samples_per_prompt": samples_per_prompt,
+        "optim.steps": steps, "log.checkpoint_every": steps, "log.keep_checkpoints": 1, **overrides})
 
 
 def end_to_end(config) -> dict:
@@ -218,7 +217,7 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
             r = learner_step_in_subprocess(method, model_path, rows_file, samples_per_prompt, timed_steps)
             out["learner"][method] = {**r, "of_peak": r["achieved_flops"] / out["matmul_peak_flops"]}
     common = dict(task=task, prompts=prompts, samples_per_prompt=samples_per_prompt)
-    grpo = {"data.objective": "{algorithm: grpo}", "sampling.max_new_tokens": max_new_tokens, "model.path": model_path}
+    grpo = {"data.objective": {"algorithm": "grpo"}, "sampling.max_new_tokens": max_new_tokens, "model.path": model_path}
     if "e2e" in parts:
         out["e2e"] = {}
         for mode in ("sync", "async"):
