@@ -8,30 +8,13 @@ from pathlib import Path
 import typer
 
 from softrl.bench.learning import METHODS
-from softrl.cli_common import err, fail
+from softrl.cli_common import err, fail, progress_bar
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the papers' claims) and systems (speed, memory).")
 
 
 def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def base_overrides(path: Path) -> dict:
-    """A YAML file of run settings as dotted keys (`task: {options: ...}` -> `task.options`)."""
-    import yaml
-
-    from softrl.config import flatten
-
-    if not path.is_file():
-        fail(f"--base: {path} does not exist")
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        fail(f"--base: {path} is not valid YAML ({str(e).splitlines()[0]})")
-    if not isinstance(tree, dict):
-        fail(f"--base: {path}: the top level must be a mapping of sections")
-    return {".".join(key): value for key, value in flatten(tree)}
 
 
 @bench_app.command("learning")
@@ -50,28 +33,24 @@ def learning(
     as_json: bool = typer.Option(False, "--json", help="print the claims as JSON"),
 ) -> None:
     """Every method from the same reference at equal batch and budget, N seeds: curves, table, claims."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from softrl.bench.learning import aggregate, check_claims, collect, method_config, run_all, slug
     from softrl.bench.report import markdown, plot_learning
-    from softrl.config import ConfigError
+    from softrl.cli_train import run_errors
+    from softrl.config import ConfigError, read_settings
 
     chosen = _csv(methods)
     try:
-        extra = base_overrides(base) if base is not None else None
+        extra = read_settings(base) if base is not None else None
         configs = [method_config(m, task, s, steps, runs, lr, prompts, eval_size=eval_size, eval_every=eval_every,
                                  extra=extra) for s in range(seeds) for m in chosen]
     except (ValueError, ConfigError) as e:
         fail(str(e))
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as bar:
-        job = bar.add_task("setup", total=len(configs) * steps)
-
-        def on_step(i: int, config, record: dict) -> None:
-            bar.update(job, completed=i * steps + record["step"],
-                       description=f"{config.name} ({i + 1}/{len(configs)})")
-
-        run_all(configs, on_step)
+    with progress_bar("setup", total=len(configs) * steps) as update:
+        try:
+            run_all(configs, lambda i, config, record: update(
+                i * steps + record["step"], description=f"{config.name} ({i + 1}/{len(configs)})"))
+        except run_errors() as e:
+            fail(str(e))
     runs_by_method = collect(configs)
     agg, claims = aggregate(runs_by_method), check_claims(runs_by_method)
     report.mkdir(parents=True, exist_ok=True)
@@ -81,7 +60,8 @@ def learning(
     (report / f"{name}.json").write_text(json.dumps({"curves": agg, "claims": claims, "runs": runs_by_method},
                                                     indent=1, default=str))
     png = plot_learning(agg, report / f"{name}.png",
-                        f"{task}: {steps} steps x {prompts * 4} rows, lr {lr}, {seeds} seeds")
+                        f"{task}: {steps} steps x {prompts * configs[0].sampling.samples_per_prompt} rows, lr {lr}, "
+                        f"{seeds} seeds")
     if as_json:
         typer.echo(json.dumps(claims, default=str))
         return

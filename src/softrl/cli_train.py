@@ -27,17 +27,21 @@ DEMO = {
 }
 
 
-def run_training(config, resume: bool, quiet: bool = False) -> dict:
-    """Train with a progress bar (step, reward, KL, samples/s); errors as one line."""
+def run_errors() -> tuple[type[Exception], ...]:
+    """What a run raises for bad input or data: reported as one line, not a traceback."""
     from softrl.config import ConfigError
     from softrl.data.store import StoreError
     from softrl.models.loading import ModelLoadError
     from softrl.train.learner import NonFiniteLossError
 
-    if config.runtime.kind == "ray":  # the same interface on Ray actors
-        from softrl.runtime import ray_runtime as runtime
-    else:
-        from softrl.runtime import local as runtime
+    return ConfigError, ModelLoadError, StoreError, NonFiniteLossError
+
+
+def run_training(config, resume: bool, quiet: bool = False) -> dict:
+    """Train with a progress bar (step, reward, KL, samples/s); errors as one line."""
+    from softrl.runtime import runtime_for
+
+    runtime = runtime_for(config)  # the same interface on local threads or Ray actors
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=err, transient=True, disable=quiet) as bar:
@@ -54,7 +58,7 @@ def run_training(config, resume: bool, quiet: bool = False) -> dict:
         try:
             return runtime.train(config, resume=resume, on_step=on_step, on_phase=on_phase,
                          log=(lambda m: None) if quiet else (lambda m: err.print(m, highlight=False)))
-        except (ConfigError, ModelLoadError, StoreError, NonFiniteLossError) as e:
+        except run_errors() as e:
             fail(str(e))
 
 

@@ -223,23 +223,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
     """`base` (e.g. the demo's embedded defaults), then the YAML file, then the overrides, validated."""
     data: dict = copy.deepcopy(base or {})
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-        for key, value in flatten(loaded):
-            apply_override(data, key, value)
+        for key, value in read_settings(path).items():
+            apply_override(data, key.split("."), value)
     for text in overrides:
         apply_override(data, *parse_override(text))
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_one_line(e)) from None
+
+
+def read_settings(path: str | Path) -> dict[str, Any]:
+    """A YAML config file as dotted keys (`task: {options: ...}` -> `task.options`), not yet validated."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return {".".join(key): value for key, value in flatten(loaded)}
 
 
 def config_from(settings: dict[str, Any]) -> RunConfig:

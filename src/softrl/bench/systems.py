@@ -152,12 +152,10 @@ def end_to_end(config) -> dict:
     """Train; samples/s over the run's training clock (setup and evaluation left out)."""
     import shutil
 
+    from softrl.runtime import runtime_for
+
     shutil.rmtree(config.run_dir, ignore_errors=True)
-    if config.runtime.kind == "ray":
-        from softrl.runtime.ray_runtime import train
-    else:
-        from softrl.runtime.local import train
-    summary = train(config, log=lambda m: None)
+    summary = runtime_for(config).train(config, log=lambda m: None)
     return {"name": config.name, "steps": summary["steps"], "samples": summary["samples"],
             "seconds": summary["seconds"], "samples_per_s": summary["samples"] / max(summary["seconds"], 1e-9)}
 
