@@ -40,7 +40,11 @@ def test_aggregate_and_claims_table(tmp_path):
     assert beats["diff"] == pytest.approx(0.15) and beats["reproduced"] is True
     assert claims["on-policy AGRO learns faster per epoch than RLOO"]["reproduced"] is None  # not run
     table = markdown(agg, list(claims.values()), 2)
-    assert "| spo-online | 64 |" in table and "0.550 ± 0.071" in table and "not run" in table
+    assert "| spo-online | 64 |" in table and "0.550 ± 0.071" in table
+    assert "Claims not run" in table and "(agro-on vs rloo)" in table and "| AGRO |" not in table
+    one_seed = {"ppo": {0: runs["ppo"][0]}}  # no spread to show, and no claim has both its methods
+    single = markdown(aggregate(one_seed), check_claims(one_seed), 1)
+    assert "| ppo | 64 | 1 | 0.700 | 0.800 |" in single and "±" not in single and "| SPO |" not in single
     assert plot_learning(agg, tmp_path / "p.png", "t").stat().st_size > 10_000
 
 

@@ -288,3 +288,24 @@ def test_gym_task_options_and_held_out_split():
     bad = load_config(None, ["task.name=gym:basic_arithmetic", "task.options={no_such_key: 1}"])
     with pytest.raises(ConfigError, match="^task: "):
         load_tasks(bad)
+
+
+def test_ppo_first_step_pushes_up_solved_and_leaves_failed_alone():
+    """At the first step (policy = reference, value head at 0) PPO's advantages are the task reward:
+    the solved row's log-probs go up and the failed row gets no gradient (with SPO's r - 1 the failed
+    row would be pushed down before the value model had learnt anything)."""
+    from types import SimpleNamespace
+
+    from softrl.config import ObjectiveConfig
+    from softrl.train.objectives import Forward, objective_loss
+
+    B, T = 2, 3
+    logp = torch.full((B, T), -1.0, requires_grad=True)
+    mask = torch.ones(B, T)
+    batch = SimpleNamespace(reward=torch.tensor([0.0, -1.0]),  # SPO's r: solved, failed
+                            behavior_logp=torch.zeros(B, T), has_behavior=torch.zeros(B, dtype=torch.bool))
+    fw = Forward(logp=logp, ref_logp=logp.detach().clone(), mask=mask, values=torch.zeros(B, T, requires_grad=True))
+    loss, _ = objective_loss(ObjectiveConfig(algorithm="ppo"), fw, batch, beta=0.1, group_size=2)
+    loss.backward()
+    assert (logp.grad[0] < 0).all()  # descending the loss raises the solved row's log-probs
+    assert torch.equal(logp.grad[1], torch.zeros(T))

@@ -61,7 +61,7 @@ def learning(
                                                     indent=1, default=str))
     png = plot_learning(agg, report / f"{name}.png",
                         f"{task}: {steps} steps x {prompts * configs[0].sampling.samples_per_prompt} rows, lr {lr}, "
-                        f"{seeds} seeds")
+                        + (f"{seeds} seeds (mean ± sd)" if seeds > 1 else "1 seed"))
     if as_json:
         typer.echo(json.dumps(claims, default=str))
         return

@@ -11,32 +11,36 @@ COLUMNS = [("pass@1", "pass@1"), ("pass@10", "pass@10"), ("success_per_sample", 
            ("distinct_correct_per_solved", "distinct")]
 
 
-def _pm(point: dict, key: str, digits: int = 3) -> str:
+def _pm(point: dict, key: str, spread: bool = True, digits: int = 3) -> str:
+    """`mean ± sd`, or the value alone where there is no spread (one seed)."""
     mean, sd = point.get(key, math.nan), point.get(f"{key}_sd", math.nan)
     if mean is None or math.isnan(mean):
         return "-"
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}" if spread else f"{mean:.{digits}f}"
 
 
 def markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int) -> str:
-    """Final evaluation of every method (mean ± sd over seeds), then the claims."""
+    """Final evaluation of every method (mean ± sd over seeds), then the claims whose methods ran."""
+    spread = seeds > 1
     reference = next(iter(agg.values()))[0] if agg else {}
     head = ["method", "samples generated", "train time (s)"] + [label for _, label in COLUMNS]
     lines = [f"| {' | '.join(head)} |", f"|{'---|' * len(head)}"]
-    lines.append(f"| reference (step 0) | 0 | 0 | {' | '.join(_pm(reference, k) for k, _ in COLUMNS)} |")
+    lines.append(f"| reference (step 0) | 0 | 0 | {' | '.join(_pm(reference, k, spread) for k, _ in COLUMNS)} |")
     for method, points in agg.items():
         last = points[-1]
         lines.append(f"| {method} | {last['samples']:.0f} | {last['time']:.0f} | "
-                     f"{' | '.join(_pm(last, k) for k, _ in COLUMNS)} |")
-    lines += ["", f"Claims (paired differences over {seeds} seeds, a - b, mean ± standard error):", "",
-              "| paper | claim | a vs b | compared | a - b | reproduced? |", "|---|---|---|---|---|---|"]
-    for c in claims:
-        if c["verdict"] == "not run":
-            diff, verdict = "-", "not run"
-        else:
-            diff = f"{c['diff']:+.3f} ± {c['se']:.3f}"
-            verdict = f"{'yes' if c['reproduced'] else 'no'} ({c['verdict']})"
+                     f"{' | '.join(_pm(last, k, spread) for k, _ in COLUMNS)} |")
+    ran = [c for c in claims if c["verdict"] != "not run"]
+    if ran:
+        lines += ["", f"Claims (paired differences over {seeds} seeds, a - b, mean ± standard error):", "",
+                  "| paper | claim | a vs b | compared | a - b | reproduced? |", "|---|---|---|---|---|---|"]
+    for c in ran:
+        diff = f"{c['diff']:+.3f} ± {c['se']:.3f}" if spread else f"{c['diff']:+.3f}"
+        verdict = f"{'yes' if c['reproduced'] else 'no'} ({c['verdict']})"
         lines.append(f"| {c['paper']} | {c['claim']} | {c['a']} vs {c['b']} | {c['compared']} | {diff} | {verdict} |")
+    missing = [f"{c['claim']} ({c['a']} vs {c['b']})" for c in claims if c["verdict"] == "not run"]
+    if missing:
+        lines += ["", "Claims not run (their methods are not in this benchmark): " + "; ".join(missing) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -76,7 +80,7 @@ def plot_learning(agg: dict[str, list[dict]], out: Path, title: str) -> Path:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     axes[0, 2].set_title("KL-efficiency")
-    fig.suptitle(title + " (mean ± sd over seeds)")
+    fig.suptitle(title)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)

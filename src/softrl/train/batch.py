@@ -2,7 +2,8 @@
 
 Rows whose tokens were made by another tokenizer (or text-only rows, e.g. imports) are re-tokenised
 from their text. Rewards follow SPO's convention `r = reward - 1` (0 for a solved prompt, -1 for a
-failed one), which leave-one-out and group-normalised baselines do not notice.
+failed one), which leave-one-out and group-normalised baselines do not notice; PPO, whose value model
+does, takes the task reward back.
 """
 
 from __future__ import annotations

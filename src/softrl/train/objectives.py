@@ -62,7 +62,10 @@ def objective_loss(cfg: ObjectiveConfig, fw: Forward, batch, beta: float, group_
         if fw.values is None:
             raise ValueError("ppo needs the value model's values")
         old, old_values = old_logp(fw, batch), fw.values.detach()
-        advantages, returns = ppo.ppo_advantages(old, fw.ref_logp, old_values, batch.reward, fw.mask, beta, cfg.lam)
+        # the task's own reward, not SPO's r - 1: the value model starts at 0, and with r - 1 every
+        # early advantage would be negative until it caught up (pushing down all samples, failed or not)
+        task_reward = batch.reward + 1
+        advantages, returns = ppo.ppo_advantages(old, fw.ref_logp, old_values, task_reward, fw.mask, beta, cfg.lam)
         return ppo.ppo_loss(fw.logp, old, fw.values, old_values, advantages, returns, fw.mask, cfg.clip,
                             value_coef=cfg.value_coef)
     raise ValueError(f"unknown algorithm {cfg.algorithm!r}")
