@@ -51,6 +51,7 @@ def plot_learning(agg: dict[str, list[dict]], out: Path, title: str) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     panels = [(axes[0, 0], "samples", "pass@1", "samples generated"), (axes[0, 1], "samples", "pass@10", "samples generated"),
@@ -79,6 +80,14 @@ def plot_learning(agg: dict[str, list[dict]], out: Path, title: str) -> Path:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
+    # a panel nothing was measured for says so rather than showing empty axes
+    empty = {axes[0, 2]: "no KL measured (eval.stats off)", axes[1, 2]: "no fixed-data method in this run"}
+    for ax, why in empty.items():
+        if not any((np.isfinite(np.asarray(line.get_xdata(), dtype=float))
+                    & np.isfinite(np.asarray(line.get_ydata(), dtype=float))).any() for line in ax.lines):
+            ax.cla()
+            ax.axis("off")
+            ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="grey")
     axes[0, 2].set_title("KL-efficiency")
     fig.suptitle(title)
     fig.tight_layout()
