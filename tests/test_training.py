@@ -292,8 +292,8 @@ def test_gym_task_options_and_held_out_split():
 
 def test_ppo_first_step_pushes_up_solved_and_leaves_failed_alone():
     """At the first step (policy = reference, value head at 0) PPO's advantages are the task reward:
-    the solved row's log-probs go up and the failed row gets no gradient (with SPO's r - 1 the failed
-    row would be pushed down before the value model had learnt anything)."""
+    the solved row's log-probs go up and the failed row gets no gradient (with SPO's shifted r - 1 the
+    failed row would be pushed down before the value model had learnt anything)."""
     from types import SimpleNamespace
 
     from softrl.config import ObjectiveConfig
@@ -302,7 +302,7 @@ def test_ppo_first_step_pushes_up_solved_and_leaves_failed_alone():
     B, T = 2, 3
     logp = torch.full((B, T), -1.0, requires_grad=True)
     mask = torch.ones(B, T)
-    batch = SimpleNamespace(reward=torch.tensor([0.0, -1.0]),  # SPO's r: solved, failed
+    batch = SimpleNamespace(reward=torch.tensor([1.0, 0.0]),  # the task's reward: solved, failed
                             behavior_logp=torch.zeros(B, T), has_behavior=torch.zeros(B, dtype=torch.bool))
     fw = Forward(logp=logp, ref_logp=logp.detach().clone(), mask=mask, values=torch.zeros(B, T, requires_grad=True))
     loss, _ = objective_loss(ObjectiveConfig(algorithm="ppo"), fw, batch, beta=0.1, group_size=2)

@@ -1,9 +1,7 @@
 """A Batch: trajectory rows (from any source) as the tensors a loss needs.
 
 Rows whose tokens were made by another tokenizer (or text-only rows, e.g. imports) are re-tokenised
-from their text. Rewards follow SPO's convention `r = reward - 1` (0 for a solved prompt, -1 for a
-failed one), which leave-one-out and group-normalised baselines do not notice; PPO, whose value model
-does, takes the task reward back.
+from their text. Rewards are the task's own; SPO's losses shift them (see `objectives`).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from softrl.models.logprobs import PaddedBatch, pad_batch
 class Batch:
     rows: list[dict]
     padded: PaddedBatch  # prompt + response, right padding
-    reward: Tensor  # [B], SPO's r = task reward - 1
+    reward: Tensor  # [B], the task's reward
     q0: Tensor  # [B], Q0_hat of each row's prompt at the run's beta
     behavior_logp: Tensor  # [B, T], 0 where unknown
     has_behavior: Tensor  # [B] bool: sampled at temperature 1 with known log-probs (importance weights)
@@ -86,7 +84,7 @@ def make_batch(rows: list[dict], tokenizer: str, pad_id: int, encode_prompt: Cal
                 probs[i, j] = success_to_prob(torch.tensor(target["success"]), beta)
     return Batch(
         rows, padded,
-        reward=torch.tensor([float(r["reward"]) - 1.0 for r in rows]),
+        reward=torch.tensor([float(r["reward"]) for r in rows]),
         q0=torch.tensor([q0_at_beta(q0_success[r["prompt_id"]], beta) for r in rows], dtype=torch.float32),
         behavior_logp=behavior, has_behavior=has_behavior, mc_positions=positions, mc_target_prob=probs,
         mc_mask=mc_mask, policy_version=torch.tensor([int(r.get("policy_version", -1)) for r in rows]),

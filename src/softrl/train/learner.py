@@ -104,7 +104,7 @@ class Learner:
         if online:
             metrics["staleness/mean"] = self.version - 1 - sum(online) / len(online)
             metrics["staleness/max"] = float(self.version - 1 - min(online))
-        metrics["reward"] = (batch.reward + 1).mean().item()
+        metrics["reward"] = batch.reward.mean().item()
         return dict(metrics)
 
     @torch.no_grad()

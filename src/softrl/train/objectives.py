@@ -41,7 +41,8 @@ def objective_loss(cfg: ObjectiveConfig, fw: Forward, batch, beta: float, group_
     """(loss, metrics) of `cfg.algorithm` on `batch` (a Batch), rows of a group contiguous."""
     kl_t = token_kl(fw.log_dist, fw.ref_log_dist) if needs_distributions(cfg) else None
     if cfg.algorithm == "spo":
-        return spo.spo_loss(fw.logp, fw.ref_logp, fw.mask, batch.reward, batch.q0, beta, terminal=cfg.terminal,
+        # SPO's cross-entropy losses read exp(r / beta) as a probability, so r <= 0: 0 solved, -1 failed
+        return spo.spo_loss(fw.logp, fw.ref_logp, fw.mask, batch.reward - 1, batch.q0, beta, terminal=cfg.terminal,
                             reverse=cfg.reverse, advantage=cfg.advantage, mc=cfg.mc, loss=cfg.loss, eps=cfg.eps,
                             mc_positions=batch.mc_positions, mc_target_prob=batch.mc_target_prob,
                             mc_mask=batch.mc_mask)
@@ -62,10 +63,7 @@ def objective_loss(cfg: ObjectiveConfig, fw: Forward, batch, beta: float, group_
         if fw.values is None:
             raise ValueError("ppo needs the value model's values")
         old, old_values = old_logp(fw, batch), fw.values.detach()
-        # the task's own reward, not SPO's r - 1: the value model starts at 0, and with r - 1 every
-        # early advantage would be negative until it caught up (pushing down all samples, failed or not)
-        task_reward = batch.reward + 1
-        advantages, returns = ppo.ppo_advantages(old, fw.ref_logp, old_values, task_reward, fw.mask, beta, cfg.lam)
+        advantages, returns = ppo.ppo_advantages(old, fw.ref_logp, old_values, batch.reward, fw.mask, beta, cfg.lam)
         return ppo.ppo_loss(fw.logp, old, fw.values, old_values, advantages, returns, fw.mask, cfg.clip,
                             value_coef=cfg.value_coef)
     raise ValueError(f"unknown algorithm {cfg.algorithm!r}")
