@@ -25,7 +25,7 @@ import torch
 from softrl.annotate.q0 import binomial_stderr, estimate_q0
 from softrl.rollout import RolloutSpec
 from softrl.data import ExperienceStore, Trajectory, TrajectoryPool
-from softrl.models.bootstrap import MAX_NEW_TOKENS, bootstrap
+from softrl.bootstrap import bootstrap
 from softrl.models.generation import HFGenerator, SamplingParams
 from softrl.models.loading import encode_prompt, load_causal_lm, tokenizer_fingerprint
 from softrl.algorithms.common import SPO_BETA
@@ -70,13 +70,13 @@ def q0_benchmark(prompts: int, k: int, root: Path) -> None:
     task = load_task("countdown", size=prompts, seed=12345)
     generator = HFGenerator(model, tokenizer)
     spec = RolloutSpec(task, generator, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                       tokenizer_fingerprint(tokenizer), MAX_NEW_TOKENS["countdown"])
+                       tokenizer_fingerprint(tokenizer), task.max_new_tokens)
     encode = lambda text: encode_prompt(tokenizer, text)  # noqa: E731
     start = time.perf_counter()
     rows = estimate_q0(spec, task.prompts(), encode, ExperienceStore(root), k, SPO_BETA, str(directory), seed=1)
     seconds = time.perf_counter() - start
     fresh = generator.generate([encode(p.text) for p in task.prompts()],
-                               SamplingParams(n=k, max_new_tokens=MAX_NEW_TOKENS["countdown"], seed=777))
+                               SamplingParams(n=k, max_new_tokens=task.max_new_tokens, seed=777))
     grades = task.grade_many([(task.prompts()[s.prompt_index], s.text) for s in fresh])
     independent = [0.0] * prompts
     for s, g in zip(fresh, grades):

@@ -73,13 +73,14 @@ def test_q0_is_within_its_binomial_error_and_resumes(tmp_path):
     for row in rows.values():
         s = row["q0_success"]
         assert abs(s - 0.3) < 3 * binomial_stderr(0.3, k) and row["q0_k"] == k
-        assert row["q0_hat"] == pytest.approx(BETA * math.log(s + (1 - s) * math.exp(-1 / BETA)), abs=1e-12)
+        # the soft value in task units (binary rewards): 1 + beta * log(s + (1 - s) exp(-1/beta))
+        assert row["q0_hat"] == pytest.approx(1 + BETA * math.log(s + (1 - s) * math.exp(-1 / BETA)), abs=1e-12)
     reference = store.trajectories(source="reference")
     assert reference.num_rows > 0 and set(reference["prompt_id"].to_pylist()) == {p.id for p in task.prompts()}
     assert estimate_q0(spec, task.prompts(), lambda t: [9], store, k, BETA, "bitgen") == rows  # all done: no work
     none = estimate_q0(spec_for(Bits([3]), 0.0, 10), Bits([3]).prompts(), lambda t: [9], ExperienceStore(tmp_path / "z"),
                        50, BETA, "never")
-    assert none["bits-0"]["q0_hat"] == pytest.approx(-1.0)  # no success: Q0_hat = -1
+    assert none["bits-0"]["q0_hat"] == pytest.approx(0.0)  # no success: Q0_hat = 0 (SPO's r - 1 units: -1)
 
 
 def test_bisection_finds_known_jumps_with_logarithmic_cost():

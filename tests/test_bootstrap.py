@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from softrl.models.bootstrap import BootstrapConfig, bootstrap, bootstrap_dir, short_expressions  # noqa: E402
+from softrl.bootstrap import BootstrapConfig, bootstrap, bootstrap_dir, short_expressions  # noqa: E402
 from softrl.tasks.countdown import check  # noqa: E402
 
 
@@ -69,7 +69,7 @@ def test_bootstrap_cli_prints_the_folder(tmp_path):
 
 
 def test_mini_tinycode_bootstrap_is_graded_in_the_sandbox(tmp_path, monkeypatch):
-    from softrl.models.bootstrap import sft_examples
+    from softrl.bootstrap import sft_examples
 
     monkeypatch.setenv("SOFTRL_CACHE", str(tmp_path))
     examples = sft_examples(BootstrapConfig(task="tinycode", train_problems=20))

@@ -16,10 +16,11 @@ import yaml
 
 pytest.importorskip("transformers")
 
-from softrl.config import ALGORITHMS, ConfigError, config_reference, load_config  # noqa: E402
+from softrl.config import ConfigError, config_reference, load_config  # noqa: E402
 from softrl.data import ExperienceStore  # noqa: E402
 from softrl.data.io import task_solutions  # noqa: E402
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel  # noqa: E402
+from softrl.objectives import REGISTRY  # noqa: E402
 from softrl.train.learner import Learner, NonFiniteLossError  # noqa: E402
 
 SOFTRL = shutil.which("softrl", path=os.path.dirname(sys.executable))
@@ -70,7 +71,7 @@ def make_rows(tiny, n_prompts=2, n=3):
     return out, tokenizer_fingerprint(tokenizer), task
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", list(REGISTRY))
 def test_learner_steps_every_algorithm(tiny, algorithm):
     from softrl.models.loading import encode_prompt
     from softrl.train.batch import make_batch
@@ -85,7 +86,7 @@ def test_learner_steps_every_algorithm(tiny, algorithm):
     rows, fingerprint, task = make_rows(tiny)
     tok = policy.tokenizer
     batch = make_batch(rows, fingerprint, tok.pad_token_id, lambda t: encode_prompt(tok, t),
-                       lambda t: tok(t)["input_ids"], {p.id: 0.5 for p in task.prompts()}, config.beta)
+                       lambda t: tok(t)["input_ids"], {p.id: 0.5 for p in task.prompts()})
     before = [p.detach().clone() for p in policy.model.parameters()]
     metrics = learner.step(batch)
     assert learner.version == 1 and all(isinstance(v, float) and v == v for v in metrics.values())
@@ -109,7 +110,7 @@ def test_nonfinite_loss_skips_then_stops(tiny, monkeypatch):
     rows, fingerprint, task = make_rows(tiny)
     tok = policy.tokenizer
     batch = make_batch(rows, fingerprint, tok.pad_token_id, lambda t: encode_prompt(tok, t), lambda t: tok(t)["input_ids"],
-                       {p.id: 0.5 for p in task.prompts()}, config.beta)
+                       {p.id: 0.5 for p in task.prompts()})
     monkeypatch.setattr(learner_module, "objective_loss", lambda *a: (torch.tensor(float("nan"), requires_grad=True), {}))
     before = [p.detach().clone() for p in policy.model.parameters()]
     assert learner.step(batch)["skipped_nonfinite"] == 1.0 and learner.version == 0
@@ -277,7 +278,7 @@ def test_offline_only_mix_generates_nothing(tiny, tmp_path):
 
 def test_gym_task_options_and_held_out_split():
     pytest.importorskip("reasoning_gym")
-    from softrl.runtime.session import load_tasks
+    from softrl.assemble import load_tasks
 
     config = load_config(None, ["task.name=gym:basic_arithmetic", "task.size=5", "task.eval_size=3",
                                 "task.options={min_terms: 2, max_terms: 2, max_digits: 2, prompt_suffix: ' Answer:'}"])
@@ -294,18 +295,17 @@ def test_ppo_first_step_pushes_up_solved_and_leaves_failed_alone():
     """At the first step (policy = reference, value head at 0) PPO's advantages are the task reward:
     the solved row's log-probs go up and the failed row gets no gradient (with SPO's shifted r - 1 the
     failed row would be pushed down before the value model had learnt anything)."""
-    from types import SimpleNamespace
-
-    from softrl.config import ObjectiveConfig
-    from softrl.train.objectives import Forward, objective_loss
+    from softrl import objectives
+    from softrl.objectives import LossInputs, objective_loss
 
     B, T = 2, 3
     logp = torch.full((B, T), -1.0, requires_grad=True)
     mask = torch.ones(B, T)
-    batch = SimpleNamespace(reward=torch.tensor([1.0, 0.0]),  # the task's reward: solved, failed
-                            behavior_logp=torch.zeros(B, T), has_behavior=torch.zeros(B, dtype=torch.bool))
-    fw = Forward(logp=logp, ref_logp=logp.detach().clone(), mask=mask, values=torch.zeros(B, T, requires_grad=True))
-    loss, _ = objective_loss(ObjectiveConfig(algorithm="ppo"), fw, batch, beta=0.1, group_size=2)
+    values = torch.zeros(B, T, requires_grad=True)
+    inputs = LossInputs(logp=logp, ref_logp=logp.detach().clone(), old_logp=logp.detach().clone(), mask=mask,
+                        reward=torch.tensor([1.0, 0.0]),  # the task's reward: solved, failed
+                        q0=torch.zeros(B), beta=0.1, group_size=2, values=values, old_values=values.detach())
+    loss, _ = objective_loss(objectives.get("ppo").options(), inputs)
     loss.backward()
     assert (logp.grad[0] < 0).all()  # descending the loss raises the solved row's log-probs
     assert torch.equal(logp.grad[1], torch.zeros(T))

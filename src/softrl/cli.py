@@ -205,7 +205,7 @@ def bootstrap(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Build (or find in the cache) the tiny reference model of a built-in task; print its directory."""
-    from softrl.models.bootstrap import bootstrap as build
+    from softrl.bootstrap import bootstrap as build
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), console=err, transient=True) as bar:
@@ -250,7 +250,8 @@ def model_prepare(
     typer.echo(str(directory))
 
 
-from softrl.cli_data import data_app, pts, q0  # noqa: E402  (their own module: the data and annotation commands)
+from softrl.cli_annotate import pts, q0  # noqa: E402  (their own modules: annotations and the store)
+from softrl.cli_data import data_app  # noqa: E402
 
 app.add_typer(data_app, name="data")
 app.command("q0")(q0)

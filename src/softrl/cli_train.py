@@ -144,13 +144,14 @@ def eval_command(
     as_json: bool = JSON_OPT,
 ) -> None:
     """pass@1 and pass@10 (unbiased), per-sample success, distinct correct answers, token entropy, KL to a reference."""
-    from softrl.cli_data import reference_spec
+    from softrl.cli_annotate import reference_sampler
     from softrl.eval.protocol import evaluate
     from softrl.models.loading import ModelLoadError, load_causal_lm
 
     if temperature <= 0 or not 0 < top_p <= 1:
         fail(f"--temperature must be > 0 and --top-p in (0, 1], got {temperature} and {top_p}")
-    task_obj, spec, encode, _, _ = reference_spec(task, model, size, task_seed, max_new_tokens, temperature, "eval", dtype)
+    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "eval", dtype)
+    task_obj, spec, encode = s.task, s.spec, s.encode_prompt
     ref_model = None
     if reference is not None:
         try:

@@ -9,15 +9,15 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+                      model_validator)
 
+import softrl.objectives as registry
 from softrl.algorithms.common import SPO_BETA
 
-ALGORITHMS = ("spo", "agro-off", "agro-on", "ppo", "grpo", "rloo", "kl-pg")
-GROUP_ALGORITHMS = ("agro-off", "agro-on", "grpo", "rloo", "kl-pg")  # need n responses per prompt, contiguous
 SOURCES = ("online", "offline", "mc")
 
 
@@ -46,21 +46,20 @@ class TaskConfig(Section):
                                     description="task keyword options, e.g. a gym dataset's keys or prompt_suffix")
 
 
-class ObjectiveConfig(Section):
-    algorithm: Literal["spo", "agro-off", "agro-on", "ppo", "grpo", "rloo", "kl-pg"] = Field(
-        "spo", description="loss applied to this source's rows")
-    weight: float = Field(1.0, ge=0, description="weight of this source's loss in the total")
-    terminal: float = Field(1.0, ge=0, description="spo: weight of the terminal Q-regression")
-    reverse: float = Field(0.0, ge=0, description="spo: weight of the reverse-Q (non-terminal) targets")
-    advantage: float = Field(0.0, ge=0, description="spo: weight of the sigmoid-warped advantage BCE")
-    mc: float = Field(0.0, ge=0, description="spo: weight of the Monte-Carlo (PTS) targets")
-    loss: Literal["bce", "squared"] = Field("bce", description="spo: regression loss")
-    eps: float = Field(1e-4, gt=0, lt=1, description="spo: BCE clip")
-    estimator: Literal["g1", "g2", "g3"] = Field("g1", description="agro: regulariser-gradient estimator")
-    kl: Literal["sequence", "token"] = Field("sequence", description="kl-pg: KL term")
-    clip: float = Field(0.2, gt=0, description="ppo / grpo: ratio clip")
-    value_coef: float = Field(0.5, ge=0, description="ppo: value-loss weight")
-    lam: float = Field(0.95, ge=0, le=1, description="ppo: GAE lambda")
+def _algorithm_of(value: Any) -> str | None:
+    """The union's tag; options that name no algorithm are SPO's (the default loss)."""
+    return value.get("algorithm", "spo") if isinstance(value, dict) else getattr(value, "algorithm", None)
+
+
+def _objective_options():
+    """Every registered objective's options, told apart by `algorithm`: a discriminated union."""
+    names = ", ".join(registry.REGISTRY)
+    return Annotated[Union[tuple(Annotated[o.options, Tag(o.name)] for o in registry.REGISTRY.values())],
+                     Discriminator(_algorithm_of, custom_error_type="unknown_algorithm",
+                                   custom_error_message=f"must be one of {names}")]
+
+
+ObjectiveConfig = _objective_options()
 
 
 class DataConfig(Section):
@@ -69,7 +68,8 @@ class DataConfig(Section):
                                   description="share of each source in a batch: online, offline, mc")
     objectives: dict[str, ObjectiveConfig] = Field(
         default_factory=dict, description="per-source loss; a source not named uses `objective`")
-    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig, description="the default loss")
+    objective: ObjectiveConfig = Field(default_factory=registry.get("spo").options,
+                                       description="the default loss (its `algorithm` picks the options)")
     offline_sources: list[str] = Field(["reference"], description="store sources that make the offline pool")
     offline_passed_only: bool = Field(True, description="offline pool holds passed trajectories only (SPO)")
 
@@ -93,7 +93,7 @@ class DataConfig(Section):
             raise ValueError(f"unknown source {unknown[0]!r} (use {', '.join(SOURCES)})")
         return objectives
 
-    def objective_for(self, source: str) -> ObjectiveConfig:
+    def objective_for(self, source: str) -> registry.Options:
         return self.objectives.get(source, self.objective)
 
 
@@ -163,13 +163,13 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         for source in self.data.mix:
-            algorithm = self.data.objective_for(source).algorithm
-            if source == "online" and algorithm in GROUP_ALGORITHMS and self.sampling.samples_per_prompt < (
-                    3 if algorithm == "agro-on" else 2):
-                raise ValueError(f"sampling.samples_per_prompt must be >= {3 if algorithm == 'agro-on' else 2} "
-                                 f"for {algorithm} (it needs a group of responses per prompt)")
-            if algorithm == "ppo" and source != "online":
-                raise ValueError(f"data.objectives.{source}: ppo learns from online rollouts only")
+            options = self.data.objective_for(source)
+            objective = registry.get(options.algorithm)
+            if source == "online" and self.sampling.samples_per_prompt < objective.min_group:
+                raise ValueError(f"sampling.samples_per_prompt must be >= {objective.min_group} for "
+                                 f"{objective.name} (it needs a group of responses per prompt)")
+            if objective.data == "online" and source != "online":
+                raise ValueError(f"data.objectives.{source}: {objective.name} learns from online rollouts only")
         return self
 
     @property
@@ -183,7 +183,10 @@ class RunConfig(Section):
 
 
 def _location(error: dict) -> str:
-    return ".".join(str(part) for part in error["loc"] if not str(part).startswith("function-after"))
+    """`data.objective.grpo.clip` -> `data.objective.clip`: the union's tag is not a key people write."""
+    loc = error["loc"]
+    return ".".join(str(part) for i, part in enumerate(loc) if not str(part).startswith("function-after")
+                    and not (part in registry.REGISTRY and 0 < i < len(loc) - 1 and loc[i - 1] != "mix"))
 
 
 def _one_line(e: ValidationError) -> str:
@@ -193,6 +196,8 @@ def _one_line(e: ValidationError) -> str:
         return f"unknown key {where!r}"
     message = error["msg"].removeprefix("Value error, ")
     got = error.get("input")
+    if error["type"] == "unknown_algorithm" and isinstance(got, dict):
+        where, got = f"{where}.algorithm", got.get("algorithm")
     shown = "" if isinstance(got, dict) else f", got {got!r}"
     return f"{where}: {message}{shown}" if where else f"{message}"
 
@@ -277,6 +282,13 @@ def config_reference() -> str:
             lines += ["", f"### `{name}`", "", "| key | default | meaning |", "|---|---|---|"]
             for key, sub in f.default_factory.model_fields.items():
                 lines.append(f"| `{name}.{key}` | `{_default(sub)}` | {sub.description or ''} |")
+    lines += ["", "### objectives: `data.objective` and `data.objectives.SOURCE`", "",
+              "`algorithm` picks the loss; `weight` and the options of that algorithm may follow "
+              "(docs/ALGORITHMS.md).", "", "| algorithm | key | default | meaning |", "|---|---|---|---|"]
+    for name, objective in registry.REGISTRY.items():
+        lines.append(f"| `{name}` | | | {objective.summary} |")
+        lines += [f"| | `{key}` | `{_default(sub)}` | {sub.description or ''} |"
+                  for key, sub in objective.options.model_fields.items() if key != "algorithm"]
     return "\n".join(lines) + "\n"
 
 
@@ -284,7 +296,7 @@ def _default(field) -> Any:
     if field.default_factory is not None:
         value = field.default_factory()
         return value.model_dump() if isinstance(value, BaseModel) else value
-    return round(field.default, 4) if isinstance(field.default, float) else field.default
+    return float(f"{field.default:.4g}") if isinstance(field.default, float) else field.default
 
 
 REFERENCE_START, REFERENCE_END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"

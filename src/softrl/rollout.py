@@ -19,7 +19,7 @@ class RolloutSpec:
     task: Task
     generator: Generator
     decode: Callable[[list[int]], str]
-    tokenizer: str  # fingerprint written with the rows
+    fingerprint: str  # the tokenizer's, written with the rows (token ids are only valid under it)
     max_new_tokens: int
     temperature: float = 1.0
     temperature_range: tuple[float, float] | None = None  # per-sample temperature ~ U(lo, hi)
@@ -66,7 +66,7 @@ def rollouts(spec: RolloutSpec, contexts: list[Context], k: int, seed: int) -> l
     grades = spec.task.grade_many([(c.prompt, t) for (c, _), t in zip(samples, texts)])
     return [Trajectory(c.prompt.id, text, grade.reward, grade.passed, task=spec.task.name, prompt_text=c.prompt.text,
                        prompt_tokens=list(c.prompt_tokens), response_tokens=list(c.prefix) + s.tokens,
-                       tokenizer=spec.tokenizer, source=spec.source, run_id=spec.run_id,
+                       tokenizer=spec.fingerprint, source=spec.source, run_id=spec.run_id,
                        policy_version=spec.policy_version, behavior_logprobs=None if c.prefix else s.logprobs,
                        decoding={"temperature": s.temperature, "top_p": spec.top_p})
             for (c, s), text, grade in zip(samples, texts, grades)]

@@ -1,7 +1,7 @@
-"""`softrl toy`: every loss trained on the exact tabular problem, scored by KL(pi || pi*).
+"""`softrl toy`: every registered objective trained on the exact tabular problem, scored by KL(pi || pi*).
 
-This module composes `softrl.algorithms` with `softrl.tabular`; it holds no math of its own
-beyond wiring a `TabularBatch` into each objective's arguments.
+The losses are the registry's adapters (`softrl.objectives`), the very code the learner trains
+models with; this module only turns a `TabularBatch` into their `LossInputs`.
 """
 
 from __future__ import annotations
@@ -9,67 +9,70 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import Tensor
 
-from softrl.algorithms import agro, grpo, ppo, spo
+import softrl.objectives as registry
+from softrl.objectives import LossInputs, objective_loss
 from softrl.tabular import TabularBatch, TabularProblem, train
+
+BOTH = ("off-policy", "on-policy")
+ON_POLICY = ("on-policy",)
+
+
+def loss_inputs(b: TabularBatch) -> LossInputs:
+    """The tabular problem's rewards are 0 (success) and -1 (failure), SPO's `r - 1`: the registry takes
+    the task's units, so both the reward and the soft value `V* = Q0` move up by 1."""
+    return LossInputs(b.logp, b.ref_logp, b.old_logp, b.mask, b.reward + 1, b.q0 + 1, b.beta, b.group_size,
+                      token_kl=b.token_kl, values=b.values, old_values=b.old_values, weights=b.weights)
+
 
 @dataclass(frozen=True)
 class ToyMethod:
     name: str
-    loss: Callable[[TabularBatch], Tensor]
+    algorithm: str
+    options: dict = field(default_factory=dict)  # the objective's options besides `algorithm`
     group_size: int = 1  # generations per prompt the estimator needs (exact mode enumerates tuples)
-    data: tuple[str, ...] = ("off-policy", "on-policy")
+    data: tuple[str, ...] = BOTH
     epochs: int = 1
 
+    @cached_property
+    def objective_options(self) -> registry.Options:
+        return registry.get(self.algorithm).options(**self.options)
 
-def _spo(**objective) -> Callable[[TabularBatch], Tensor]:
-    def loss(b: TabularBatch) -> Tensor:
-        return spo.spo_loss(b.logp, b.ref_logp, b.mask, b.reward, b.q0, b.beta, weights=b.weights, **objective)[0]
-
-    return loss
-
-
-def _agro(fn: Callable, **kw) -> Callable[[TabularBatch], Tensor]:
-    def loss(b: TabularBatch) -> Tensor:
-        return fn(b.logp, b.ref_logp, b.mask, b.reward, b.beta, b.group_size,
-                  token_kl=b.token_kl, weights=b.weights, **kw)[0]
-
-    return loss
+    def loss(self, b: TabularBatch) -> Tensor:
+        return objective_loss(self.objective_options, loss_inputs(b))[0]
 
 
-def _ppo(b: TabularBatch) -> Tensor:
-    adv, returns = ppo.ppo_advantages(b.old_logp, b.ref_logp, b.old_values, b.reward, b.mask, b.beta, lam=0.95)
-    return ppo.ppo_loss(b.logp, b.old_logp, b.values, b.old_values, adv, returns, b.mask, weights=b.weights)[0]
+def default_method(objective: registry.Objective) -> ToyMethod:
+    """A registered objective with its default options, on the data it is valid for."""
+    return ToyMethod(objective.name, objective.name, group_size=max(objective.min_group, 1),
+                     data=BOTH if objective.data == "any" else ON_POLICY)
 
 
-def _grpo(b: TabularBatch) -> Tensor:
-    adv = grpo.group_advantages(b.reward, b.group_size)
-    return grpo.grpo_loss(b.logp, b.old_logp, b.ref_logp, adv, b.mask, b.beta, weights=b.weights)[0]
-
-
-ON_POLICY = ("on-policy",)
-METHODS: dict[str, ToyMethod] = {
-    m.name: m
-    for m in [
-        ToyMethod("spo-terminal-mse", _spo(terminal=1.0, loss="squared")),
-        ToyMethod("spo-terminal-bce", _spo(terminal=1.0, loss="bce")),
-        ToyMethod("spo-reverse-mse", _spo(terminal=0.0, reverse=1.0, loss="squared")),
-        # eps = 1e-2: with 1e-4 the straight-through push (~1/eps) whenever an intermediate Q_t
-        # overshoots log 1 dominates the gradient and the run stalls near KL 1e-2 (see docs).
-        ToyMethod("spo-reverse-bce", _spo(terminal=0.0, reverse=1.0, loss="bce", eps=1e-2)),
-        ToyMethod("spo-advantage-bce", _spo(terminal=0.0, advantage=1.0)),
-        ToyMethod("agro-off", _agro(agro.agro_off_policy_loss), group_size=2),
-        ToyMethod("agro-on", _agro(agro.agro_on_policy_loss), group_size=3, data=ON_POLICY),
-        ToyMethod("kl-pg", _agro(agro.kl_pg_loss, kl="sequence"), group_size=2),
-        ToyMethod("kl-pg-token", _agro(agro.kl_pg_loss, kl="token"), group_size=2),
-        ToyMethod("ppo", _ppo, data=ON_POLICY),
-        ToyMethod("grpo", _grpo, group_size=3, data=ON_POLICY),
-    ]
-}
+# variants worth seeing side by side; every other registered objective runs with its defaults
+VARIANTS = [
+    ToyMethod("spo-terminal-mse", "spo", {"terminal": 1.0, "loss": "squared"}),
+    ToyMethod("spo-terminal-bce", "spo", {"terminal": 1.0, "loss": "bce"}),
+    ToyMethod("spo-reverse-mse", "spo", {"terminal": 0.0, "reverse": 1.0, "loss": "squared"}),
+    # eps = 1e-2: with 1e-4 the straight-through push (~1/eps) whenever an intermediate Q_t
+    # overshoots log 1 dominates the gradient and the run stalls near KL 1e-2 (see docs).
+    ToyMethod("spo-reverse-bce", "spo", {"terminal": 0.0, "reverse": 1.0, "loss": "bce", "eps": 1e-2}),
+    ToyMethod("spo-advantage-bce", "spo", {"terminal": 0.0, "advantage": 1.0}),
+    ToyMethod("agro-off", "agro-off", group_size=2),
+    ToyMethod("agro-on", "agro-on", group_size=3, data=ON_POLICY),
+    # KL-PG is run off-policy too: there it has the wrong fixed point (the AGRO paper's figure 1)
+    ToyMethod("kl-pg", "kl-pg", {"kl": "sequence"}, group_size=2),
+    ToyMethod("kl-pg-token", "kl-pg", {"kl": "token"}, group_size=2),
+    ToyMethod("ppo", "ppo", data=ON_POLICY),
+    ToyMethod("grpo", "grpo", group_size=3, data=ON_POLICY),
+]
+METHODS: dict[str, ToyMethod] = {m.name: m for m in VARIANTS}
+METHODS.update({o.name: default_method(o) for o in registry.REGISTRY.values()
+                if o.name not in {m.algorithm for m in VARIANTS}})
 
 
 def run_method(

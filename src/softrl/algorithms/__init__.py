@@ -1,4 +1,4 @@
-"""Every objective of ALGORITHMS.md as a pure function on tensors with masks.
+"""Every objective of docs/ALGORITHMS.md as a pure function on tensors with masks.
 
 Import the families as modules (`from softrl.algorithms import spo, agro`) or the names below.
 """

@@ -1,4 +1,4 @@
-"""AGRO: Any-Generation Reward Optimization (ALGORITHMS.md, "AGRO").
+"""AGRO: Any-Generation Reward Optimization (docs/ALGORITHMS.md, "AGRO").
 
 AGRO drives the regularised reward `R(y) = r(y) - beta * l(y)` to be equal across generations:
     L_mu(pi) = E_x Var_{y~mu}[R(y)],

@@ -1,5 +1,5 @@
 """PPO as the SPO paper compares against it: a separate value model, per-token KL-shaped reward,
-GAE with gamma = 1, clipped policy and value losses (ALGORITHMS.md, "PPO baseline")."""
+GAE with gamma = 1, clipped policy and value losses (docs/ALGORITHMS.md, "PPO baseline")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """RLOO as usually implemented: KL folded into the reward, leave-one-out baseline on that reward.
 
 `r~ = r - beta * l`, advantage `r~_i - mean_{j != i} r~_j`. This is algebraically the off-policy
-AGRO estimator with g1 (ALGORITHMS.md); the name is kept for users who look for it.
+AGRO estimator with g1 (docs/ALGORITHMS.md); the name is kept for users who look for it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPO: Soft Policy Optimization (ALGORITHMS.md, "SPO").
+"""SPO: Soft Policy Optimization (docs/ALGORITHMS.md, "SPO").
 
 The policy is a soft Q-function through the cumulative Q-parameterisation
     A_t = beta * (log pi(y_t|y_<t) - log pi0(y_t|y_<t)),   Q_t = Q0_hat + sum_{s<=t} A_s,

@@ -1,4 +1,4 @@
-"""Pivotal Token Search (ALGORITHMS.md): estimate the success probability S(t) of continuing the
+"""Pivotal Token Search (docs/ALGORITHMS.md): estimate the success probability S(t) of continuing the
 prefix y_<=t of a stored response with K reference rollouts, bisecting [0, T] wherever S jumps by at
 least `threshold`. Every visited (t, S(t), K) becomes an MC target of the trajectory; an interval of
 length 1 that still jumps marks token t as pivotal. The rollouts are trajectories too (source "pts").
@@ -119,8 +119,8 @@ def annotate_store(spec: RolloutSpec, store: ExperienceStore, encode_prompt: Cal
     stored, annotated = {r["id"] for r in candidates}, {r["id"] for r in candidates if r["mc_targets"]}
     rows, copies = [], []
     for row in candidates:
-        if row["tokenizer"] != spec.tokenizer or not row["response_tokens"]:
-            copy = Trajectory.from_row({**row, "id": "", "tokenizer": spec.tokenizer, "mc_targets": [],
+        if row["tokenizer"] != spec.fingerprint or not row["response_tokens"]:
+            copy = Trajectory.from_row({**row, "id": "", "tokenizer": spec.fingerprint, "mc_targets": [],
                                         "prompt_tokens": encode_prompt(prompts[row["prompt_id"]].text),
                                         "response_tokens": encode_response(row["response_text"])})
             if copy.id in annotated and not force:

@@ -1,5 +1,7 @@
-"""Q0 estimation: `Q0_hat(x) = beta * log mean_k exp(r_k / beta)` from K samples of the reference
-policy (ALGORITHMS.md; SPO's r = reward - 1, so a prompt with no success gets -1).
+"""Q0 estimation: `Q0_hat(x) = beta * log mean_k exp(r_k / beta)` from the task rewards of K samples
+of the reference policy (docs/ALGORITHMS.md, "Q0"): the soft value of the prompt under pi0, in the
+task's units (0 when nothing succeeds, 1 when everything does). The K rewards are kept with it, so
+a run at another beta gets its Q0 from the same rewards by the same formula (`soft_values`).
 
 Prompts are processed a few at a time; after each chunk its samples go to the store (source
 "reference": offline data too) and then its Q0 to the prompts table, so a killed run resumes at the
@@ -22,10 +24,19 @@ from softrl.tasks.base import Prompt
 
 def q0_row(prompt: Prompt, task: str, rewards: list[float], passed: list[bool], beta: float, model: str) -> dict:
     """The prompts-table row for one prompt's K samples (task rewards in [0, 1])."""
-    spo_rewards = torch.tensor(rewards, dtype=torch.float64) - 1.0
     return {"prompt_id": prompt.id, "task": task, "text": prompt.text, "q0_k": len(rewards),
-            "q0_hat": q0_from_rewards(spo_rewards, beta).item(), "q0_success": sum(passed) / len(passed),
-            "q0_beta": beta, "q0_model": model, "meta": {}}
+            "q0_hat": soft_value(rewards, beta), "q0_rewards": [float(r) for r in rewards],
+            "q0_success": sum(passed) / len(passed), "q0_beta": beta, "q0_model": model, "meta": {}}
+
+
+def soft_value(rewards: list[float], beta: float) -> float:
+    """`beta * log mean_k exp(r_k / beta)`, in float64."""
+    return q0_from_rewards(torch.tensor(rewards, dtype=torch.float64), beta).item()
+
+
+def soft_values(rows: dict[str, dict], beta: float) -> dict[str, float]:
+    """Q0 of every prompt row at `beta`, from its stored rewards."""
+    return {pid: soft_value(row["q0_rewards"], beta) for pid, row in rows.items()}
 
 
 def binomial_stderr(success: float, k: int) -> float:
@@ -33,7 +44,10 @@ def binomial_stderr(success: float, k: int) -> float:
 
 
 def is_done(row: dict | None, k: int, model: str) -> bool:
-    return row is not None and row.get("q0_model") == model and (row.get("q0_k") or 0) >= k
+    """Whether the store has Q0 for this model from K samples (rows written before the rewards were
+    kept are estimated again)."""
+    return (row is not None and row.get("q0_model") == model and (row.get("q0_k") or 0) >= k
+            and bool(row.get("q0_rewards")))
 
 
 def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str], list[int]], store: ExperienceStore,

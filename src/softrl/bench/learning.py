@@ -18,6 +18,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+import softrl.objectives as registry
 from softrl.config import RunConfig, config_from
 
 SPO = {"algorithm": "spo", "terminal": 1.0, "loss": "bce"}
@@ -35,6 +36,9 @@ METHODS: dict[str, dict] = {
     "agro-off": {**FIXED_DATA, "data.objective": {"algorithm": "agro-off"}},
     "kl-pg": {**FIXED_DATA, "data.objective": {"algorithm": "kl-pg"}},
 }
+# every other registered objective runs online, on its own defaults
+METHODS.update({name: {"data.mix": ONLINE, "data.objective": {"algorithm": name}} for name in registry.REGISTRY
+                if not any(m["data.objective"]["algorithm"] == name for m in METHODS.values())})
 HALF_ONLINE = {"spo-half"}  # the same batch size, half of it generated: half the prompts per step
 
 # per task: what the base run looks like (the reference is the task's bootstrap model)

@@ -80,48 +80,42 @@ STEP_PASSES = {"spo": 3 + 1, "grpo": 3 + 1, "ppo": 3 + 1 + 3}
 def batch_rows(model_path: str, task: str, prompts: int, samples_per_prompt: int, max_new_tokens: int,
                seed: int = 0) -> list[dict]:
     """A fixed online batch: the reference's graded samples of `prompts` training prompts."""
-    from softrl.models.loading import encode_prompt, load_causal_lm
-    from softrl.rollout import Context, RolloutSpec, rollouts
-    from softrl.tasks.registry import load_task
+    from softrl.assemble import sampler
+    from softrl.rollout import Context, rollouts
 
-    model, tokenizer = load_causal_lm(model_path)
-    task_obj = load_task(task, size=prompts)
-    spec = RolloutSpec.for_model(task_obj, model, tokenizer, max_new_tokens, source="online")
-    contexts = [Context(p, encode_prompt(tokenizer, p.text)) for p in task_obj.prompts()]
-    return [{**r.to_row(), "mix_source": "online"} for r in rollouts(spec, contexts, samples_per_prompt, seed)]
+    s = sampler(task, model_path, size=prompts, max_new_tokens=max_new_tokens, source="online")
+    contexts = [Context(p, s.encode_prompt(p.text)) for p in s.task.prompts()]
+    return [{**r.to_row(), "mix_source": "online"} for r in rollouts(s.spec, contexts, samples_per_prompt, seed)]
 
 
-def learner_step(method: str, model_path: str, rows: list[dict], samples_per_prompt: int, steps: int) -> dict:
+def learner_step(method: str, model_path: str, rows: list[dict], samples_per_prompt: int, steps: int,
+                 store: str) -> dict:
     """Load the models, take one warm-up step (optimizer state), then time `steps` steps. Memory is
     the peak resident size during all of it above the process before any model was loaded."""
+    from softrl.assemble import Run
     from softrl.config import config_from
-    from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
-    from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
-    from softrl.train.batch import make_batch
-    from softrl.train.learner import Learner
+    from softrl.runtime.feed import DataFeed
 
     base = rss_mib()
     peak_was_reset = reset_peak_rss()
-    config = config_from({"data.objective.algorithm": method, "data.mix": {"online": 1.0},
-                          "sampling.samples_per_prompt": samples_per_prompt, "optim.warmup_steps": 0})
-    policy = PolicyModel.load(model_path)
-    reference = ReferenceModel.from_policy(policy)
-    value = ValueModel(reference.model) if method == "ppo" else None
-    learner = Learner(policy, reference, config, value)
-    tok = policy.tokenizer
-    batch = make_batch(rows, tokenizer_fingerprint(tok), tok.pad_token_id, lambda t: encode_prompt(tok, t),
-                       lambda t: encode_response(tok, t), {r["prompt_id"]: 0.5 for r in rows}, config.beta)
-    learner.step(batch)
+    config = config_from({"data.objective.algorithm": method, "data.mix": {"online": 1.0}, "model.path": model_path,
+                          "data.store": store, "sampling.samples_per_prompt": samples_per_prompt,
+                          "optim.warmup_steps": 0})
+    run = Run(config)
+    feed = DataFeed(config, run.store, run.train_task, {r["prompt_id"]: 0.5 for r in rows}, run.tokenizer)
+    batch = feed.batch(rows)
+    run.learner.step(batch)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        learner.step(batch)
+        run.learner.step(batch)
         times.append(time.perf_counter() - start)
     step_s = sorted(times)[len(times) // 2]
     tokens = batch.padded.input_ids.numel()
-    flops = STEP_PASSES[method] * 2 * matmul_params(policy.model) * tokens
+    params = matmul_params(run.policy.model)
+    flops = STEP_PASSES[method] * 2 * params * tokens
     return {"method": method, "step_s": step_s, "peak_mib": peak_rss_mib() - base, "rows": len(rows),
-            "padded_tokens": tokens, "params": matmul_params(policy.model), "step_flops": flops,
+            "padded_tokens": tokens, "params": params, "step_flops": flops,
             "achieved_flops": flops / step_s, "threads": torch.get_num_threads(), "peak_was_reset": peak_was_reset}
 
 
@@ -129,7 +123,8 @@ def learner_step_in_subprocess(method: str, model_path: str, rows_file: Path, sa
                                steps: int) -> dict:
     """`learner_step` in a fresh Python, so each method's peak memory is its own."""
     out = subprocess.run([sys.executable, "-m", "softrl.bench.systems", method, model_path, str(rows_file),
-                          str(samples_per_prompt), str(steps)], capture_output=True, text=True, check=False)
+                          str(samples_per_prompt), str(steps), str(rows_file.parent / "store")],
+                         capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"learner step of {method} failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -285,7 +280,7 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":  # the subprocess of learner_step_in_subprocess
-    method, model_path, rows_file, n, steps = sys.argv[1:6]
+    method, model_path, rows_file, n, steps, store = sys.argv[1:7]
     rows = json.loads(Path(rows_file).read_text())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print(json.dumps(learner_step(method, model_path, rows, int(n), int(steps))))
+    print(json.dumps(learner_step(method, model_path, rows, int(n), int(steps), store)))

@@ -14,12 +14,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from softrl.data.schema import TRAJECTORY_SCHEMA, Trajectory
-from softrl.tasks.base import Task
+from softrl.tasks.base import RewardError, Task, check_reward
 from softrl.tasks.records import RecordError, field, read_records
 
 
 def prompt_id_of(text: str) -> str:
     return "prompt-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _reward(value: Any, where: str) -> float:
+    try:
+        return check_reward(value, where, "field 'reward'")
+    except RewardError as e:
+        raise RecordError(str(e)) from None
 
 
 def record_to_trajectory(record: dict[str, Any], where: str, source: str | None, task: str) -> Trajectory:
@@ -32,6 +39,7 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
         row.pop("id", None)  # recomputed from the content, so an edited row cannot keep a stale id
         if isinstance(row.get("created_at"), str):  # from JSONL
             row["created_at"] = datetime.fromisoformat(row["created_at"])
+        row["reward"] = _reward(row.get("reward", 0.0), where)
         trajectory = Trajectory.from_row({"reward": 0.0, "passed": False, **row})
         if source:
             trajectory.source = source
@@ -42,11 +50,9 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
     passed_given = record.get("passed")
     if passed_given is not None and not isinstance(passed_given, bool):
         raise RecordError(f"{where}: field 'passed' must be true or false, got {passed_given!r}")
-    reward = record.get("reward", float(bool(passed_given)))
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not 0 <= reward <= 1:
-        raise RecordError(f"{where}: field 'reward' must be a number in [0, 1] (1 = solved), got {reward!r}")
+    reward = _reward(record.get("reward", float(bool(passed_given))), where)
     passed = passed_given if passed_given is not None else reward >= 1
-    return Trajectory(record.get("prompt_id") or prompt_id_of(prompt), response, float(reward), passed,
+    return Trajectory(record.get("prompt_id") or prompt_id_of(prompt), response, reward, passed,
                       task=record.get("task") or task, prompt_text=prompt, source=source or "import", policy_version=-1)
 
 

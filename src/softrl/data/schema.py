@@ -43,9 +43,10 @@ PROMPT_SCHEMA = pa.schema([
     pa.field("prompt_id", pa.string(), nullable=False),
     ("task", pa.string()),
     ("text", pa.string()),
-    ("q0_hat", pa.float64()),  # beta * log mean_k exp(r_k / beta), at q0_beta
+    ("q0_hat", pa.float64()),  # beta * log mean_k exp(r_k / beta) of the K rewards (task units), at q0_beta
     ("q0_k", pa.int64()),
-    ("q0_success", pa.float64()),  # mean reward of the K samples: q0_hat at any other beta (binary rewards)
+    ("q0_rewards", pa.list_(pa.float64())),  # the K rewards themselves: Q0 at any other beta
+    ("q0_success", pa.float64()),  # pass rate of the K samples (a statistic, not a value)
     ("q0_beta", pa.float64()),
     ("q0_model", pa.string()),
     ("meta", pa.string()),  # JSON

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
+from softrl.tasks.base import check_reward
 
 TABLES = {"trajectories": TRAJECTORY_SCHEMA, "prompts": PROMPT_SCHEMA, "annotations": ANNOTATION_SCHEMA}
 FILTERABLE = ("task", "source", "run_id", "passed", "policy_version", "tokenizer", "prompt_id")
@@ -131,10 +132,13 @@ class ExperienceStore:
         return final
 
     def append(self, trajectories: Iterable[Trajectory | dict[str, Any]]) -> int:
-        """Write trajectories as one part file (duplicates within the call dropped); returns rows written."""
+        """Write trajectories as one part file (duplicates within the call dropped); returns rows written.
+        Every reward must be a finite number in [0, 1]: one bad row is a RewardError and nothing is written."""
         rows: dict[str, dict[str, Any]] = {}
         for t in trajectories:
             row = (t if isinstance(t, Trajectory) else Trajectory.from_row(t)).to_row()
+            row["reward"] = check_reward(row["reward"], f"task {row['task'] or '?'}, prompt {row['prompt_id']}, "
+                                                        f"trajectory {row['id']}")
             rows.setdefault(row["id"], row)
         self._write_part("trajectories", list(rows.values()))
         return len(rows)

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def cache_root() -> Path:
+    """Where built and prepared models are kept: `$SOFTRL_CACHE`, else ~/.cache/softrl."""
+    return Path(os.environ.get("SOFTRL_CACHE", Path.home() / ".cache" / "softrl"))
 
 
 class ModelLoadError(ValueError):

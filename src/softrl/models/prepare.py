@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from softrl.models.bootstrap import cache_root
+from softrl.models.loading import cache_root
 
 KNOWN = {
     "smollm2-135m": {

@@ -23,7 +23,7 @@ class Generation:
         shared = mode == "sync" and interval == 1
         self.model = session.policy.model if shared else copy.deepcopy(session.policy.model).eval()
         self.version = session.learner.version
-        self.worker = session.worker(self.model)
+        self.worker = session.run.worker(self.model)
         self.pending: dict | None = None
         self.lock = threading.Lock()
         self.queue: queue.Queue = queue.Queue(maxsize=1)
@@ -41,7 +41,7 @@ class Generation:
         if self.model is s.policy.model:
             self.version = s.learner.version
         self.model.eval()
-        rows = self.worker.collect(s.next_prompts(), s.config.sampling.samples_per_prompt, self.version,
+        rows = self.worker.collect(s.feed.next_prompts(), s.config.sampling.samples_per_prompt, self.version,
                                    s.generation_seed(self.produced))
         self.produced += 1
         return [{**r.to_row(), "mix_source": "online"} for r in rows]
@@ -95,14 +95,13 @@ class Generation:
 def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
           on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print) -> dict:
     """Run (or resume) training; returns the summary also written to RUN_DIR/summary.json."""
-    session = Session(config, resume, log)
     phase = on_phase or (lambda name, done, total: None)
-    session.prepare(progress=lambda done, total: phase("q0", done, total))
+    session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total))
     generation = Generation(session, config.runtime.mode, config.runtime.model_update_interval)
     started = time.time()
     try:
         while session.progress.step < config.optim.steps:
-            record = session.learn(generation.next(), session.elapsed(started))
+            record = session.learn(generation.next(), session.runlog.elapsed(started))
             generation.learner_stepped(record["step"])
             if on_step is not None:
                 on_step(record)

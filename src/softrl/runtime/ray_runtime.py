@@ -51,12 +51,11 @@ class _Learner:
 
     def setup(self) -> dict:
         s = self.session
-        s.prepare()
-        return {"model_path": s.model_path, "step": s.progress.step, "version": s.learner.version,
+        return {"model_path": s.run.model_path, "step": s.progress.step, "version": s.learner.version,
                 "seconds": s.progress.seconds}
 
     def next_prompt_ids(self) -> list[str]:
-        return [p.id for p in self.session.next_prompts()]
+        return [p.id for p in self.session.feed.next_prompts()]
 
     def weights(self):
         return {k: v.detach().clone() for k, v in self.session.policy.model.state_dict().items()}
@@ -74,10 +73,9 @@ class _Worker:
     def __init__(self, config: dict, model_path: str):
         import torch
 
+        from softrl.assemble import load_tasks, rollout_worker
         from softrl.data import ExperienceStore
-        from softrl.models.loading import encode_prompt, load_causal_lm
-        from softrl.rollout import RolloutWorker
-        from softrl.runtime.session import load_tasks, rollout_spec
+        from softrl.models.loading import load_causal_lm
 
         torch.set_num_threads(1)
         cfg = RunConfig.model_validate(config)
@@ -85,8 +83,7 @@ class _Worker:
         self.version = -1  # no weights from the learner yet
         task, _ = load_tasks(cfg)
         self.prompts = {p.id: p for p in task.prompts()}
-        self.worker = RolloutWorker(rollout_spec(cfg, task, self.model, tokenizer, "online"),
-                                    lambda text: encode_prompt(tokenizer, text), ExperienceStore(cfg.data.store))
+        self.worker = rollout_worker(cfg, task, self.model, tokenizer, ExperienceStore(cfg.data.store))
 
     def pid(self) -> int:
         return os.getpid()
@@ -110,7 +107,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
     ray = _ray(local=rc.ray_address is None)
     from ray.exceptions import ActorUnavailableError, RayActorError
 
-    from softrl.runtime.session import resolve_model
+    from softrl.assemble import resolve_model
 
     phase = on_phase or (lambda name, done, total: None)
     resolve_model(config)  # fail fast (and build the bootstrap once) before starting Ray

@@ -1,4 +1,4 @@
-"""An exact sequence problem by enumeration: every quantity of ALGORITHMS.md computed without sampling.
+"""An exact sequence problem by enumeration: every quantity of docs/ALGORITHMS.md computed without sampling.
 
 One prompt; responses are all `V**L` sequences of length `L` over a vocabulary of `V` tokens.
 A tabular autoregressive policy holds one logit row per prefix: level `t` is a `[V**t, V]` table

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -17,9 +18,33 @@ class Prompt:
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
+class RewardError(ValueError):
+    """A reward that is not a finite number in [0, 1]: one line naming where it came from and the value."""
+
+
+def check_reward(value: Any, where: str, name: str = "reward") -> float:
+    """`value` as a float in [0, 1] (a bool counts as 0 or 1); anything else (NaN, inf, out of range,
+    not a number) is a RewardError `"{where}: {name} must be a finite number in [0, 1], got {value}"`.
+    The one check every reward passes on its way in: `Task.grade_many` and the store's writes."""
+    if isinstance(value, bool):
+        return float(value)
+    reward = None
+    if not isinstance(value, (str, bytes)) and hasattr(type(value), "__float__"):
+        try:
+            reward = float(value)
+        except (TypeError, ValueError, OverflowError):
+            reward = None
+    if reward is None or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
+        shown = " ".join(repr(value).split())
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise RewardError(f"{where}: {name} must be a finite number in [0, 1], got {shown}")
+    return reward
+
+
 @dataclass(frozen=True)
 class Grade:
-    """`reward` in [0, 1] (1 = solved); `passed` the binary verdict; `details` for people and logs."""
+    """`reward` a finite number in [0, 1] (1 = solved; a bool counts as 0 or 1, and anything else is a
+    RewardError from `Task.grade_many`); `passed` the binary verdict; `details` for people and logs."""
 
     reward: float
     passed: bool
@@ -28,6 +53,7 @@ class Grade:
 
 class Task(ABC):
     name: str = "task"
+    max_new_tokens: int = 256  # the default generation length of a response
 
     @abstractmethod
     def prompts(self) -> list[Prompt]:
@@ -48,13 +74,22 @@ class Task(ABC):
         """Grades in order; a repeated (prompt, response) pair is graded once."""
         prompts = {p.id: p for p, _ in pairs}
         unique = list(dict.fromkeys((p.id, r) for p, r in pairs))
-        grade = lambda key: self.grade(prompts[key[0]], key[1])  # noqa: E731
+        grade = lambda key: self.checked(prompts[key[0]], self.grade(prompts[key[0]], key[1]))  # noqa: E731
         if self.parallel_grading and len(unique) > 1:
             with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
                 grades = dict(zip(unique, pool.map(grade, unique)))
         else:
             grades = {key: grade(key) for key in unique}
         return [grades[(p.id, r)] for p, r in pairs]
+
+    def checked(self, prompt: Prompt, grade: Any) -> Grade:
+        """`grade` of `prompt`, its reward checked by `check_reward` (a RewardError naming the task, the
+        prompt and the value otherwise); `grade_many` passes every grade through here."""
+        where = f"task {self.name}, prompt {prompt.id}"
+        if not isinstance(grade, Grade):
+            raise RewardError(f"{where}: grade() must return a Grade, got {type(grade).__name__}")
+        reward = check_reward(grade.reward, where)
+        return grade if type(grade.reward) is float else replace(grade, reward=reward)
 
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)

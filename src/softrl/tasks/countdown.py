@@ -167,6 +167,7 @@ class CountdownTask(Task):
     """Prompt: `3 7 25 -> 178` and a newline; response: an expression (last line or <answer>)."""
 
     name = "countdown"
+    max_new_tokens = 24
 
     def __init__(self, **config):
         self.config = CountdownConfig(**config)

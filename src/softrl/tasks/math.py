@@ -25,12 +25,32 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+# an escaped dollar (odd number of backslashes before it), `\text{\$}` or `\textdollar`: never a math delimiter
+_ESCAPED_DOLLAR = re.compile(r"(?<!\\)((?:\\\\)*)(?:\\(?:text|textrm|textnormal|mbox|mathrm)\{\s*\\\$\s*\}"
+                             r"|\\textdollar(?![A-Za-z])|\\\$)")
+_BARE_DOLLAR = re.compile(r"(?<!\$)\$(?=\.?\d)")  # `$` right before a number, not part of `$$`
+
+
+def strip_currency(text: str) -> str:
+    """`text` without dollar signs used as currency, so that `\\$18.90` reads as 18.90: every escaped
+    dollar (`\\$`, `\\text{\\$}`, `\\textdollar`), and, when the unescaped `$` cannot all pair up as math
+    delimiters (an odd count), the last `$` written right before a number (`$5`). `$...$` math is kept."""
+    text = _ESCAPED_DOLLAR.sub(r"\1", text)
+    if text.count("$") % 2:
+        candidates = [m.start() for m in _BARE_DOLLAR.finditer(text)]
+        if candidates:
+            text = text[: candidates[-1]] + text[candidates[-1] + 1 :]
+    return text
+
+
 def answers_match(gold: str, response: str) -> bool:
-    """Does the response's final answer equal `gold` mathematically (math-verify)?"""
+    """Does the response's final answer equal `gold` mathematically (math-verify)? Dollar signs used
+    as currency are dropped on both sides first (`strip_currency`)."""
     from math_verify import parse, verify
 
     # math-verify's timeouts use SIGALRM, which only the main thread may set
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold, response = strip_currency(gold), strip_currency(response)
     gold_parsed = parse(gold if "$" in gold or "\\boxed" in gold else f"${gold}$", parsing_timeout=timeout)
     answer = parse(response, parsing_timeout=timeout)
     return bool(gold_parsed) and bool(answer) and verify(gold_parsed, answer, timeout_seconds=timeout)

@@ -44,6 +44,19 @@ def load_task(spec: str, **config: Any) -> Task:
                      "gym:NAME or module:Name")
 
 
+def generated(spec: str) -> bool:
+    """Whether the task generates its prompts from a size and a seed (built-in and gym tasks) rather
+    than reading them from a dataset."""
+    return spec in BUILTIN or spec.startswith("gym:")
+
+
+def load_split(spec: str, size: int | None = None, seed: int | None = None, **options: Any) -> Task:
+    """`size` prompts from `seed` where the task generates them; a dataset task takes neither (its
+    prompts are the file's)."""
+    sized = {k: v for k, v in (("size", size), ("seed", seed)) if v is not None} if generated(spec) else {}
+    return load_task(spec, **sized, **options)
+
+
 def _from_import_path(module: str, name: str, config: dict[str, Any]) -> Task:
     try:
         target = getattr(importlib.import_module(module), name)
@@ -70,8 +83,9 @@ class RewardFunctionTask(Task):
         return list(self._prompts)
 
     def grade(self, prompt: Prompt, response: str) -> Grade:
+        # checked here as well as in grade_many, so a direct grade() call cannot pass a bad reward on
         value = self.reward_fn(prompt.text, response)
         if isinstance(value, Grade):
-            return value
-        reward = float(value)
+            return self.checked(prompt, value)
+        reward = self.checked(prompt, Grade(value, False)).reward
         return Grade(reward, reward >= 1.0 if not isinstance(value, bool) else value)

@@ -125,6 +125,7 @@ class TinyCodeTask(Task):
     """Prompt: statement plus two examples; response: a Python program (fenced or bare)."""
 
     name = "tinycode"
+    max_new_tokens = 120
     parallel_grading = True
 
     def __init__(self, size: int = 200, seed: int = 0, tests: int = 5, families: list[str] | None = None,

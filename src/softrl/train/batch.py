@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from softrl.algorithms.spo import success_to_prob
 from softrl.models.logprobs import PaddedBatch, pad_batch
 
 
@@ -21,11 +20,11 @@ class Batch:
     rows: list[dict]
     padded: PaddedBatch  # prompt + response, right padding
     reward: Tensor  # [B], the task's reward
-    q0: Tensor  # [B], Q0_hat of each row's prompt at the run's beta
+    q0: Tensor  # [B] float64, the soft value beta * log mean exp(r / beta) of the row's prompt under pi0
     behavior_logp: Tensor  # [B, T], 0 where unknown
     has_behavior: Tensor  # [B] bool: sampled at temperature 1 with known log-probs (importance weights)
     mc_positions: Tensor  # [B, M] prefix lengths with MC targets
-    mc_target_prob: Tensor  # [B, M] target exp(Q_t / beta)
+    mc_success: Tensor  # [B, M] success rate of the rollouts from that prefix
     mc_mask: Tensor  # [B, M]
     policy_version: Tensor  # [B]
     sources: list[str]  # the mix source of each row (online | offline | mc)
@@ -43,28 +42,24 @@ class Batch:
         responses = [self.padded.input_ids[i, start[j] : start[j] + lengths[j]].tolist() for j, i in enumerate(index)]
         return Batch([self.rows[i] for i in index], pad_batch(prompts, responses, self.pad_id), self.reward[ix], self.q0[ix],
                      self.behavior_logp[ix, :width], self.has_behavior[ix], self.mc_positions[ix],
-                     self.mc_target_prob[ix], self.mc_mask[ix], self.policy_version[ix],
+                     self.mc_success[ix], self.mc_mask[ix], self.policy_version[ix],
                      [self.sources[i] for i in index], self.pad_id)
 
 
-def q0_at_beta(success: float, beta: float) -> float:
-    """`Q0_hat = beta * log(S + (1 - S) exp(-1/beta))` for binary rewards with success rate S."""
-    return beta * torch.log(success_to_prob(torch.tensor(float(success), dtype=torch.float64), beta)).item()
-
-
-def make_batch(rows: list[dict], tokenizer: str, pad_id: int, encode_prompt: Callable[[str], list[int]],
-               encode_response: Callable[[str], list[int]], q0_success: dict[str, float], beta: float) -> Batch:
-    """Tensors for `rows` (each with a `mix_source` tag, else counted as online)."""
+def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: Callable[[str], list[int]],
+               encode_response: Callable[[str], list[int]], q0: dict[str, float]) -> Batch:
+    """Tensors for `rows` (each with a `mix_source` tag, else counted as online). `fingerprint`: the
+    tokenizer's, whose token ids rows may keep; `q0`: the soft value of every prompt at the run's beta."""
     if not rows:
         raise ValueError("a batch needs at least one trajectory")
     prompts, responses = [], []
     for row in rows:
-        ours = row.get("tokenizer") == tokenizer and row.get("response_tokens")
+        ours = row.get("tokenizer") == fingerprint and row.get("response_tokens")
         prompts.append(list(row["prompt_tokens"]) if ours else encode_prompt(row["prompt_text"]))
         responses.append(list(row["response_tokens"]) if ours else encode_response(row["response_text"]))
     padded = pad_batch(prompts, responses, pad_id, side="right")
     width = padded.max_response
-    missing = sorted({r["prompt_id"] for r in rows} - set(q0_success))
+    missing = sorted({r["prompt_id"] for r in rows} - set(q0))
     if missing:
         raise ValueError(f"no Q0 for prompt {missing[0]!r}: run `softrl q0` on its task first")
     behavior = torch.zeros(len(rows), width)
@@ -76,17 +71,17 @@ def make_batch(rows: list[dict], tokenizer: str, pad_id: int, encode_prompt: Cal
             behavior[i, : len(lp)] = torch.tensor(lp)
             has_behavior[i] = True
     m = max([len(r.get("mc_targets") or []) for r in rows] + [1])
-    positions, probs, mc_mask = torch.zeros(len(rows), m, dtype=torch.long), torch.ones(len(rows), m), torch.zeros(len(rows), m)
+    positions, success, mc_mask = torch.zeros(len(rows), m, dtype=torch.long), torch.ones(len(rows), m), torch.zeros(len(rows), m)
     for i, row in enumerate(rows):
         for j, target in enumerate(row.get("mc_targets") or []):
             if target["t"] <= len(responses[i]):
                 positions[i, j], mc_mask[i, j] = target["t"], 1.0
-                probs[i, j] = success_to_prob(torch.tensor(target["success"]), beta)
+                success[i, j] = target["success"]
     return Batch(
         rows, padded,
         reward=torch.tensor([float(r["reward"]) for r in rows]),
-        q0=torch.tensor([q0_at_beta(q0_success[r["prompt_id"]], beta) for r in rows], dtype=torch.float32),
-        behavior_logp=behavior, has_behavior=has_behavior, mc_positions=positions, mc_target_prob=probs,
+        q0=torch.tensor([q0[r["prompt_id"]] for r in rows], dtype=torch.float64),
+        behavior_logp=behavior, has_behavior=has_behavior, mc_positions=positions, mc_success=success,
         mc_mask=mc_mask, policy_version=torch.tensor([int(r.get("policy_version", -1)) for r in rows]),
         sources=[r.get("mix_source", "online") for r in rows], pad_id=pad_id,
     )

@@ -1,7 +1,7 @@
-"""The Learner: one optimisation step of any algorithm from a Batch.
+"""The Learner: one optimisation step of any registered objective from a Batch.
 
-Policy and reference forward passes (plus the value model for PPO), one loss per data source
-combined by weight and share of the batch, AdamW with linear warm-up, gradient clipping, gradient
+Policy and reference forward passes (plus the value model where an objective needs one), one loss
+per data source (its objective's adapter on `LossInputs`) combined by weight and share of the batch, AdamW with linear warm-up, gradient clipping, gradient
 accumulation over micro-batches, and metrics. A non-finite loss skips the step; `max_nonfinite` of
 them in a row raise `NonFiniteLossError`.
 """
@@ -14,10 +14,21 @@ from collections.abc import Callable
 
 import torch
 
-from softrl.config import GROUP_ALGORITHMS, RunConfig
+from torch import Tensor
+
+import softrl.objectives as registry
+from softrl.algorithms.common import token_kl
+from softrl.config import RunConfig
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
+from softrl.objectives import LossInputs, objective_loss
 from softrl.train.batch import Batch
-from softrl.train.objectives import Forward, needs_distributions, objective_loss
+
+
+def old_logp(logp: Tensor, part: Batch) -> Tensor:
+    """pi_old for ratios `[B, T]`: the behaviour log-probs where the sample was drawn at temperature 1
+    (stale rollouts get their importance weight), else the current policy (one update per rollout)."""
+    current = logp.detach()
+    return current.where(~part.has_behavior[:, None], part.behavior_logp[:, : current.shape[1]])
 
 
 class NonFiniteLossError(RuntimeError):
@@ -53,14 +64,21 @@ class Learner:
         self.nonfinite_in_row = 0
 
     def group_size(self, source: str) -> int:
-        return self.config.sampling.samples_per_prompt if self.config.data.objective_for(source).algorithm in \
-            GROUP_ALGORITHMS or source == "online" else 1
+        """Rows per group: online rows come in prompts' groups whatever the objective."""
+        n = self.config.sampling.samples_per_prompt
+        return n if source == "online" else registry.get(self.config.data.objective_for(source).algorithm).group_size(n)
 
-    def forward(self, part: Batch, full: bool) -> Forward:
+    def inputs(self, part: Batch, options: registry.Options, group_size: int) -> tuple[LossInputs, Tensor]:
+        """The objective's inputs for `part`, and the policy's log-distributions `[B, T, V]` (diagnostics)."""
+        full = registry.get(options.algorithm).distributions(options)
         logp, mask, log_dist = self.policy.logprobs(part.padded, full=True)
         ref_logp, _, ref_dist = self.reference.logprobs(part.padded, full=full)
         values = self.value.values(part.padded) if self.value is not None else None
-        return Forward(logp, ref_logp, mask, log_dist, ref_dist, values)
+        return LossInputs(
+            logp, ref_logp, old_logp(logp, part), mask, part.reward, part.q0, self.config.beta, group_size,
+            token_kl=token_kl(log_dist, ref_dist) if full else None,
+            values=values, old_values=None if values is None else values.detach(),
+            mc_positions=part.mc_positions, mc_success=part.mc_success, mc_mask=part.mc_mask), log_dist
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch` (skipped when the loss is not finite); returns metrics."""
@@ -70,12 +88,12 @@ class Learner:
         metrics: dict[str, float] = defaultdict(float)
         finite = True
         for source, index in micro_batches(batch, cfg.optim.grad_accum, self.group_size):
-            objective = cfg.data.objective_for(source)
+            options = cfg.data.objective_for(source)
             part = batch.subset(index)
-            fw = self.forward(part, needs_distributions(objective))
-            loss, parts = objective_loss(objective, fw, part, cfg.beta, self.group_size(source))
+            inputs, log_dist = self.inputs(part, options, self.group_size(source))
+            loss, parts = objective_loss(options, inputs)
             share = len(index) / total_rows
-            scaled = objective.weight * share * loss
+            scaled = options.weight * share * loss
             if not torch.isfinite(scaled):
                 finite = False
                 break
@@ -84,7 +102,7 @@ class Learner:
             metrics[f"loss/{source}"] += share * loss.item()
             for key, value in parts.items():
                 metrics[key] += share * value
-            self._diagnostics(fw, part, source, batch.sources.count(source), share, metrics)
+            self._diagnostics(inputs, log_dist, part, source, batch.sources.count(source), share, metrics)
         if not finite:
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_in_row += 1
@@ -100,27 +118,27 @@ class Learner:
         self.version += 1
         metrics["grad_norm"] = float(norm)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
-        online = [r.get("policy_version", -1) for r in batch.rows if r.get("mix_source", "online") == "online"]
-        if online:
-            metrics["staleness/mean"] = self.version - 1 - sum(online) / len(online)
-            metrics["staleness/max"] = float(self.version - 1 - min(online))
+        online = batch.policy_version[torch.tensor([s == "online" for s in batch.sources])].double()  # [b]
+        if len(online):
+            metrics["staleness/mean"] = self.version - 1 - online.mean().item()
+            metrics["staleness/max"] = float(self.version - 1 - online.min().item())
         metrics["reward"] = batch.reward.mean().item()
         return dict(metrics)
 
     @torch.no_grad()
-    def _diagnostics(self, fw: Forward, part: Batch, source: str, source_rows: int, share: float,
-                     metrics: dict[str, float]) -> None:
+    def _diagnostics(self, x: LossInputs, log_dist: Tensor, part: Batch, source: str, source_rows: int,
+                     share: float, metrics: dict[str, float]) -> None:
         """KL to the reference (sequence log-ratio: on online rows an estimate of KL(pi || pi0)),
         entropy, importance-weight statistics."""
-        mask = fw.mask
-        log_ratio = ((fw.logp - fw.ref_logp) * mask).sum(-1)  # [b]
+        mask = x.mask
+        log_ratio = ((x.logp - x.ref_logp) * mask).sum(-1)  # [b]
         metrics["kl_ref"] += share * log_ratio.mean().item()
         metrics[f"kl_ref/{source}"] += log_ratio.sum().item() / source_rows
-        entropy = -(fw.log_dist.exp() * fw.log_dist).sum(-1)  # [b, T]
+        entropy = -(log_dist.exp() * log_dist).sum(-1)  # [b, T]
         metrics["entropy"] += share * ((entropy * mask).sum() / mask.sum().clamp_min(1)).item()
         if part.has_behavior.any():
             behavior = part.behavior_logp[:, : mask.shape[1]]
-            log_w = ((fw.logp - behavior) * mask).sum(-1)[part.has_behavior]  # [b']
+            log_w = ((x.logp - behavior) * mask).sum(-1)[part.has_behavior]  # [b']
             w = log_w.exp()
             metrics["iw/mean"] += share * w.mean().item()
             metrics["iw/max"] = max(metrics["iw/max"], w.max().item())

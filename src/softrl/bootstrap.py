@@ -23,17 +23,12 @@ from pathlib import Path
 import torch
 
 from softrl.models.chartok import build_char_tokenizer
-from softrl.models.loading import encode_response, quiet_transformers
+from softrl.models.loading import cache_root, encode_response, quiet_transformers
 
-TASKS = ("countdown", "tinycode")
+TASKS = ("countdown", "tinycode")  # the tasks with a bootstrap recipe
 # tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell
 # from the statement, so the share of correct answers sets the success rate
 TASK_DEFAULTS = {"tinycode": dict(steps=300, batch_size=16, lr=3e-3, train_problems=1000, eval_problems=40, p_correct=0.8)}
-MAX_NEW_TOKENS = {"countdown": 24, "tinycode": 120}
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SOFTRL_CACHE", Path.home() / ".cache" / "softrl"))
 
 
 @dataclass(frozen=True)
@@ -178,7 +173,7 @@ def evaluate(model, tokenizer, config: BootstrapConfig, temperature: float = 1.0
     from softrl.rollout import RolloutSpec
 
     task = make_task(config.task, config.eval_problems, 2_000_000 + config.seed)
-    spec = RolloutSpec.for_model(task, model, tokenizer, MAX_NEW_TOKENS[config.task], source="eval")
+    spec = RolloutSpec.for_model(task, model, tokenizer, task.max_new_tokens, source="eval")
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     return run_protocol(spec, task.prompts(), encode, config.eval_samples, temperature, top_p, config.seed)
 

@@ -1,0 +1,154 @@
+"""RunConfig -> the pieces of a run: models, tokenizer, tasks, rollout specs, store and learner.
+
+Everything that loads a model, picks a task or builds a sampler does it here: the local and Ray
+runtimes (`Run`, `rollout_worker`), `softrl eval`, `softrl q0` and `softrl pts` and the benchmarks
+(`Sampler`). Nothing here writes a file but the store's folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import softrl.objectives as registry
+from softrl.config import ConfigError, RunConfig
+from softrl.data import ExperienceStore
+from softrl.models.loading import encode_prompt, encode_response, load_causal_lm, tokenizer_fingerprint
+from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
+from softrl.rollout import RolloutSpec, RolloutWorker
+from softrl.tasks.base import Task
+from softrl.train.learner import Learner
+
+
+def model_directory(path: str, task: str) -> str:
+    """The model directory: as given, the task's bootstrap reference (built once, then cached), or a
+    pretrained model `softrl model prepare` knows."""
+    from softrl.bootstrap import TASKS, bootstrap
+    from softrl.models.prepare import KNOWN, prepare_model
+
+    if path in KNOWN:
+        try:
+            return str(prepare_model(path))
+        except ValueError as e:
+            raise ConfigError(f"model.path: {e}") from e
+    if path != "bootstrap":
+        return path
+    if task not in TASKS:
+        raise ConfigError(f"model.path: no bootstrap model for task {task!r}; give a model directory")
+    return str(bootstrap(task))
+
+
+def resolve_model(config: RunConfig) -> str:
+    return model_directory(config.model.path, config.task.name)
+
+
+def load_tasks(config: RunConfig) -> tuple[Task, Task]:
+    """(training task, evaluation task): a generated task's held-out split comes from its own seed;
+    a dataset task's prompts are both (docs/USAGE.md)."""
+    from softrl.tasks.registry import generated, load_split
+
+    t = config.task
+    try:
+        train = load_split(t.name, t.size, t.seed, **t.options)
+        held_out = load_split(t.name, t.eval_size, t.eval_seed, **t.options) if generated(t.name) else train
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"task: {e}") from e
+    return train, held_out
+
+
+def rollout_spec(config: RunConfig, task: Task, model, tokenizer, source: str) -> RolloutSpec:
+    """Sampling `model` on `task` with the run's decoding settings and the task's generation length."""
+    s = config.sampling
+    return RolloutSpec.for_model(task, model, tokenizer, s.max_new_tokens or task.max_new_tokens,
+                                 temperature=s.temperature, temperature_range=s.temperature_range, top_p=s.top_p,
+                                 source=source, run_id=config.name)
+
+
+def rollout_worker(config: RunConfig, task: Task, model, tokenizer, store: ExperienceStore | None) -> RolloutWorker:
+    """Online rollouts of `model` on `task`, every trajectory written to `store`."""
+    return RolloutWorker(rollout_spec(config, task, model, tokenizer, "online"),
+                         lambda text: encode_prompt(tokenizer, text), store)
+
+
+@dataclass
+class Sampler:
+    """One model sampling one task: what `softrl eval`, `q0`, `pts` and the benchmarks need."""
+
+    task: Task
+    spec: RolloutSpec
+    tokenizer: object
+    model_id: str  # the resolved model directory: Q0 rows and annotations are kept per model
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return encode_prompt(self.tokenizer, text)
+
+    def encode_response(self, text: str) -> list[int]:
+        return encode_response(self.tokenizer, text)
+
+
+def sampler(task: str, model: str = "bootstrap", *, size: int | None = None, seed: int | None = None,
+            max_new_tokens: int = 0, temperature: float = 1.0, top_p: float = 1.0, source: str = "reference",
+            dtype: str = "float32", options: dict | None = None) -> Sampler:
+    """`model` (a directory, 'bootstrap' or a prepared name) sampling `task` (`size` prompts from
+    `seed` where it generates them; None: the task's defaults)."""
+    from softrl.tasks.registry import load_split
+
+    try:
+        task_obj = load_split(task, size, seed, **(options or {}))
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"task: {e}") from e
+    directory = model_directory(model, task)
+    lm, tokenizer = load_causal_lm(directory, dtype)
+    spec = RolloutSpec.for_model(task_obj, lm, tokenizer, max_new_tokens or task_obj.max_new_tokens,
+                                 temperature=temperature, top_p=top_p, source=source)
+    return Sampler(task_obj, spec, tokenizer, str(Path(directory).resolve()))
+
+
+class Run:
+    """The pieces of one training run, built completely from its config: policy, frozen reference,
+    the value model where an objective needs one, tokenizer, tasks, store and learner."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.model_path = resolve_model(config)
+        self.policy = PolicyModel.load(self.model_path, config.model.dtype, config.model.lora)
+        self.reference = ReferenceModel.from_policy(self.policy)
+        self.tokenizer = self.policy.tokenizer
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        self.train_task, self.eval_task = load_tasks(config)
+        objectives = [registry.get(config.data.objective_for(s).algorithm) for s in config.data.mix]
+        self.value = ValueModel(self.reference.model) if any(o.value_model for o in objectives) else None
+        self.store = ExperienceStore(config.data.store)
+        self.learner = Learner(self.policy, self.reference, config, self.value)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return encode_prompt(self.tokenizer, text)
+
+    def encode_response(self, text: str) -> list[int]:
+        return encode_response(self.tokenizer, text)
+
+    def spec(self, model, source: str, task: Task | None = None) -> RolloutSpec:
+        return rollout_spec(self.config, task or self.train_task, model, self.tokenizer, source)
+
+    def worker(self, model) -> RolloutWorker:
+        return rollout_worker(self.config, self.train_task, model, self.tokenizer, self.store)
+
+    def q0(self, progress=None) -> dict[str, float]:
+        """Q0 of every training prompt at the run's beta (sampled from the reference now where the
+        store has none for this model and K)."""
+        from softrl.annotate.q0 import estimate_q0, soft_values
+
+        c = self.config
+        rows = estimate_q0(self.spec(self.reference.model, "reference"), self.train_task.prompts(), self.encode_prompt,
+                           self.store, c.q0.k, c.beta, str(Path(self.model_path).resolve()), seed=c.seed,
+                           progress=progress)
+        return soft_values(rows, c.beta)
+
+    def evaluate(self, model) -> dict:
+        """The evaluation protocol (config.eval) on the held-out prompts: pass@k and the rest."""
+        from softrl.eval.protocol import evaluate
+
+        e = self.config.eval
+        return evaluate(self.spec(model, "eval", self.eval_task), self.eval_task.prompts(), self.encode_prompt,
+                        e.samples, e.temperature, e.top_p, seed=self.config.seed + 17, stats=e.stats,
+                        reference=self.reference.model)

@@ -1,0 +1,105 @@
+"""`softrl q0` and `softrl pts`: SPO's annotations of prompts and trajectories from reference samples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from softrl.cli_common import JSON_OPT, STORE_OPT, err, fail, progress_bar
+from softrl.cli_data import open_store, report_problems
+
+
+def reference_sampler(task: str, model: str, size: int, seed: int, max_new_tokens: int, temperature: float,
+                      source: str, dtype: str):
+    """`assemble.sampler` for the command line: 0 means the task's default; errors as one line."""
+    from softrl.assemble import sampler
+    from softrl.config import ConfigError
+    from softrl.models.loading import ModelLoadError
+
+    try:
+        with err.status(f"loading {model} for {task}" + (" (built on first use: softrl bootstrap)"
+                                                          if model == "bootstrap" else "")):
+            return sampler(task, model, size=size or None, seed=seed or None, max_new_tokens=max_new_tokens,
+                           temperature=temperature, source=source, dtype=dtype)
+    except (ConfigError, ModelLoadError, ValueError, OSError) as e:
+        fail(str(e))
+
+
+MODEL_OPT = typer.Option("bootstrap", "--model", help="reference model directory; 'bootstrap' = the task's built-in one")
+SIZE_OPT = typer.Option(0, "--size", min=0, help="number of prompts of the task; 0 = its default")
+TASK_SEED_OPT = typer.Option(0, "--task-seed", help="seed of the task's problems; 0 = its default")
+TOKENS_OPT = typer.Option(0, "--max-new-tokens", min=0, help="0 = the task's default")
+DTYPE_OPT = typer.Option("float32", "--dtype", help="float32 or bfloat16")
+
+
+def q0(
+    task: str = typer.Argument(..., help="task spec, e.g. countdown"),
+    k: int = typer.Option(800, "--k", min=1, help="reference samples per prompt (the SPO paper: 800)"),
+    beta: float = typer.Option(0.0, "--beta", help="SPO beta for q0_hat; 0 = 1/ln(1e5) (q0_success allows any later)"),
+    model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
+    temperature: float = typer.Option(1.0, help="sampling temperature of the reference"),
+    seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT,
+    store: Path = STORE_OPT, as_json: bool = JSON_OPT,
+) -> None:
+    """Estimate Q0_hat of every prompt from K reference samples; keep the samples (source=reference). Resumable."""
+    import math
+
+    from softrl.annotate.q0 import binomial_stderr, estimate_q0
+    from softrl.algorithms.common import SPO_BETA
+
+    beta = beta or SPO_BETA
+    if not math.isfinite(beta) or beta <= 0:
+        fail(f"--beta must be a positive number, got {beta}")
+    target = open_store(store)
+    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype)
+    with progress_bar(f"q0 {task} (K={k})") as update:
+        rows = estimate_q0(s.spec, s.task.prompts(), s.encode_prompt, target, k, beta, s.model_id, seed=seed,
+                           progress=lambda done, total: update(done, total))
+    success = [r["q0_success"] for r in rows.values()]
+    summary = {"prompts": len(rows), "k": k, "beta": beta, "mean_success": sum(success) / max(len(success), 1),
+               "solved_prompts": sum(s > 0 for s in success), "store": str(target.root),
+               "mean_stderr": sum(binomial_stderr(s, k) for s in success) / max(len(success), 1)}
+    typer.echo(json.dumps(summary) if as_json else
+               f"Q0 of {summary['prompts']} prompts (K={k}): mean success {summary['mean_success']:.3f} "
+               f"(+-{summary['mean_stderr']:.3f} per prompt), {summary['solved_prompts']} with a success; "
+               f"samples in {target.root}")
+
+
+def pts(
+    task: str = typer.Argument(..., help="task spec, e.g. countdown"),
+    k: int = typer.Option(10, "--k", min=1, help="rollouts per visited prefix (the SPO paper: 10)"),
+    threshold: float = typer.Option(0.2, "--threshold", help="split an interval when S jumps by at least this"),
+    limit: int = typer.Option(None, "--limit", min=1, help="annotate at most this many trajectories"),
+    show: int = typer.Option(5, "--show", min=0, help="print this many annotated responses with pivots marked"),
+    force: bool = typer.Option(False, "--force", help="annotate again trajectories that have MC targets"),
+    source: list[str] = typer.Option(None, "--source", help="only trajectories of these sources (repeatable)"),
+    model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
+    seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT,
+    store: Path = STORE_OPT, as_json: bool = JSON_OPT,
+) -> None:
+    """Pivotal Token Search over the store's passed trajectories: MC targets, rollouts, pivotal tokens."""
+    from softrl.annotate.pts import annotate_store, render
+
+    if not 0 < threshold <= 1:
+        fail(f"--threshold must be in (0, 1], got {threshold}")
+    target = open_store(store, create=False)
+    s = reference_sampler(task, model, size, task_seed, max_new_tokens, 1.0, "pts", dtype)
+    with progress_bar(f"pts {task} (K={k})") as update:
+        results = annotate_store(s.spec, target, s.encode_prompt, s.encode_response, s.model_id, k, threshold, seed=seed,
+                                 limit=limit, force=force, sources=source or None,
+                                 progress=lambda done, total: update(done, total))
+    report_problems(target)
+    summary = {"annotated": len(results), "pivotal_tokens": sum(len(r.pivots) for r in results),
+               "rollouts": sum(len(r.rollouts) for r in results),
+               "mean_prefixes_evaluated": sum(r.evaluated for r in results) / max(len(results), 1)}
+    if as_json:
+        typer.echo(json.dumps({**summary, "results": [
+            {"trajectory_id": r.trajectory_id, "prompt_id": r.prompt_id, "mc_targets": r.mc_targets,
+             "pivots": [vars(p) for p in r.pivots]} for r in results]}))
+        return
+    for result in results[:show]:
+        typer.echo(render(result) + "\n")
+    typer.echo(f"annotated {summary['annotated']} trajectories: {summary['pivotal_tokens']} pivotal tokens, "
+               f"{summary['rollouts']} rollouts stored, {summary['mean_prefixes_evaluated']:.1f} prefixes evaluated each")

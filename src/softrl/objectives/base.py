@@ -1,0 +1,95 @@
+"""The registry's contract: what a learner (or the tabular toy) hands an objective, and what an
+objective declares about itself.
+
+An `Objective` is registered once, by name, with its typed options (a pydantic model whose
+`algorithm` field is the name), what it needs from the data and the learner, and its adapter from
+`LossInputs` to `(loss, metrics)` on top of a pure function of `softrl.algorithms`. Config
+validation, the learner, the run assembly, `softrl toy` and the benchmarks read the registry; none
+of them names an algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+
+@dataclass
+class LossInputs:
+    """Tensors for B trajectories, T response positions, M Monte-Carlo annotations; rows of a group
+    (`group_size` responses to one prompt) are contiguous."""
+
+    logp: Tensor  # [B, T] log pi(y_t | y_<t), with gradients
+    ref_logp: Tensor  # [B, T] log pi0, frozen
+    old_logp: Tensor  # [B, T] the policy that sampled the rows, for ratios (detached)
+    mask: Tensor  # [B, T] 1 on real response tokens
+    reward: Tensor  # [B] the task's reward, in [0, 1]
+    q0: Tensor  # [B] beta * log mean_k exp(r_k / beta) over reference samples of the row's prompt
+    beta: float
+    group_size: int = 1
+    token_kl: Tensor | None = None  # [B, T] exact KL(pi || pi0) at each prefix, with gradients
+    values: Tensor | None = None  # [B, T] value model V(y_<t), with gradients (PPO)
+    old_values: Tensor | None = None  # [B, T] values when the rows were sampled (detached)
+    mc_positions: Tensor | None = None  # [B, M] prefix lengths with Monte-Carlo targets
+    mc_success: Tensor | None = None  # [B, M] success rate of rollouts from that prefix
+    mc_mask: Tensor | None = None  # [B, M] 1 on real annotations
+    weights: Tensor | None = None  # [B] replaces the mean over rows (exact expectations)
+
+
+class Options(BaseModel):
+    """Options every objective has; an objective's own options subclass this with
+    `algorithm: Literal["its-name"] = "its-name"`."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    algorithm: str
+    weight: float = Field(1.0, ge=0, description="weight of this source's loss in the total")
+
+
+Data = Literal["any", "on-policy", "online"]
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    options: type[Options]
+    loss: Callable[[Options, LossInputs], tuple[Tensor, dict[str, float]]]
+    summary: str  # one line for listings
+    # "any": correct for rows from any behaviour policy; "on-policy": the estimator assumes samples
+    # of (about) the current policy; "online": needs this run's own rollouts (e.g. a value model)
+    data: Data = "any"
+    min_group: int = 0  # responses per prompt it needs in a group (0: no groups)
+    value_model: bool = False
+    behavior_logp: bool = False  # uses old_logp for ratios
+    distributions: Callable[[Options], bool] = lambda options: False  # needs token_kl ([B, T, V] passes)
+
+    def group_size(self, samples_per_prompt: int) -> int:
+        """Rows per group in a batch of this objective: the run's samples per prompt, or 1."""
+        return samples_per_prompt if self.min_group else 1
+
+
+REGISTRY: dict[str, Objective] = {}
+
+
+def register(objective: Objective) -> Objective:
+    if objective.name in REGISTRY:
+        raise ValueError(f"objective {objective.name!r} is registered twice")
+    if objective.options.model_fields["algorithm"].default != objective.name:
+        raise ValueError(f"{objective.options.__name__}.algorithm must default to {objective.name!r}")
+    REGISTRY[objective.name] = objective
+    return objective
+
+
+def get(name: str) -> Objective:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r} (use {', '.join(REGISTRY)})") from None
+
+
+def objective_loss(options: Options, inputs: LossInputs) -> tuple[Tensor, dict[str, float]]:
+    """(loss, metrics) of the objective `options` configure."""
+    return get(options.algorithm).loss(options, inputs)

@@ -1,0 +1,55 @@
+"""The baselines people know: PPO, GRPO, RLOO (docs/ALGORITHMS.md, "Baselines")."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from torch import Tensor
+
+from softrl.algorithms import grpo, ppo, rloo
+from softrl.objectives.base import LossInputs, Objective, Options, register
+
+CLIP_HELP = "ratio clip"
+
+
+class PPOOptions(Options):
+    algorithm: Literal["ppo"] = "ppo"
+    clip: float = Field(0.2, gt=0, description=CLIP_HELP)
+    value_coef: float = Field(0.5, ge=0, description="value-loss weight")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+
+
+class GRPOOptions(Options):
+    algorithm: Literal["grpo"] = "grpo"
+    clip: float = Field(0.2, gt=0, description=CLIP_HELP)
+    std_eps: float = Field(1e-6, gt=0, description="added to the group's reward std (TRL: 1e-4)")
+
+
+class RLOOOptions(Options):
+    algorithm: Literal["rloo"] = "rloo"
+
+
+def ppo_loss(o: PPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+    if x.values is None or x.old_values is None:
+        raise ValueError("ppo needs the value model's values")
+    advantages, returns = ppo.ppo_advantages(x.old_logp, x.ref_logp, x.old_values, x.reward, x.mask, x.beta, o.lam)
+    return ppo.ppo_loss(x.logp, x.old_logp, x.values, x.old_values, advantages, returns, x.mask, o.clip,
+                        value_coef=o.value_coef, weights=x.weights)
+
+
+def grpo_loss(o: GRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+    advantages = grpo.group_advantages(x.reward, x.group_size, eps=o.std_eps)  # [B]
+    return grpo.grpo_loss(x.logp, x.old_logp, x.ref_logp, advantages, x.mask, x.beta, o.clip, weights=x.weights)
+
+
+def rloo_loss(o: RLOOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+    return rloo.rloo_loss(x.logp, x.ref_logp, x.mask, x.reward, x.beta, x.group_size, weights=x.weights)
+
+
+register(Objective("ppo", PPOOptions, ppo_loss, "PPO with a value model, GAE and the KL folded into the "
+                   "reward; this run's rollouts only", data="online", value_model=True, behavior_logp=True))
+register(Objective("grpo", GRPOOptions, grpo_loss, "GRPO: group-normalised advantages, clipped ratio, "
+                   "k3 KL penalty", data="on-policy", min_group=2, behavior_logp=True))
+register(Objective("rloo", RLOOOptions, rloo_loss, "REINFORCE leave-one-out with the KL folded into the "
+                   "reward (= off-policy AGRO with g1)", min_group=2))

@@ -1,0 +1,94 @@
+"""The data feed: which prompts are sampled online next, and what a learner step's batch holds
+besides them (the offline and Monte-Carlo sources of the mix, from the store), as a `Batch`."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import softrl.objectives as registry
+from softrl.config import ConfigError, RunConfig
+from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, TrajectoryPool
+from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
+from softrl.tasks.base import Prompt, Task
+from softrl.train.batch import Batch, make_batch
+
+
+class DataFeed:
+    """Built from the run's config, store, training task, Q0 (prompt id -> soft value at the run's
+    beta) and tokenizer; its random state is checkpointed (`state_dict`)."""
+
+    def __init__(self, config: RunConfig, store: ExperienceStore, task: Task, q0: dict[str, float], tokenizer,
+                 log: Callable[[str], None] = print):
+        self.config, self.store, self.task, self.q0, self.log = config, store, task, q0, log
+        self.tokenizer, self.fingerprint = tokenizer, tokenizer_fingerprint(tokenizer)
+        self.prompts = task.prompts()
+        self.prompt_rng = random.Random(config.seed)
+        self.mixture = self._mixture()
+
+    def _mixture(self) -> MixtureSampler | None:
+        """The non-online sources of the mix, drawn from the store (rows of the prompts with a Q0)."""
+        cfg = self.config.data
+        wanted = {s: w for s, w in cfg.mix.items() if s != "online" and w > 0}
+        if not wanted:
+            return None
+        sources = {}
+        for source in wanted:
+            if source == "offline":
+                table = self.store.trajectories(task=self.task.name, source=cfg.offline_sources,
+                                                passed=True if cfg.offline_passed_only else None)
+            else:  # mc: rows annotated by `softrl pts`
+                table = self.store.trajectories(task=self.task.name)
+            rows = [r for r in table.to_pylist() if r["prompt_id"] in self.q0 and (source != "mc" or r["mc_targets"])]
+            pool = TrajectoryPool(rows)
+            if registry.get(cfg.objective_for(source).algorithm).min_group:
+                pool = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
+            sources[source] = pool
+            self.log(f"{source} pool: {len(rows)} trajectories")
+        if not any(len(getattr(src, "pool", src)) for src in sources.values()):
+            where = f"{', '.join(wanted)} in {cfg.store}"
+            if cfg.mix.get("online", 0) <= 0:
+                raise ConfigError(f"data.mix: no trajectories for {where} and no online share: import data "
+                                  "(softrl data import), run softrl q0, or give online a weight")
+            self.log(f"warning: no trajectories for {where}; training on online samples only")
+            return None
+        return MixtureSampler(sources, wanted, seed=self.config.seed)
+
+    def next_prompts(self) -> list[Prompt]:
+        return self.prompt_rng.sample(self.prompts, min(self.config.sampling.prompts_per_step, len(self.prompts)))
+
+    def extra_rows(self, online_rows: int) -> list[dict]:
+        """Rows of the other sources in proportion to their weight against online's."""
+        mix = self.config.data.mix
+        if self.mixture is None:
+            return []
+        online_weight = mix.get("online", 0.0)
+        if online_weight > 0:
+            count = round(online_rows * sum(w for s, w in mix.items() if s != "online") / online_weight)
+        else:
+            count = self.config.sampling.prompts_per_step * self.config.sampling.samples_per_prompt
+        return self.mixture.sample(count) if count else []
+
+    def batch(self, online: list[dict]) -> Batch:
+        """A learner step's batch: the online rows and the other sources' share."""
+        rows = online + self.extra_rows(len(online))
+        tok = self.tokenizer
+        return make_batch(rows, self.fingerprint, tok.pad_token_id, lambda t: encode_prompt(tok, t),
+                          lambda t: encode_response(tok, t), self.q0)
+
+    # --- checkpoints: the random state of prompt choice and of every source ---------------------
+    def state_dict(self) -> dict:
+        samplers = {}
+        if self.mixture is not None:
+            samplers = {"mixture": self.mixture.rng.getstate(),
+                        **{n: s.rng.getstate() for n, s in self.mixture.sources.items() if hasattr(s, "rng")}}
+        return {"samplers": samplers, "prompts": self.prompt_rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.prompt_rng.setstate(state["prompts"])
+        if self.mixture is None:
+            return
+        self.mixture.rng.setstate(state["samplers"]["mixture"])
+        for name, src in self.mixture.sources.items():
+            if name in state["samplers"] and hasattr(src, "rng"):
+                src.rng.setstate(state["samplers"][name])

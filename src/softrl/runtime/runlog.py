@@ -1,0 +1,148 @@
+"""The run log: a run's directory and what is written to it. The resolved config, metrics.jsonl
+(and TensorBoard / Weights & Biases), atomic checkpoints, the training clock, plots and summary.json."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from softrl.config import ConfigError, RunConfig
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    samples: int = 0  # online samples generated
+    seconds: float = 0.0  # training wall time so far (kept across resumes; evaluations left out)
+
+
+def optional_sinks(config: RunConfig) -> list:
+    """Openers of the optional metric sinks (TensorBoard, Weights & Biases); each returns a
+    `write(step, numbers)`. Checked up front so that a missing package creates nothing."""
+    sinks = []
+    if config.log.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise ConfigError("log.tensorboard needs TensorBoard: pip install 'softrl[tensorboard]'") from e
+
+        def tensorboard(run_dir: Path, cfg: RunConfig):
+            writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+            def write(step: int, numbers: dict) -> None:
+                for key, value in numbers.items():
+                    writer.add_scalar(key, value, step)
+                writer.flush()
+
+            return write
+
+        sinks.append(tensorboard)
+    if config.log.wandb:
+        try:
+            import wandb
+        except ImportError as e:
+            raise ConfigError("log.wandb needs Weights & Biases: pip install 'softrl[wandb]'") from e
+
+        def weights_and_biases(run_dir: Path, cfg: RunConfig):
+            run = wandb.init(project=cfg.log.wandb_project, name=cfg.name, dir=str(run_dir),
+                             config=cfg.model_dump(mode="json"), resume="allow")
+            return lambda step, numbers: run.log(numbers, step=step)
+
+        sinks.append(weights_and_biases)
+    return sinks
+
+
+def check_run_dir(config: RunConfig, resume: bool) -> None:
+    """A new run needs an empty directory; a resumed one needs its checkpoints."""
+    run_dir = config.run_dir
+    if run_dir.exists() and not resume and any(run_dir.iterdir()):
+        raise ConfigError(f"run directory {run_dir} exists: pass --resume, or another name=...")
+    if resume and not (run_dir / "checkpoints").is_dir():
+        raise ConfigError(f"nothing to resume in {run_dir} (no checkpoints/)")
+
+
+class RunLog:
+    def __init__(self, config: RunConfig, resume: bool):
+        check_run_dir(config, resume)
+        openers = optional_sinks(config)  # a missing package fails before anything is created
+        self.config, self.run_dir = config, config.run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.writers = [open_sink(self.run_dir, config) for open_sink in openers]
+        self.earlier_seconds = 0.0  # training time of the sessions before a resume
+        self.eval_seconds = 0.0  # evaluation is not training: left out of the clock
+
+    # --- the clock ----------------------------------------------------------------------------
+    def elapsed(self, started: float) -> float:
+        """Wall time of the run so far: the earlier sessions' and this one's since `started`."""
+        return self.earlier_seconds + time.time() - started
+
+    def training_seconds(self, elapsed: float) -> float:
+        return elapsed - self.eval_seconds
+
+    # --- metrics ------------------------------------------------------------------------------
+    def write(self, record: dict) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        for write in self.writers:
+            write(record["step"], numbers)
+
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
+
+    # --- checkpoints --------------------------------------------------------------------------
+    def checkpoint(self, step: int, model, state: dict) -> Path:
+        """`model`'s weights and `state` (torch.save-able), written atomically; older ones pruned."""
+        root = self.run_dir / "checkpoints"
+        final = root / f"step-{step:06d}"
+        work = root / f".{final.name}.tmp"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        model.save_pretrained(work / "policy")
+        torch.save(state, work / "state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        work.rename(final)
+        for old in sorted(p for p in root.iterdir() if p.name.startswith("step-"))[: -self.config.log.keep_checkpoints]:
+            shutil.rmtree(old)
+        return final
+
+    def restore(self, model) -> tuple[str, dict]:
+        """The newest checkpoint's weights into `model`; returns (its name, its state). Metrics
+        logged after it are dropped."""
+        from transformers import AutoModelForCausalLM
+
+        latest = sorted(p for p in (self.run_dir / "checkpoints").iterdir() if p.name.startswith("step-"))[-1]
+        model.load_state_dict(AutoModelForCausalLM.from_pretrained(latest / "policy", dtype=model.dtype).state_dict())
+        state = torch.load(latest / "state.pt", weights_only=False)
+        step = state["progress"]["step"]
+        if self.metrics_path.exists():
+            kept = [line for line in self.metrics_path.read_text().splitlines()
+                    if json.loads(line).get("step", 0) <= step]
+            self.metrics_path.write_text("".join(line + "\n" for line in kept))
+        self.earlier_seconds = state["progress"]["seconds"]
+        return latest.name, state
+
+    # --- the end ------------------------------------------------------------------------------
+    def finish(self, progress: Progress, after: dict) -> dict:
+        """Plots and summary.json (pass@k before and after); returns the summary."""
+        from softrl.plots import plot_run
+
+        plots = plot_run(self.run_dir)
+        before = next((r for r in self.records() if r["step"] == 0 and "eval/pass@1" in r), {})
+        summary = {
+            "run_dir": str(self.run_dir), "steps": progress.step, "samples": progress.samples,
+            "seconds": round(progress.seconds, 1),
+            "pass@1_before": before.get("eval/pass@1"), "pass@10_before": before.get("eval/pass@10"),
+            "pass@1_after": after.get("eval/pass@1"), "pass@10_after": after.get("eval/pass@10"),
+            "plots": [str(p) for p in plots], "threads": torch.get_num_threads(),
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary

@@ -1,0 +1,86 @@
+"""The architecture as a test: dependencies point downwards (README, "Layout"), no module imports
+itself through others, and no source file outgrows 400 lines. Imports inside functions count."""
+
+import ast
+from pathlib import Path
+
+import softrl
+
+ROOT = Path(softrl.__file__).parent
+# bottom to top; a package may import its own layer and the layers below
+LAYERS = [
+    {"algorithms", "tabular"},
+    {"objectives"},
+    {"config", "rewards", "plots"},
+    {"tasks"},
+    {"data", "models"},
+    {"rollout"},
+    {"annotate", "eval", "train"},
+    {"bootstrap", "assemble", "toy"},
+    {"runtime"},
+    {"bench", "api"},
+    {"cli", "cli_common", "cli_data", "cli_annotate", "cli_train", "cli_bench", "__main__"},
+]
+LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """module -> the softrl modules it imports (`from softrl.x import y` counts y when it is a module)."""
+    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("softrl.")}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("softrl"):
+                found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                          for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "softrl"
+
+
+def test_every_package_has_a_layer():
+    assert {package(m) for m in imports()} - {"softrl"} <= set(LEVEL)
+
+
+def test_no_import_from_a_layer_above():
+    upward = [f"{a} -> {b}" for a, targets in imports().items() for b in targets
+              if package(a) in LEVEL and package(b) in LEVEL and LEVEL[package(b)] > LEVEL[package(a)]]
+    assert upward == []
+
+
+def test_no_import_cycle():
+    graph, state, cycles = imports(), {}, []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]) if nxt in path else nxt)
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    # a package's __init__ re-exporting its modules is not a cycle of behaviour
+    cycles = [c for c in cycles if not all(package(m) == package(c.split(" -> ")[0]) for m in c.split(" -> "))
+              or not any(m == "softrl." + package(m) for m in c.split(" -> "))]
+    assert cycles == []
+
+
+def test_no_source_file_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}
