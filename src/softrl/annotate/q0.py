@@ -1,7 +1,8 @@
 """Q0 estimation: `Q0_hat(x) = beta * log mean_k exp(r_k / beta)` from the task rewards of K samples
-of the reference policy (docs/ALGORITHMS.md, "Q0"): the soft value of the prompt under pi0, in the
-task's units (0 when nothing succeeds, 1 when everything does). The K rewards are kept with it, so
-a run at another beta gets its Q0 from the same rewards by the same formula (`soft_values`).
+of the reference policy (docs/ALGORITHMS.md, "Rewards and Q0: one unit"): the soft value of the
+prompt under pi0, in the task's units (0 when nothing succeeds, 1 when everything does). The K
+rewards are kept with it, so a run at another beta gets its Q0 from the same rewards by the same
+formula (`soft_values`).
 
 Prompts are processed a few at a time; after each chunk its samples go to the store (source
 "reference": offline data too) and then its Q0 to the prompts table, so a killed run resumes at the

@@ -1,4 +1,4 @@
-"""The Trajectory: one row of the experience store (DESIGN.md), and the prompts and annotations tables.
+"""The Trajectory: one row of the experience store (docs/DATA.md, "The store"), and the prompts and annotations tables.
 
 Arrow schemas are the contract of the Parquet files; `Trajectory` is the Python view of one row.
 A trajectory's `id` is a content hash of the prompt id and the response (its tokens under its
