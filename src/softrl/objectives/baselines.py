@@ -1,4 +1,4 @@
-"""The baselines people know: PPO, GRPO, RLOO (docs/ALGORITHMS.md, "Baselines")."""
+"""The baselines people know: PPO, GRPO, Dr. GRPO, RLOO (docs/ALGORITHMS.md, "Baselines")."""
 
 from __future__ import annotations
 
@@ -26,6 +26,13 @@ class GRPOOptions(Options):
     std_eps: float = Field(1e-6, gt=0, description="added to the group's reward std (TRL: 1e-4)")
 
 
+class DrGRPOOptions(Options):
+    algorithm: Literal["dr-grpo"] = "dr-grpo"
+    clip: float = Field(0.2, gt=0, description=CLIP_HELP)
+    length: float = Field(256.0, gt=0, description="constant each response's token sum is divided by "
+                          "(Dr. GRPO uses the generation budget: set it to sampling.max_new_tokens)")
+
+
 class RLOOOptions(Options):
     algorithm: Literal["rloo"] = "rloo"
 
@@ -43,6 +50,16 @@ def grpo_loss(o: GRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
     return grpo.grpo_loss(x.logp, x.old_logp, x.ref_logp, advantages, x.mask, x.beta, o.clip, weights=x.weights)
 
 
+def dr_grpo_loss(o: DrGRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+    """Dr. GRPO (Liu et al. 2025): GRPO's advantage only centred (no division by the group's std, which
+    up-weights near-uniform groups) and each response's token sum divided by one constant (dividing by
+    its own length favours long wrong answers)."""
+    advantages = grpo.group_advantages(x.reward, x.group_size, scale=False)  # [B]
+    loss, metrics = grpo.grpo_loss(x.logp, x.old_logp, x.ref_logp, advantages, x.mask, x.beta, o.clip,
+                                   token_reduction="sum", weights=x.weights)
+    return loss / o.length, metrics
+
+
 def rloo_loss(o: RLOOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
     return rloo.rloo_loss(x.logp, x.ref_logp, x.mask, x.reward, x.beta, x.group_size, weights=x.weights)
 
@@ -51,5 +68,7 @@ register(Objective("ppo", PPOOptions, ppo_loss, "PPO with a value model, GAE and
                    "reward; this run's rollouts only", data="online", value_model=True, behavior_logp=True))
 register(Objective("grpo", GRPOOptions, grpo_loss, "GRPO: group-normalised advantages, clipped ratio, "
                    "k3 KL penalty", data="on-policy", min_group=2, behavior_logp=True))
+register(Objective("dr-grpo", DrGRPOOptions, dr_grpo_loss, "Dr. GRPO: GRPO without the std scaling, token "
+                   "sums over a constant length", data="on-policy", min_group=2, behavior_logp=True))
 register(Objective("rloo", RLOOOptions, rloo_loss, "REINFORCE leave-one-out with the KL folded into the "
                    "reward (= off-policy AGRO with g1)", min_group=2))
