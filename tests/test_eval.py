@@ -75,3 +75,17 @@ def test_eval_command(tiny):
     assert {"pass@1", "pass@10", "mean_token_entropy", "distinct_correct_per_solved"} <= set(out)
     bad = subprocess.run([softrl, "eval", "--model", "/nonexistent/model"], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "does not exist" in bad.stderr
+
+
+def test_eval_command_on_a_math_file_with_default_options(tiny, tmp_path):
+    """A dataset task takes no --size/--task-seed (its prompts are the file's): the defaults must not
+    reach it (they raised a TypeError about `size`)."""
+    softrl = shutil.which("softrl", path=os.path.dirname(sys.executable))
+    if softrl is None:
+        pytest.skip("softrl console script not installed")
+    data = tmp_path / "math.jsonl"
+    data.write_text('{"id": "a", "problem": "2+3?", "answer": "5"}\n{"id": "b", "problem": "10-4?", "answer": "6"}\n')
+    proc = subprocess.run([softrl, "eval", "--model", str(tiny[0]), "--task", f"math:{data}", "--samples", "2",
+                           "--max-new-tokens", "4", "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["problems"] == 2

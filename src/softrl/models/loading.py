@@ -97,7 +97,3 @@ def tokenizer_fingerprint(tokenizer) -> str:
     digest = hashlib.sha256(json.dumps([vocab, tokenizer.eos_token, tokenizer.pad_token]).encode()).hexdigest()
     return f"{type(tokenizer).__name__}-{len(vocab)}-{digest[:12]}"
 
-
-def model_card(path: str | Path) -> dict:
-    card = Path(path) / "softrl.json"
-    return json.loads(card.read_text()) if card.exists() else {}

@@ -8,13 +8,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from softrl.models.generation import HFGenerator
 from softrl.models.loading import load_causal_lm
 from softrl.models.logprobs import PaddedBatch, pad_batch, response_positions, token_logprobs
 
 
 class PolicyModel:
-    """The trained policy: log-probs with gradients, a generator, saving."""
+    """The trained policy: log-probs with gradients, saving."""
 
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer
@@ -31,9 +30,6 @@ class PolicyModel:
 
     def logprobs(self, batch: PaddedBatch, full: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
         return token_logprobs(self.model, batch, full)
-
-    def generator(self, max_batch: int = 256) -> HFGenerator:
-        return HFGenerator(self.model, self.tokenizer, max_batch)
 
     def save(self, directory: str | Path) -> None:
         self.model.save_pretrained(str(directory))
