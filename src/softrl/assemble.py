@@ -76,6 +76,7 @@ class Sampler:
 
     task: Task
     spec: RolloutSpec
+    model: object  # the Hugging Face causal LM
     tokenizer: object
     model_id: str  # the resolved model directory: Q0 rows and annotations are kept per model
 
@@ -101,7 +102,7 @@ def sampler(task: str, model: str = "bootstrap", *, size: int | None = None, see
     lm, tokenizer = load_causal_lm(directory, dtype)
     spec = RolloutSpec.for_model(task_obj, lm, tokenizer, max_new_tokens or task_obj.max_new_tokens,
                                  temperature=temperature, top_p=top_p, source=source)
-    return Sampler(task_obj, spec, tokenizer, str(Path(directory).resolve()))
+    return Sampler(task_obj, spec, lm, tokenizer, str(Path(directory).resolve()))
 
 
 class Run:

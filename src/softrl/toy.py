@@ -62,12 +62,9 @@ VARIANTS = [
     # overshoots log 1 dominates the gradient and the run stalls near KL 1e-2 (see docs).
     ToyMethod("spo-reverse-bce", "spo", {"terminal": 0.0, "reverse": 1.0, "loss": "bce", "eps": 1e-2}),
     ToyMethod("spo-advantage-bce", "spo", {"terminal": 0.0, "advantage": 1.0}),
-    ToyMethod("agro-off", "agro-off", group_size=2),
-    ToyMethod("agro-on", "agro-on", group_size=3, data=ON_POLICY),
     # KL-PG is run off-policy too: there it has the wrong fixed point (the AGRO paper's figure 1)
     ToyMethod("kl-pg", "kl-pg", {"kl": "sequence"}, group_size=2),
     ToyMethod("kl-pg-token", "kl-pg", {"kl": "token"}, group_size=2),
-    ToyMethod("ppo", "ppo", data=ON_POLICY),
     ToyMethod("grpo", "grpo", group_size=3, data=ON_POLICY),
 ]
 METHODS: dict[str, ToyMethod] = {m.name: m for m in VARIANTS}

@@ -25,20 +25,19 @@ SPO = {"algorithm": "spo", "terminal": 1.0, "loss": "bce"}
 ONLINE = {"online": 1.0}
 FIXED_DATA = {"data.mix": {"offline": 1.0}, "data.offline_passed_only": False}
 
-# method -> config overrides on top of the task's base
-METHODS: dict[str, dict] = {
-    "spo-online": {"data.mix": ONLINE, "data.objective": SPO},
-    "spo-half": {"data.mix": {"online": 0.5, "offline": 0.5}, "data.objective": SPO},
-    "ppo": {"data.mix": ONLINE, "data.objective": {"algorithm": "ppo"}},
-    "grpo": {"data.mix": ONLINE, "data.objective": {"algorithm": "grpo"}},
-    "rloo": {"data.mix": ONLINE, "data.objective": {"algorithm": "rloo"}},
-    "agro-on": {"data.mix": ONLINE, "data.objective": {"algorithm": "agro-on"}},
+# method -> config overrides on top of the task's base: SPO online and half-online, every other
+# registered objective online on its defaults, and the two whose claim is about fixed data
+FIXED_DATA_METHODS = {
     "agro-off": {**FIXED_DATA, "data.objective": {"algorithm": "agro-off"}},
     "kl-pg": {**FIXED_DATA, "data.objective": {"algorithm": "kl-pg"}},
 }
-# every other registered objective runs online, on its own defaults
-METHODS.update({name: {"data.mix": ONLINE, "data.objective": {"algorithm": name}} for name in registry.REGISTRY
-                if not any(m["data.objective"]["algorithm"] == name for m in METHODS.values())})
+METHODS: dict[str, dict] = {
+    "spo-online": {"data.mix": ONLINE, "data.objective": SPO},
+    "spo-half": {"data.mix": {"online": 0.5, "offline": 0.5}, "data.objective": SPO},
+    **{name: {"data.mix": ONLINE, "data.objective": {"algorithm": name}} for name in registry.REGISTRY
+       if name != "spo" and name not in FIXED_DATA_METHODS},
+    **FIXED_DATA_METHODS,
+}
 HALF_ONLINE = {"spo-half"}  # the same batch size, half of it generated: half the prompts per step
 
 # per task: what the base run looks like (the reference is the task's bootstrap model)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+import softrl.objectives as registry
+
 STEP_METHODS = ("spo", "ppo", "grpo")
 
 
@@ -74,7 +76,7 @@ def matmul_params(model) -> int:
 
 # passes per step over the padded batch, in units of 2 * params * tokens (a forward pass):
 # a trained model costs forward + backward = 3 units, a frozen one (the reference) 1 unit
-STEP_PASSES = {"spo": 3 + 1, "grpo": 3 + 1, "ppo": 3 + 1 + 3}
+STEP_PASSES = {name: 3 + 1 + (3 if objective.value_model else 0) for name, objective in registry.REGISTRY.items()}
 
 
 def batch_rows(model_path: str, task: str, prompts: int, samples_per_prompt: int, max_new_tokens: int,
@@ -165,12 +167,12 @@ def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_p
     except ImportError:
         return None
     from softrl.algorithms.common import SPO_BETA
-    from softrl.models.loading import load_causal_lm, quiet_transformers
-    from softrl.tasks.registry import load_task
+    from softrl.assemble import sampler
+    from softrl.models.loading import quiet_transformers
 
-    task_obj = load_task(task, size=200)
+    s = sampler(task, model_path, size=200)
+    task_obj, model, tokenizer = s.task, s.model, s.tokenizer
     by_id = {p.id: p for p in task_obj.prompts()}
-    model, tokenizer = load_causal_lm(model_path)
 
     def reward(prompts, completions, prompt_id, **_):
         grades = task_obj.grade_many([(by_id[i], c) for i, c in zip(prompt_id, completions)])
