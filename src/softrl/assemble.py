@@ -2,7 +2,8 @@
 
 Everything that loads a model, picks a task or builds a sampler does it here: the local and Ray
 runtimes (`Run`, `rollout_worker`), `softrl eval`, `softrl q0` and `softrl pts` and the benchmarks
-(`Sampler`). Nothing here writes a file but the store's folder.
+(`Sampler`). Nothing here writes a file but the store's folder and, on first use, a built or
+prepared model in the cache.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
 from softrl.data import ExperienceStore
-from softrl.models.loading import encode_prompt, encode_response, load_causal_lm, tokenizer_fingerprint
+from softrl.models.loading import encode_prompt, encode_response, load_causal_lm
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.rollout import RolloutSpec, RolloutWorker
 from softrl.tasks.base import Task
@@ -115,7 +116,6 @@ class Run:
         self.policy = PolicyModel.load(self.model_path, config.model.dtype, config.model.lora)
         self.reference = ReferenceModel.from_policy(self.policy)
         self.tokenizer = self.policy.tokenizer
-        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.train_task, self.eval_task = load_tasks(config)
         objectives = [registry.get(config.data.objective_for(s).algorithm) for s in config.data.mix]
         self.value = ValueModel(self.reference.model) if any(o.value_model for o in objectives) else None
@@ -124,9 +124,6 @@ class Run:
 
     def encode_prompt(self, text: str) -> list[int]:
         return encode_prompt(self.tokenizer, text)
-
-    def encode_response(self, text: str) -> list[int]:
-        return encode_response(self.tokenizer, text)
 
     def spec(self, model, source: str, task: Task | None = None) -> RolloutSpec:
         return rollout_spec(self.config, task or self.train_task, model, self.tokenizer, source)

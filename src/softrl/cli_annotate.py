@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from softrl.cli_common import JSON_OPT, STORE_OPT, err, fail, progress_bar
+from softrl.cli_common import JSON_OPT, STORE_OPT, err, fail, one_line_errors, progress_bar
 from softrl.cli_data import open_store, report_problems
 
 
@@ -37,7 +37,7 @@ DTYPE_OPT = typer.Option("float32", "--dtype", help="float32 or bfloat16")
 def q0(
     task: str = typer.Argument(..., help="task spec, e.g. countdown"),
     k: int = typer.Option(800, "--k", min=1, help="reference samples per prompt (the SPO paper: 800)"),
-    beta: float = typer.Option(0.0, "--beta", help="SPO beta for q0_hat; 0 = 1/ln(1e5) (q0_success allows any later)"),
+    beta: float = typer.Option(0.0, "--beta", help="beta of the stored q0_hat; 0 = 1/ln(1e5) (runs at any beta use the stored rewards)"),
     model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
     temperature: float = typer.Option(1.0, help="sampling temperature of the reference"),
     seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT,
@@ -54,7 +54,7 @@ def q0(
         fail(f"--beta must be a positive number, got {beta}")
     target = open_store(store)
     s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype)
-    with progress_bar(f"q0 {task} (K={k})") as update:
+    with progress_bar(f"q0 {task} (K={k})") as update, one_line_errors():
         rows = estimate_q0(s.spec, s.task.prompts(), s.encode_prompt, target, k, beta, s.model_id, seed=seed,
                            progress=lambda done, total: update(done, total))
     success = [r["q0_success"] for r in rows.values()]
@@ -86,7 +86,7 @@ def pts(
         fail(f"--threshold must be in (0, 1], got {threshold}")
     target = open_store(store, create=False)
     s = reference_sampler(task, model, size, task_seed, max_new_tokens, 1.0, "pts", dtype)
-    with progress_bar(f"pts {task} (K={k})") as update:
+    with progress_bar(f"pts {task} (K={k})") as update, one_line_errors():
         results = annotate_store(s.spec, target, s.encode_prompt, s.encode_response, s.model_id, k, threshold, seed=seed,
                                  limit=limit, force=force, sources=source or None,
                                  progress=lambda done, total: update(done, total))

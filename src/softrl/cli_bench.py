@@ -35,7 +35,7 @@ def learning(
     """Every method from the same reference at equal batch and budget, N seeds: curves, table, claims."""
     from softrl.bench.learning import aggregate, check_claims, collect, method_config, run_all, slug
     from softrl.bench.report import markdown, plot_learning
-    from softrl.cli_train import run_errors
+    from softrl.cli_common import run_errors
     from softrl.config import ConfigError, read_settings
 
     chosen = _csv(methods)

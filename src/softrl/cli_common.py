@@ -39,3 +39,24 @@ def progress_bar(description: str, total: int | None = None):
                        **({"description": description} if description else {}))
 
         yield update
+
+
+def run_errors() -> tuple[type[Exception], ...]:
+    """What a run raises for bad input or data: reported as one line, not a traceback."""
+    from softrl.config import ConfigError
+    from softrl.data.store import StoreError
+    from softrl.models.loading import ModelLoadError
+    from softrl.tasks.base import RewardError
+    from softrl.train.learner import NonFiniteLossError
+
+    return ConfigError, ModelLoadError, StoreError, NonFiniteLossError, RewardError
+
+
+@contextmanager
+def one_line_errors():
+    """Bad input or data met while working (a reward out of range, a store problem) ends the
+    command with one line."""
+    try:
+        yield
+    except run_errors() as e:
+        fail(str(e))

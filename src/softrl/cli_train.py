@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from softrl.cli_common import JSON_OPT, err, fail
+from softrl.cli_common import JSON_OPT, err, fail, run_errors
 
 # the demo's embedded defaults: SPO with the terminal Q-loss (the paper's main variant), half online
 # and half offline (passed reference samples from Q0 estimation), on the countdown bootstrap model
@@ -25,16 +25,6 @@ DEMO = {
     "eval": {"samples": 20, "temperature": 0.4, "top_p": 0.95, "every": 100},
     "log": {"checkpoint_every": 50},
 }
-
-
-def run_errors() -> tuple[type[Exception], ...]:
-    """What a run raises for bad input or data: reported as one line, not a traceback."""
-    from softrl.config import ConfigError
-    from softrl.data.store import StoreError
-    from softrl.models.loading import ModelLoadError
-    from softrl.train.learner import NonFiniteLossError
-
-    return ConfigError, ModelLoadError, StoreError, NonFiniteLossError
 
 
 def run_training(config, resume: bool, quiet: bool = False) -> dict:
@@ -159,8 +149,11 @@ def eval_command(
         except ModelLoadError as e:
             fail(str(e))
     with err.status(f"sampling {samples} responses for each of {len(task_obj.prompts())} prompts"):
-        result = {**evaluate(spec, task_obj.prompts(), encode, samples, temperature, top_p, seed, stats=True,
-                             reference=ref_model), "task": task, "model": model}
+        try:
+            result = {**evaluate(spec, task_obj.prompts(), encode, samples, temperature, top_p, seed, stats=True,
+                                 reference=ref_model), "task": task, "model": model}
+        except run_errors() as e:
+            fail(str(e))
     if as_json:
         typer.echo(json.dumps(result))
         return

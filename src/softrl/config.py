@@ -193,6 +193,10 @@ def _one_line(e: ValidationError) -> str:
     error = e.errors()[0]
     where = _location(error)
     if error["type"] == "extra_forbidden":
+        tag = next((part for part in error["loc"][:-1] if part in registry.REGISTRY), None)
+        if tag is not None:  # another algorithm's option, often left over from switching algorithm
+            owned = [k for k in registry.get(tag).options.model_fields if k != "algorithm"]
+            return f"unknown key {where!r}: not an option of {tag} (its options: {', '.join(owned)})"
         return f"unknown key {where!r}"
     message = error["msg"].removeprefix("Value error, ")
     got = error.get("input")

@@ -44,11 +44,13 @@ def cumulative_q(q0: Tensor, adv: Tensor) -> Tensor:
 
 
 def q0_from_rewards(rewards: Tensor, beta: float) -> Tensor:
-    """`Q0_hat = beta * log mean_k exp(r_k / beta)` over the last axis `[..., K] -> [...]` (logsumexp form)."""
+    """`Q0_hat = beta * log mean_k exp(r_k / beta)` over the last axis `[..., K] -> [...]`, as
+    `m + beta * log mean_k exp((r_k - m) / beta)` with `m = max_k r_k`: equal rewards give exactly `m`."""
     beta = check_beta(beta)
     if rewards.shape[-1] < 1:
         raise ValueError("rewards must hold at least one sample per prompt (last axis K >= 1)")
-    return beta * (torch.logsumexp(rewards / beta, dim=-1) - math.log(rewards.shape[-1]))
+    m = rewards.max(dim=-1, keepdim=True).values  # [..., 1]
+    return m.squeeze(-1) + beta * (torch.logsumexp((rewards - m) / beta, dim=-1) - math.log(rewards.shape[-1]))
 
 
 def success_to_prob(success: Tensor, beta: float) -> Tensor:

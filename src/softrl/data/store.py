@@ -30,6 +30,8 @@ import pyarrow.parquet as pq
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
 from softrl.tasks.base import check_reward
 
+# columns later versions added: parts written before them read as null there
+ADDED_COLUMNS = {"q0_rewards"}
 TABLES = {"trajectories": TRAJECTORY_SCHEMA, "prompts": PROMPT_SCHEMA, "annotations": ANNOTATION_SCHEMA}
 FILTERABLE = ("task", "source", "run_id", "passed", "policy_version", "tokenizer", "prompt_id")
 MARKER = "softrl-store.json"
@@ -190,12 +192,15 @@ class ExperienceStore:
         for path in (snapshot or self.snapshot()).parts[table_name]:
             try:
                 found = pq.read_schema(path)
-                missing = [f.name for f in schema if f.name not in found.names]
+                missing = [f.name for f in schema if f.name not in found.names and f.name not in ADDED_COLUMNS]
                 if missing:
                     self._report(path, f"not a softrl {table_name} part (missing column {missing[0]!r}); skipped")
                     continue
-                table = pq.read_table(path, columns=wanted.names, filters=filters)
-                tables.append(table.cast(wanted))
+                table = pq.read_table(path, columns=[n for n in wanted.names if n in found.names], filters=filters)
+                for name in wanted.names:  # a part written before a column existed: null there
+                    if name not in table.column_names:
+                        table = table.append_column(wanted.field(name), pa.nulls(len(table), wanted.field(name).type))
+                tables.append(table.select(wanted.names).cast(wanted))
             except (OSError, pa.ArrowException, ValueError) as e:
                 self._report(path, f"unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); skipped")
         return pa.concat_tables(tables) if tables else wanted.empty_table()

@@ -44,13 +44,17 @@ class _Learner:
     def __init__(self, config: dict, resume: bool):
         import torch
 
-        from softrl.runtime.session import Session
-
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-        self.session = Session(RunConfig.model_validate(config), resume, log=lambda m: None)
+        self.config, self.resume = RunConfig.model_validate(config), resume
+        self.session = None  # built by setup()
 
     def setup(self) -> dict:
-        s = self.session
+        """Builds the Session here rather than in the constructor: an error in a method call reaches
+        the driver as itself (a ConfigError is reported in one line), one in a constructor as
+        ActorDiedError."""
+        from softrl.runtime.session import Session
+
+        self.session = s = Session(self.config, self.resume, log=lambda m: None)
         return {"model_path": s.run.model_path, "step": s.progress.step, "version": s.learner.version,
                 "seconds": s.progress.seconds}
 

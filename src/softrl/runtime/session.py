@@ -14,20 +14,22 @@ import torch
 from softrl.assemble import Run
 from softrl.config import RunConfig
 from softrl.runtime.feed import DataFeed
-from softrl.runtime.runlog import Progress, RunLog, check_run_dir
+from softrl.runtime.runlog import Progress, RunLog, check_run_dir, optional_sinks
 
 
 class Session:
-    """Built in the order that fails fast and creates nothing on bad input: the run directory is
-    checked, then models and tasks load, and only then is anything written."""
+    """Built in the order that fails fast: the run directory and the optional packages are checked,
+    models and tasks load, Q0 and the data sources are read (the store gets Q0's samples), and only
+    then is the run directory written, so bad input leaves none behind."""
 
     def __init__(self, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print,
                  progress: Callable[[int, int], None] | None = None):
         check_run_dir(config, resume)
+        optional_sinks(config)
         self.config = config
         self.run = Run(config)
-        self.runlog = RunLog(config, resume)
         self.feed = DataFeed(config, self.run.store, self.run.train_task, self.run.q0(progress), self.run.tokenizer, log)
+        self.runlog = RunLog(config, resume)
         self.progress = Progress()
         if resume:
             name, state = self.runlog.restore(self.run.policy.model)

@@ -70,12 +70,14 @@ class Learner:
 
     def inputs(self, part: Batch, options: registry.Options, group_size: int) -> tuple[LossInputs, Tensor]:
         """The objective's inputs for `part`, and the policy's log-distributions `[B, T, V]` (diagnostics)."""
-        full = registry.get(options.algorithm).distributions(options)
+        objective = registry.get(options.algorithm)
+        full = objective.distributions(options)
         logp, mask, log_dist = self.policy.logprobs(part.padded, full=True)
         ref_logp, _, ref_dist = self.reference.logprobs(part.padded, full=full)
         values = self.value.values(part.padded) if self.value is not None else None
+        old = old_logp(logp, part) if objective.behavior_logp else logp.detach()
         return LossInputs(
-            logp, ref_logp, old_logp(logp, part), mask, part.reward, part.q0, self.config.beta, group_size,
+            logp, ref_logp, old, mask, part.reward, part.q0, self.config.beta, group_size,
             token_kl=token_kl(log_dist, ref_dist) if full else None,
             values=values, old_values=None if values is None else values.detach(),
             mc_positions=part.mc_positions, mc_success=part.mc_success, mc_mask=part.mc_mask), log_dist
