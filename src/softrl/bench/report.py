@@ -51,15 +51,19 @@ def plot_learning(agg: dict[str, list[dict]], out: Path, title: str) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     panels = [(axes[0, 0], "samples", "pass@1", "samples generated"), (axes[0, 1], "samples", "pass@10", "samples generated"),
               (axes[1, 0], "time", "pass@1", "training wall time (s)"), (axes[1, 1], "time", "pass@10", "training wall time (s)"),
               (axes[0, 2], "kl_to_reference", "success_per_sample", "KL(pi || pi0) on evaluated responses (nats)")]
+    has_kl = any(p["kl_to_reference"] is not None and not math.isnan(p["kl_to_reference"])
+                 for points in agg.values() for p in points)
+    if not has_kl:
+        panels.pop()  # the KL-efficiency panel
+    fixed_methods = {m for m, points in agg.items() if all(p["samples"] == 0 for p in points)}
     colors = dict(zip(agg, plt.get_cmap("tab10").colors))
     for method, points in agg.items():
-        fixed = all(p["samples"] == 0 for p in points)
+        fixed = method in fixed_methods
         for ax, x, y, xlabel in panels:
             if fixed and x == "samples":
                 continue  # generates nothing: drawn against steps below
@@ -81,11 +85,9 @@ def plot_learning(agg: dict[str, list[dict]], out: Path, title: str) -> Path:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     # a panel nothing was measured for says so rather than showing empty axes
-    empty = {axes[0, 2]: "no KL measured (eval.stats off)", axes[1, 2]: "no fixed-data method in this run"}
-    for ax, why in empty.items():
-        if not any((np.isfinite(np.asarray(line.get_xdata(), dtype=float))
-                    & np.isfinite(np.asarray(line.get_ydata(), dtype=float))).any() for line in ax.lines):
-            ax.cla()
+    for ax, shown, why in ((axes[0, 2], has_kl, "no KL measured (eval.stats off)"),
+                           (axes[1, 2], bool(fixed_methods), "no fixed-data method in this run")):
+        if not shown:
             ax.axis("off")
             ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="grey")
     axes[0, 2].set_title("KL-efficiency")
