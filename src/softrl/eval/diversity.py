@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from softrl.algorithms.common import token_kl
-from softrl.models.logprobs import pad_batch, token_logprobs
+from softrl.models.logprobs import pad_batch
+from softrl.models.logprobs import token_stats as chunked_stats
 
 
 @torch.no_grad()
@@ -17,13 +17,11 @@ def token_stats(model, rows: list, pad_id: int, reference=None, batch_size: int 
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         batch = pad_batch([r.prompt_tokens for r in chunk], [r.response_tokens for r in chunk], pad_id)
-        _, mask, log_dist = token_logprobs(model, batch, full=True)  # mask [b, T], log_dist [b, T, V]
-        entropy = -(log_dist.exp() * log_dist).sum(-1)  # [b, T]
-        entropy_sum += (entropy * mask).sum().item()
-        tokens += int(mask.sum().item())
+        stats = chunked_stats(model, batch, entropy=True, reference=reference)  # [b, T] each, chunked
+        entropy_sum += (stats.entropy * stats.mask).sum().item()
+        tokens += int(stats.mask.sum().item())
         if reference is not None:
-            _, _, ref_dist = token_logprobs(reference, batch, full=True)
-            kl_sum += (token_kl(log_dist, ref_dist) * mask).sum().item()
+            kl_sum += (stats.kl * stats.mask).sum().item()
     out = {"mean_token_entropy": entropy_sum / max(tokens, 1)}
     if reference is not None:
         out["kl_to_reference"] = kl_sum / max(len(rows), 1)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -61,3 +62,93 @@ def token_logprobs(model, batch: PaddedBatch, full: bool = False) -> tuple[Tenso
     targets = batch.input_ids.gather(1, (index + 1).clamp(max=logits.shape[1] - 1))  # [B, T]
     logp = log_dist.gather(-1, targets[..., None]).squeeze(-1) * mask
     return logp, mask, (log_dist if full else None)
+
+
+@dataclass
+class TokenStats:
+    """Per response token `[B, T]`: what a learner step needs, without a `[B, T, V]` tensor kept."""
+
+    logp: Tensor  # log pi(y_t | y_<t), with gradients when the model has them
+    mask: Tensor
+    entropy: Tensor | None = None  # H(pi(. | y_<t)), detached (a diagnostic)
+    kl: Tensor | None = None  # exact KL(pi || pi0)(. | y_<t) against the reference, with gradients
+
+
+# positions of the [B, c, V] fp32 logits one chunk holds: about 64 MiB at a time
+CHUNK_ELEMENTS = 2**24
+
+
+def body_and_head(model):
+    """(decoder that returns hidden states, output layer) of a causal LM whose logits are just
+    `head(hidden)`; None when the model post-processes its logits (soft-capping, a logit scale)."""
+    config = getattr(model, "config", None)
+    if any(getattr(config, key, None) not in (None, 1.0) for key in ("final_logit_softcapping", "logit_scale")):
+        return None
+    get_decoder, get_head = getattr(model, "get_decoder", None), getattr(model, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None or get_head() is None:
+        return None
+    return get_decoder(), get_head()
+
+
+def response_hidden(decoder, batch: PaddedBatch) -> Tensor:
+    """Hidden states at the positions that predict each response token: `[B, T, H]`."""
+    hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                     position_ids=batch.position_ids).last_hidden_state  # [B, L, H]
+    index, _ = response_positions(batch)
+    return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+
+
+def response_targets(batch: PaddedBatch) -> Tensor:
+    """The response tokens `[B, T]` (a padding id past each response's end)."""
+    index, _ = response_positions(batch)
+    return batch.input_ids.gather(1, (index + 1).clamp(max=batch.input_ids.shape[1] - 1))
+
+
+def _chunk(head, hidden: Tensor, targets: Tensor, ref_head, ref_hidden: Tensor | None, entropy: bool):
+    """logp, entropy, KL `[B, c]` of one chunk of positions; its `[B, c, V]` tensors die with it."""
+    log_dist = torch.log_softmax(head(hidden).float(), -1)  # [B, c, V]
+    logp = log_dist.gather(-1, targets[..., None]).squeeze(-1)
+    ent = -(log_dist.exp() * log_dist).sum(-1).detach() if entropy else None
+    kl = None
+    if ref_hidden is not None:
+        ref_log_dist = torch.log_softmax(ref_head(ref_hidden).float(), -1)
+        kl = (log_dist.exp() * (log_dist - ref_log_dist)).sum(-1)
+    return logp, ent, kl
+
+
+def token_stats(model, batch: PaddedBatch, entropy: bool = False, reference=None,
+                chunk_elements: int = CHUNK_ELEMENTS) -> TokenStats:
+    """Log-probs of the response tokens (and the entropy, and the exact KL to `reference`), computed
+    chunk by chunk along the sequence: the full fp32 `[B, T, V]` log-distribution is never held, not
+    even for the backward pass (each chunk is recomputed from its hidden states, `[B, c, H]`).
+    Models whose logits are not `head(hidden)` fall back to `token_logprobs`."""
+    split, ref_split = body_and_head(model), body_and_head(reference) if reference is not None else None
+    _, mask = response_positions(batch)
+    if split is None or (reference is not None and ref_split is None):
+        logp, mask, log_dist = token_logprobs(model, batch, full=True)
+        ent = -(log_dist.exp() * log_dist).sum(-1).detach() if entropy else None
+        kl = None
+        if reference is not None:
+            with torch.no_grad():
+                _, _, ref_dist = token_logprobs(reference, batch, full=True)
+            kl = (log_dist.exp() * (log_dist - ref_dist)).sum(-1)
+        return TokenStats(logp, mask, ent, kl)
+    decoder, head = split
+    hidden = response_hidden(decoder, batch)  # [B, T, H]
+    ref_hidden = None
+    if reference is not None:
+        with torch.no_grad():
+            ref_hidden = response_hidden(ref_split[0], batch)
+    targets = response_targets(batch)
+    B, T = targets.shape
+    width = max(1, chunk_elements // max(1, B * head.weight.shape[0]))
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    parts = []
+    for t in range(0, T, width):
+        args = (head, hidden[:, t : t + width], targets[:, t : t + width], ref_split[1] if ref_split else None,
+                None if ref_hidden is None else ref_hidden[:, t : t + width], entropy)
+        parts.append(checkpoint(_chunk, *args, use_reentrant=False) if recompute else _chunk(*args))
+    logp = torch.cat([p[0] for p in parts], 1) * mask if parts else torch.zeros(B, 0)
+    ent = torch.cat([p[1] for p in parts], 1) if entropy and parts else None
+    kl = torch.cat([p[2] for p in parts], 1) if reference is not None and parts else None
+    return TokenStats(logp, mask, ent, kl)

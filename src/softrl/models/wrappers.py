@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from softrl.models.loading import load_causal_lm
-from softrl.models.logprobs import PaddedBatch, pad_batch, response_positions, token_logprobs
+from softrl.models.logprobs import PaddedBatch, TokenStats, pad_batch, response_positions, token_logprobs, token_stats
 
 
 class PolicyModel:
@@ -31,6 +31,10 @@ class PolicyModel:
     def logprobs(self, batch: PaddedBatch, full: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
         return token_logprobs(self.model, batch, full)
 
+    def stats(self, batch: PaddedBatch, entropy: bool = False, reference: ReferenceModel | None = None) -> TokenStats:
+        """Chunked log-probs (and entropy, and token KL to `reference`): no `[B, T, V]` tensor kept."""
+        return token_stats(self.model, batch, entropy, None if reference is None else reference.model)
+
     def save(self, directory: str | Path) -> None:
         self.model.save_pretrained(str(directory))
         self.tokenizer.save_pretrained(str(directory))
@@ -51,6 +55,10 @@ class ReferenceModel:
     @torch.no_grad()
     def logprobs(self, batch: PaddedBatch, full: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
         return token_logprobs(self.model, batch, full)
+
+    @torch.no_grad()
+    def stats(self, batch: PaddedBatch) -> TokenStats:
+        return token_stats(self.model, batch)
 
 
 class ValueModel(nn.Module):

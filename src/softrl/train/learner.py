@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 import softrl.objectives as registry
-from softrl.algorithms.common import token_kl
 from softrl.config import RunConfig
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.objectives import LossInputs, objective_loss
@@ -69,18 +68,18 @@ class Learner:
         return n if source == "online" else registry.get(self.config.data.objective_for(source).algorithm).group_size(n)
 
     def inputs(self, part: Batch, options: registry.Options, group_size: int) -> tuple[LossInputs, Tensor]:
-        """The objective's inputs for `part`, and the policy's log-distributions `[B, T, V]` (diagnostics)."""
+        """The objective's inputs for `part`, and the policy's token entropy `[B, T]` (diagnostics).
+        Log-probs, entropy and token KL are computed chunk by chunk (`models.logprobs.token_stats`)."""
         objective = registry.get(options.algorithm)
-        full = objective.distributions(options)
-        logp, mask, log_dist = self.policy.logprobs(part.padded, full=True)
-        ref_logp, _, ref_dist = self.reference.logprobs(part.padded, full=full)
+        policy = self.policy.stats(part.padded, entropy=True,
+                                   reference=self.reference if objective.distributions(options) else None)
+        ref_logp = self.reference.stats(part.padded).logp
         values = self.value.values(part.padded) if self.value is not None else None
-        old = old_logp(logp, part) if objective.behavior_logp else logp.detach()
+        old = old_logp(policy.logp, part) if objective.behavior_logp else policy.logp.detach()
         return LossInputs(
-            logp, ref_logp, old, mask, part.reward, part.q0, self.config.beta, group_size,
-            token_kl=token_kl(log_dist, ref_dist) if full else None,
-            values=values, old_values=None if values is None else values.detach(),
-            mc_positions=part.mc_positions, mc_success=part.mc_success, mc_mask=part.mc_mask), log_dist
+            policy.logp, ref_logp, old, policy.mask, part.reward, part.q0, self.config.beta, group_size,
+            token_kl=policy.kl, values=values, old_values=None if values is None else values.detach(),
+            mc_positions=part.mc_positions, mc_success=part.mc_success, mc_mask=part.mc_mask), policy.entropy
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch` (skipped when the loss is not finite); returns metrics."""
@@ -92,7 +91,7 @@ class Learner:
         for source, index in micro_batches(batch, cfg.optim.grad_accum, self.group_size):
             options = cfg.data.objective_for(source)
             part = batch.subset(index)
-            inputs, log_dist = self.inputs(part, options, self.group_size(source))
+            inputs, entropy = self.inputs(part, options, self.group_size(source))
             loss, parts = objective_loss(options, inputs)
             share = len(index) / total_rows
             scaled = options.weight * share * loss
@@ -104,7 +103,7 @@ class Learner:
             metrics[f"loss/{source}"] += share * loss.item()
             for key, value in parts.items():
                 metrics[key] += share * value
-            self._diagnostics(inputs, log_dist, part, source, batch.sources.count(source), share, metrics)
+            self._diagnostics(inputs, entropy, part, source, batch.sources.count(source), share, metrics)
         if not finite:
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_in_row += 1
@@ -128,7 +127,7 @@ class Learner:
         return dict(metrics)
 
     @torch.no_grad()
-    def _diagnostics(self, x: LossInputs, log_dist: Tensor, part: Batch, source: str, source_rows: int,
+    def _diagnostics(self, x: LossInputs, entropy: Tensor, part: Batch, source: str, source_rows: int,
                      share: float, metrics: dict[str, float]) -> None:
         """KL to the reference (sequence log-ratio: on online rows an estimate of KL(pi || pi0)),
         entropy, importance-weight statistics."""
@@ -136,7 +135,6 @@ class Learner:
         log_ratio = ((x.logp - x.ref_logp) * mask).sum(-1)  # [b]
         metrics["kl_ref"] += share * log_ratio.mean().item()
         metrics[f"kl_ref/{source}"] += log_ratio.sum().item() / source_rows
-        entropy = -(log_dist.exp() * log_dist).sum(-1)  # [b, T]
         metrics["entropy"] += share * ((entropy * mask).sum() / mask.sum().clamp_min(1)).item()
         if part.has_behavior.any():
             behavior = part.behavior_logp[:, : mask.shape[1]]
