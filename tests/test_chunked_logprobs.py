@@ -30,7 +30,7 @@ def test_chunked_equals_full_log_softmax_values_and_gradients(side):
             p.add_(0.05 * torch.randn_like(p))
     batch = pad_batch([[1, 2, 3], [4, 5], [6]], [[6, 7, 8, 9, 10], [11, 12], [13, 14, 15]], 0, side)
     logp, mask, dist = token_logprobs(model, batch, full=True)
-    _, _, ref_dist = token_logprobs(reference, batch, full=True)
+    ref_logp, _, ref_dist = token_logprobs(reference, batch, full=True)
     kl = token_kl(dist, ref_dist) * mask
     entropy = -(dist.exp() * dist).sum(-1) * mask
     grads = torch.autograd.grad(logp.sum() + kl.sum(), list(model.parameters()))
@@ -38,7 +38,7 @@ def test_chunked_equals_full_log_softmax_values_and_gradients(side):
         s = token_stats(model, batch, entropy=True, reference=reference, chunk_elements=chunk_elements)
         assert torch.equal(s.mask, mask)
         assert torch.allclose(s.logp, logp, atol=1e-5) and torch.allclose(s.entropy * mask, entropy, atol=1e-5)
-        assert torch.allclose(s.kl * mask, kl, atol=1e-5)
+        assert torch.allclose(s.kl * mask, kl, atol=1e-5) and torch.allclose(s.ref_logp, ref_logp, atol=1e-5)
         chunked = torch.autograd.grad(s.logp.sum() + (s.kl * s.mask).sum(), list(model.parameters()))
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(chunked, grads))
 

@@ -46,15 +46,21 @@ def resolve_model(config: RunConfig) -> str:
 def load_tasks(config: RunConfig) -> tuple[Task, Task]:
     """(training task, evaluation task): a generated task's held-out split comes from its own seed;
     a dataset task's prompts are both (docs/USAGE.md)."""
-    from softrl.tasks.registry import generated, load_split
+    from softrl.tasks.registry import generated
 
     t = config.task
+    train = task_split(t.name, t.size, t.seed, t.options)
+    return train, task_split(t.name, t.eval_size, t.eval_seed, t.options) if generated(t.name) else train
+
+
+def task_split(spec: str, size: int | None, seed: int | None, options: dict) -> Task:
+    """`tasks.registry.load_split`, its errors as a ConfigError naming the task settings."""
+    from softrl.tasks.registry import load_split
+
     try:
-        train = load_split(t.name, t.size, t.seed, **t.options)
-        held_out = load_split(t.name, t.eval_size, t.eval_seed, **t.options) if generated(t.name) else train
+        return load_split(spec, size, seed, **options)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"task: {e}") from e
-    return train, held_out
 
 
 def rollout_spec(config: RunConfig, task: Task, model, tokenizer, source: str) -> RolloutSpec:
@@ -93,12 +99,7 @@ def sampler(task: str, model: str = "bootstrap", *, size: int | None = None, see
             dtype: str = "float32", options: dict | None = None) -> Sampler:
     """`model` (a directory, 'bootstrap' or a prepared name) sampling `task` (`size` prompts from
     `seed` where it generates them; None: the task's defaults)."""
-    from softrl.tasks.registry import load_split
-
-    try:
-        task_obj = load_split(task, size, seed, **(options or {}))
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"task: {e}") from e
+    task_obj = task_split(task, size, seed, options or {})
     directory = model_directory(model, task)
     lm, tokenizer = load_causal_lm(directory, dtype)
     spec = RolloutSpec.for_model(task_obj, lm, tokenizer, max_new_tokens or task_obj.max_new_tokens,

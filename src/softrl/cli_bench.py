@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from softrl.bench.learning import METHODS
-from softrl.cli_common import err, fail, progress_bar
+from softrl.cli_common import err, fail, one_line_errors, progress_bar
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the papers' claims) and systems (speed, memory).")
 
@@ -35,7 +35,6 @@ def learning(
     """Every method from the same reference at equal batch and budget, N seeds: curves, table, claims."""
     from softrl.bench.learning import aggregate, check_claims, collect, method_config, run_all, slug
     from softrl.bench.report import markdown, plot_learning
-    from softrl.cli_common import run_errors
     from softrl.config import ConfigError, read_settings
 
     chosen = _csv(methods)
@@ -45,12 +44,9 @@ def learning(
                                  extra=extra) for s in range(seeds) for m in chosen]
     except (ValueError, ConfigError) as e:
         fail(str(e))
-    with progress_bar("setup", total=len(configs) * steps) as update:
-        try:
-            run_all(configs, lambda i, config, record: update(
-                i * steps + record["step"], description=f"{config.name} ({i + 1}/{len(configs)})"))
-        except run_errors() as e:
-            fail(str(e))
+    with progress_bar("setup", total=len(configs) * steps) as update, one_line_errors():
+        run_all(configs, lambda i, config, record: update(
+            i * steps + record["step"], description=f"{config.name} ({i + 1}/{len(configs)})"))
     runs_by_method = collect(configs)
     agg, claims = aggregate(runs_by_method), check_claims(runs_by_method)
     report.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from softrl.cli_common import JSON_OPT, err, fail, run_errors
+from softrl.cli_common import JSON_OPT, err, fail, one_line_errors
 
 # the demo's embedded defaults: SPO with the terminal Q-loss (the paper's main variant), half online
 # and half offline (passed reference samples from Q0 estimation), on the countdown bootstrap model
@@ -45,11 +45,9 @@ def run_training(config, resume: bool, quiet: bool = False) -> dict:
                     f"{r['samples_per_s']:.1f} samples/s")
             bar.update(job, description="train", completed=r["step"], total=config.optim.steps, info=info)
 
-        try:
+        with one_line_errors():
             return runtime.train(config, resume=resume, on_step=on_step, on_phase=on_phase,
-                         log=(lambda m: None) if quiet else (lambda m: err.print(m, highlight=False)))
-        except run_errors() as e:
-            fail(str(e))
+                                 log=(lambda m: None) if quiet else (lambda m: err.print(m, highlight=False)))
 
 
 def train_command(
@@ -148,12 +146,9 @@ def eval_command(
             ref_model, _ = load_causal_lm(reference, dtype)
         except ModelLoadError as e:
             fail(str(e))
-    with err.status(f"sampling {samples} responses for each of {len(task_obj.prompts())} prompts"):
-        try:
-            result = {**evaluate(spec, task_obj.prompts(), encode, samples, temperature, top_p, seed, stats=True,
-                                 reference=ref_model), "task": task, "model": model}
-        except run_errors() as e:
-            fail(str(e))
+    with err.status(f"sampling {samples} responses for each of {len(task_obj.prompts())} prompts"), one_line_errors():
+        result = {**evaluate(spec, task_obj.prompts(), encode, samples, temperature, top_p, seed, stats=True,
+                             reference=ref_model), "task": task, "model": model}
     if as_json:
         typer.echo(json.dumps(result))
         return

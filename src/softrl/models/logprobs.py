@@ -59,8 +59,7 @@ def token_logprobs(model, batch: PaddedBatch, full: bool = False) -> tuple[Tenso
     index, mask = response_positions(batch)  # [B, T] each
     picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
     log_dist = torch.log_softmax(picked, -1)
-    targets = batch.input_ids.gather(1, (index + 1).clamp(max=logits.shape[1] - 1))  # [B, T]
-    logp = log_dist.gather(-1, targets[..., None]).squeeze(-1) * mask
+    logp = log_dist.gather(-1, response_targets(batch)[..., None]).squeeze(-1) * mask
     return logp, mask, (log_dist if full else None)
 
 
@@ -72,6 +71,7 @@ class TokenStats:
     mask: Tensor
     entropy: Tensor | None = None  # H(pi(. | y_<t)), detached (a diagnostic)
     kl: Tensor | None = None  # exact KL(pi || pi0)(. | y_<t) against the reference, with gradients
+    ref_logp: Tensor | None = None  # log pi0(y_t | y_<t) of the reference, when one was given
 
 
 # positions of the [B, c, V] fp32 logits one chunk holds: about 64 MiB at a time
@@ -104,16 +104,22 @@ def response_targets(batch: PaddedBatch) -> Tensor:
     return batch.input_ids.gather(1, (index + 1).clamp(max=batch.input_ids.shape[1] - 1))
 
 
-def _chunk(head, hidden: Tensor, targets: Tensor, ref_head, ref_hidden: Tensor | None, entropy: bool):
-    """logp, entropy, KL `[B, c]` of one chunk of positions; its `[B, c, V]` tensors die with it."""
-    log_dist = torch.log_softmax(head(hidden).float(), -1)  # [B, c, V]
+def _from_distributions(log_dist: Tensor, targets: Tensor, ref_log_dist: Tensor | None, entropy: bool):
+    """(logp, entropy, KL, reference logp) `[B, T]` from log-distributions `[B, T, V]`."""
     logp = log_dist.gather(-1, targets[..., None]).squeeze(-1)
-    ent = -(log_dist.exp() * log_dist).sum(-1).detach() if entropy else None
-    kl = None
-    if ref_hidden is not None:
-        ref_log_dist = torch.log_softmax(ref_head(ref_hidden).float(), -1)
-        kl = (log_dist.exp() * (log_dist - ref_log_dist)).sum(-1)
-    return logp, ent, kl
+    probs = log_dist.exp() if entropy or ref_log_dist is not None else None
+    ent = -(probs * log_dist).sum(-1).detach() if entropy else None
+    if ref_log_dist is None:
+        return logp, ent, None, None
+    kl = (probs * (log_dist - ref_log_dist)).sum(-1)
+    return logp, ent, kl, ref_log_dist.gather(-1, targets[..., None]).squeeze(-1)
+
+
+def _chunk(head, hidden: Tensor, targets: Tensor, ref_head, ref_hidden: Tensor | None, entropy: bool):
+    """`_from_distributions` of one chunk of positions: its `[B, c, V]` tensors die with it."""
+    log_dist = torch.log_softmax(head(hidden).float(), -1)  # [B, c, V]
+    ref_log_dist = None if ref_hidden is None else torch.log_softmax(ref_head(ref_hidden).float(), -1)
+    return _from_distributions(log_dist, targets, ref_log_dist, entropy)
 
 
 def token_stats(model, batch: PaddedBatch, entropy: bool = False, reference=None,
@@ -125,14 +131,13 @@ def token_stats(model, batch: PaddedBatch, entropy: bool = False, reference=None
     split, ref_split = body_and_head(model), body_and_head(reference) if reference is not None else None
     _, mask = response_positions(batch)
     if split is None or (reference is not None and ref_split is None):
-        logp, mask, log_dist = token_logprobs(model, batch, full=True)
-        ent = -(log_dist.exp() * log_dist).sum(-1).detach() if entropy else None
-        kl = None
+        _, _, log_dist = token_logprobs(model, batch, full=True)
+        ref_dist = None
         if reference is not None:
             with torch.no_grad():
-                _, _, ref_dist = token_logprobs(reference, batch, full=True)
-            kl = (log_dist.exp() * (log_dist - ref_dist)).sum(-1)
-        return TokenStats(logp, mask, ent, kl)
+                ref_dist = token_logprobs(reference, batch, full=True)[2]
+        logp, ent, kl, ref_logp = _from_distributions(log_dist, response_targets(batch), ref_dist, entropy)
+        return TokenStats(logp * mask, mask, ent, kl, None if ref_logp is None else ref_logp * mask)
     decoder, head = split
     hidden = response_hidden(decoder, batch)  # [B, T, H]
     ref_hidden = None
@@ -148,7 +153,9 @@ def token_stats(model, batch: PaddedBatch, entropy: bool = False, reference=None
         args = (head, hidden[:, t : t + width], targets[:, t : t + width], ref_split[1] if ref_split else None,
                 None if ref_hidden is None else ref_hidden[:, t : t + width], entropy)
         parts.append(checkpoint(_chunk, *args, use_reentrant=False) if recompute else _chunk(*args))
-    logp = torch.cat([p[0] for p in parts], 1) * mask if parts else torch.zeros(B, 0)
-    ent = torch.cat([p[1] for p in parts], 1) if entropy and parts else None
-    kl = torch.cat([p[2] for p in parts], 1) if reference is not None and parts else None
-    return TokenStats(logp, mask, ent, kl)
+    def joined(i: int) -> Tensor:
+        return torch.cat([p[i] for p in parts], 1) if parts else torch.zeros(B, 0)
+
+    has_ref = reference is not None
+    return TokenStats(joined(0) * mask, mask, joined(1) if entropy else None, joined(2) if has_ref else None,
+                      joined(3) * mask if has_ref else None)

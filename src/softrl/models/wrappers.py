@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from softrl.models.loading import load_causal_lm
-from softrl.models.logprobs import PaddedBatch, TokenStats, pad_batch, response_positions, token_logprobs, token_stats
+from softrl.models.logprobs import (PaddedBatch, TokenStats, pad_batch, response_hidden, response_positions, token_logprobs,
+                                    token_stats)
 
 
 class PolicyModel:
@@ -78,11 +79,8 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def values(self, batch: PaddedBatch) -> Tensor:
-        hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                               position_ids=batch.position_ids).last_hidden_state  # [B, L, H]
-        index, mask = response_positions(batch)  # [B, T] each
-        picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
-        return self.head(picked.float()).squeeze(-1) * mask
+        _, mask = response_positions(batch)  # [B, T]
+        return self.head(response_hidden(self.backbone, batch).float()).squeeze(-1) * mask
 
 
 def attach_lora(model, r: int = 8, alpha: int = 16, dropout: float = 0.0, target_modules: list[str] | None = None):

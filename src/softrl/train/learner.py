@@ -71,9 +71,12 @@ class Learner:
         """The objective's inputs for `part`, and the policy's token entropy `[B, T]` (diagnostics).
         Log-probs, entropy and token KL are computed chunk by chunk (`models.logprobs.token_stats`)."""
         objective = registry.get(options.algorithm)
-        policy = self.policy.stats(part.padded, entropy=True,
-                                   reference=self.reference if objective.distributions(options) else None)
-        ref_logp = self.reference.stats(part.padded).logp
+        if objective.distributions(options):  # the token KL: one pass of the reference gives its log-probs too
+            policy = self.policy.stats(part.padded, entropy=True, reference=self.reference)
+            ref_logp = policy.ref_logp
+        else:
+            policy = self.policy.stats(part.padded, entropy=True)
+            ref_logp = self.reference.stats(part.padded).logp
         values = self.value.values(part.padded) if self.value is not None else None
         old = old_logp(policy.logp, part) if objective.behavior_logp else policy.logp.detach()
         return LossInputs(
