@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps demo test clean
+.PHONY: install system-deps demo test test-gpu clean
 
 install: system-deps $(STAMP)
 
@@ -29,6 +29,11 @@ demo: install
 
 test: install
 	$(VENV)/bin/pytest -q
+
+# The CUDA-only tests (marked gpu) on a GPU machine, with that machine's own CUDA build of PyTorch
+# (`install` pins the CPU wheel) and softrl's other dependencies importable (docs/USAGE.md).
+test-gpu:
+	PYTHONPATH=src $(PYTHON) -m pytest -q -m gpu
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -42,20 +42,6 @@ def test_logprobs_match_a_manual_forward(tiny):
     assert torch.allclose(logp[0], manual, atol=1e-6)
 
 
-def test_generation_behaviour_logprobs_match_fresh_forward(tiny):
-    _, model, tok = tiny
-    gen = HFGenerator(model, tok)
-    prompts = _encode(tok, ["3 7 25 -> 178\n", "1 2 -> 3\n"])
-    samples = gen.generate(prompts, SamplingParams(n=4, max_new_tokens=12, temperature=1.0, seed=0))
-    assert len(samples) == 8 and [s.prompt_index for s in samples] == [0] * 4 + [1] * 4
-    batch = pad_batch([prompts[s.prompt_index] for s in samples], [s.tokens for s in samples], tok.pad_token_id)
-    with torch.no_grad():
-        fresh, mask, _ = token_logprobs(model, batch)
-    for i, s in enumerate(samples):
-        assert len(s.logprobs) == len(s.tokens) == int(mask[i].sum())
-        assert torch.allclose(torch.tensor(s.logprobs), fresh[i, : len(s.tokens)], atol=1e-4)
-
-
 def test_temperature_top_p_and_stop_strings(tiny):
     _, model, tok = tiny
     gen = HFGenerator(model, tok)

@@ -14,6 +14,7 @@ from pathlib import Path
 import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
 from softrl.data import ExperienceStore
+from softrl.models.device import Placement
 from softrl.models.loading import encode_prompt, encode_response, load_causal_lm
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.rollout import RolloutSpec, RolloutWorker
@@ -63,11 +64,21 @@ def task_split(spec: str, size: int | None, seed: int | None, options: dict) -> 
         raise ConfigError(f"task: {e}") from e
 
 
+def placement(config: RunConfig) -> Placement:
+    """The run's device and precision (`model.device`, `model.dtype`, `model.autocast`)."""
+    m = config.model
+    try:
+        return Placement.create(m.device, m.dtype, m.autocast)
+    except ValueError as e:
+        raise ConfigError(f"model.device: {e}") from e
+
+
 def rollout_spec(config: RunConfig, task: Task, model, tokenizer, source: str) -> RolloutSpec:
     """Sampling `model` on `task` with the run's decoding settings and the task's generation length."""
     s = config.sampling
-    return RolloutSpec.for_model(task, model, tokenizer, s.max_new_tokens or task.max_new_tokens,
+    return RolloutSpec.for_model(task, model, tokenizer, s.max_new_tokens or task.max_new_tokens, backend=s.backend,
                                  temperature=s.temperature, temperature_range=s.temperature_range, top_p=s.top_p,
+                                 ignore_eos=s.ignore_eos and source == "online",
                                  source=source, run_id=config.name)
 
 
@@ -96,13 +107,19 @@ class Sampler:
 
 def sampler(task: str, model: str = "bootstrap", *, size: int | None = None, seed: int | None = None,
             max_new_tokens: int = 0, temperature: float = 1.0, top_p: float = 1.0, source: str = "reference",
-            dtype: str = "float32", options: dict | None = None) -> Sampler:
+            dtype: str = "float32", options: dict | None = None, device: str = "auto",
+            backend: str = "auto") -> Sampler:
     """`model` (a directory, 'bootstrap' or a prepared name) sampling `task` (`size` prompts from
-    `seed` where it generates them; None: the task's defaults)."""
+    `seed` where it generates them; None: the task's defaults), on `device` in `dtype`."""
     task_obj = task_split(task, size, seed, options or {})
     directory = model_directory(model, task)
+    try:
+        where = Placement.create(device, dtype, autocast="off")
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     lm, tokenizer = load_causal_lm(directory, dtype)
-    spec = RolloutSpec.for_model(task_obj, lm, tokenizer, max_new_tokens or task_obj.max_new_tokens,
+    lm = where.place(lm)
+    spec = RolloutSpec.for_model(task_obj, lm, tokenizer, max_new_tokens or task_obj.max_new_tokens, backend=backend,
                                  temperature=temperature, top_p=top_p, source=source)
     return Sampler(task_obj, spec, lm, tokenizer, str(Path(directory).resolve()))
 
@@ -113,15 +130,24 @@ class Run:
 
     def __init__(self, config: RunConfig):
         self.config = config
+        self.placement = placement(config)
         self.model_path = resolve_model(config)
         self.policy = PolicyModel.load(self.model_path, config.model.dtype, config.model.lora)
+        self.placement.place(self.policy.model)
         self.reference = ReferenceModel.from_policy(self.policy)
         self.tokenizer = self.policy.tokenizer
         self.train_task, self.eval_task = load_tasks(config)
         objectives = [registry.get(config.data.objective_for(s).algorithm) for s in config.data.mix]
-        self.value = ValueModel(self.reference.model) if any(o.value_model for o in objectives) else None
+        self.value = None
+        if any(o.value_model for o in objectives):  # a trained copy of the reference, so in the trained dtype
+            self.value = self.placement.place(ValueModel(self.reference.model))
+        self.placement.place(self.reference.model, frozen=True)
+        if config.optim.gradient_checkpointing:
+            self.policy.checkpoint_activations()
+            if self.value is not None:
+                self.value.checkpoint_activations()
         self.store = ExperienceStore(config.data.store)
-        self.learner = Learner(self.policy, self.reference, config, self.value)
+        self.learner = Learner(self.policy, self.reference, config, self.value, self.placement)
 
     def encode_prompt(self, text: str) -> list[int]:
         return encode_prompt(self.tokenizer, text)
@@ -138,9 +164,10 @@ class Run:
         from softrl.annotate.q0 import estimate_q0, soft_values
 
         c = self.config
-        rows = estimate_q0(self.spec(self.reference.model, "reference"), self.train_task.prompts(), self.encode_prompt,
-                           self.store, c.q0.k, c.beta, str(Path(self.model_path).resolve()), seed=c.seed,
-                           progress=progress)
+        with self.placement.autocast():
+            rows = estimate_q0(self.spec(self.reference.model, "reference"), self.train_task.prompts(), self.encode_prompt,
+                               self.store, c.q0.k, c.beta, str(Path(self.model_path).resolve()), seed=c.seed,
+                               progress=progress)
         return soft_values(rows, c.beta)
 
     def evaluate(self, model) -> dict:
@@ -148,6 +175,8 @@ class Run:
         from softrl.eval.protocol import evaluate
 
         e = self.config.eval
-        return evaluate(self.spec(model, "eval", self.eval_task), self.eval_task.prompts(), self.encode_prompt,
-                        e.samples, e.temperature, e.top_p, seed=self.config.seed + 17, stats=e.stats,
-                        reference=self.reference.model)
+        model.eval()  # the learner leaves the policy in training mode (dropout, activation checkpointing)
+        with self.placement.autocast():
+            return evaluate(self.spec(model, "eval", self.eval_task), self.eval_task.prompts(), self.encode_prompt,
+                            e.samples, e.temperature, e.top_p, seed=self.config.seed + 17, stats=e.stats,
+                            reference=self.reference.model)

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import typer
 
-from softrl.cli_common import JSON_OPT, STORE_OPT, err, fail, one_line_errors, progress_bar
+from softrl.cli_common import DEVICE_OPT, JSON_OPT, STORE_OPT, err, fail, one_line_errors, progress_bar
 from softrl.cli_data import open_store, report_problems
 
 
 def reference_sampler(task: str, model: str, size: int, seed: int, max_new_tokens: int, temperature: float,
-                      source: str, dtype: str):
+                      source: str, dtype: str, device: str = "auto"):
     """`assemble.sampler` for the command line: 0 means the task's default; errors as one line."""
     from softrl.assemble import sampler
     from softrl.config import ConfigError
@@ -22,7 +22,7 @@ def reference_sampler(task: str, model: str, size: int, seed: int, max_new_token
         with err.status(f"loading {model} for {task}" + (" (built on first use: softrl bootstrap)"
                                                           if model == "bootstrap" else "")):
             return sampler(task, model, size=size or None, seed=seed or None, max_new_tokens=max_new_tokens,
-                           temperature=temperature, source=source, dtype=dtype)
+                           temperature=temperature, source=source, dtype=dtype, device=device)
     except (ConfigError, ModelLoadError, ValueError, OSError) as e:
         fail(str(e))
 
@@ -40,7 +40,7 @@ def q0(
     beta: float = typer.Option(0.0, "--beta", help="beta of the stored q0_hat; 0 = 1/ln(1e5) (runs at any beta use the stored rewards)"),
     model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
     temperature: float = typer.Option(1.0, help="sampling temperature of the reference"),
-    seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT,
+    seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
     store: Path = STORE_OPT, as_json: bool = JSON_OPT,
 ) -> None:
     """Estimate Q0_hat of every prompt from K reference samples; keep the samples (source=reference). Resumable."""
@@ -53,7 +53,7 @@ def q0(
     if not math.isfinite(beta) or beta <= 0:
         fail(f"--beta must be a positive number, got {beta}")
     target = open_store(store)
-    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype)
+    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype, device)
     with progress_bar(f"q0 {task} (K={k})") as update, one_line_errors():
         rows = estimate_q0(s.spec, s.task.prompts(), s.encode_prompt, target, k, beta, s.model_id, seed=seed,
                            progress=lambda done, total: update(done, total))
@@ -76,7 +76,7 @@ def pts(
     force: bool = typer.Option(False, "--force", help="annotate again trajectories that have MC targets"),
     source: list[str] = typer.Option(None, "--source", help="only trajectories of these sources (repeatable)"),
     model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
-    seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT,
+    seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
     store: Path = STORE_OPT, as_json: bool = JSON_OPT,
 ) -> None:
     """Pivotal Token Search over the store's passed trajectories: MC targets, rollouts, pivotal tokens."""
@@ -85,7 +85,7 @@ def pts(
     if not 0 < threshold <= 1:
         fail(f"--threshold must be in (0, 1], got {threshold}")
     target = open_store(store, create=False)
-    s = reference_sampler(task, model, size, task_seed, max_new_tokens, 1.0, "pts", dtype)
+    s = reference_sampler(task, model, size, task_seed, max_new_tokens, 1.0, "pts", dtype, device)
     with progress_bar(f"pts {task} (K={k})") as update, one_line_errors():
         results = annotate_store(s.spec, target, s.encode_prompt, s.encode_response, s.model_id, k, threshold, seed=seed,
                                  limit=limit, force=force, sources=source or None,

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 err = Console(stderr=True)
 JSON_OPT = typer.Option(False, "--json", help="print one JSON object")
+DEVICE_OPT = typer.Option("auto", "--device", help="auto (CUDA when available), cpu, cuda or cuda:N")
 
 
 def default_store() -> Path:
@@ -56,7 +57,13 @@ def run_errors() -> tuple[type[Exception], ...]:
 def one_line_errors():
     """Bad input or data met while working (a reward out of range, a store problem) ends the
     command with one line."""
+    import torch
+
+    from softrl.models.device import out_of_memory_advice
+
     try:
         yield
     except run_errors() as e:
         fail(str(e))
+    except torch.OutOfMemoryError as e:
+        fail(out_of_memory_advice(e))

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from softrl.cli_common import JSON_OPT, err, fail, one_line_errors
+from softrl.cli_common import DEVICE_OPT, JSON_OPT, err, fail, one_line_errors
 
 # the demo's embedded defaults: SPO with the terminal Q-loss (the paper's main variant), half online
 # and half offline (passed reference samples from Q0 estimation), on the countdown bootstrap model
@@ -73,6 +73,7 @@ def demo(
     seed: int = typer.Option(0, help="seed of sampling and batches"),
     mode: str = typer.Option("sync", help="local runtime mode: sync or async"),
     out: Path = typer.Option(Path("runs"), help="parent of the run directory"),
+    device: str = DEVICE_OPT,
     as_json: bool = typer.Option(False, "--json", help="print pass@1/pass@10 before and after as JSON"),
 ) -> None:
     """The main job on embedded defaults: countdown reference, Q0, SPO half online / half offline, pass@k before and after."""
@@ -80,7 +81,7 @@ def demo(
 
     name = f"demo-s{seed}-{mode}"
     overrides = [f"optim.steps={steps}", f"seed={seed}", f"runtime.mode={mode}", f"out_dir={out}", f"name={name}",
-                 f"data.store={out / 'store'}"]
+                 f"data.store={out / 'store'}", f"model.device={device}"]
     try:
         config = load_config(None, overrides, base=DEMO)
     except ConfigError as e:
@@ -129,6 +130,7 @@ def eval_command(
     max_new_tokens: int = typer.Option(0, "--max-new-tokens", min=0, help="0 = the task's default"),
     seed: int = typer.Option(0, help="sampling seed"),
     dtype: str = typer.Option("float32", "--dtype"),
+    device: str = DEVICE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """pass@1 and pass@10 (unbiased), per-sample success, distinct correct answers, token entropy, KL to a reference."""
@@ -138,12 +140,12 @@ def eval_command(
 
     if temperature <= 0 or not 0 < top_p <= 1:
         fail(f"--temperature must be > 0 and --top-p in (0, 1], got {temperature} and {top_p}")
-    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "eval", dtype)
+    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "eval", dtype, device)
     task_obj, spec, encode = s.task, s.spec, s.encode_prompt
     ref_model = None
     if reference is not None:
         try:
-            ref_model, _ = load_causal_lm(reference, dtype)
+            ref_model = load_causal_lm(reference, dtype)[0].to(s.model.device)
         except ModelLoadError as e:
             fail(str(e))
     with err.status(f"sampling {samples} responses for each of {len(task_obj.prompts())} prompts"), one_line_errors():

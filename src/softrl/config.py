@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -32,8 +33,19 @@ class Section(BaseModel):
 class ModelConfig(Section):
     path: str = Field("bootstrap", description="model directory, 'bootstrap' for the task's built-in reference, "
                       "or a name `softrl model prepare` knows (smollm2-135m)")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="weights and compute dtype")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the trained weights (and so of "
+                                                  "their gradients and AdamW state)")
+    device: str = Field("auto", description="auto (CUDA when available), cpu, cuda or cuda:N")
+    autocast: Literal["auto", "off", "bfloat16"] = Field(
+        "auto", description="forward passes in bf16 with fp32 weights: auto = on CUDA, off on the CPU")
     lora: dict[str, Any] | None = Field(None, description="PEFT LoRA options (r, alpha, ...); needs softrl[hf] + peft")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+            raise ValueError(f"must be auto, cpu, cuda or cuda:N, got {value!r}")
+        return value
 
 
 class TaskConfig(Section):
@@ -109,6 +121,11 @@ class SamplingConfig(Section):
     temperature_range: tuple[float, float] | None = Field(
         None, description="per-sample temperature ~ U(lo, hi), e.g. [0.1, 0.8] (SPO); overrides temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    backend: Literal["auto", "hf", "static"] = Field(
+        "auto", description="generation: hf (transformers generate), static (static KV cache, compiled decode "
+        "step on CUDA), auto (static on CUDA, hf on the CPU)")
+    ignore_eos: bool = Field(False, description="fixed work for benchmarks: EOS is never drawn and every online "
+                             "sample is max_new_tokens long")
 
 
 class OptimConfig(Section):
@@ -118,6 +135,10 @@ class OptimConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping (0 = off)")
     grad_accum: int = Field(1, ge=1, description="micro-batches per step (gradient accumulation)")
+    micro_batch_tokens: int = Field(0, ge=0, description="at most this many tokens (rows x padded width) per "
+                                    "micro-batch, groups kept whole; 0 = grad_accum micro-batches")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, "
+                                         "about a third more compute")
     max_nonfinite: int = Field(3, ge=1, description="stop after this many NaN/inf losses in a row")
 
 

@@ -25,17 +25,21 @@ class RolloutSpec:
     temperature_range: tuple[float, float] | None = None  # per-sample temperature ~ U(lo, hi)
     top_p: float = 1.0
     max_per_call: int = 256  # samples per generate call
+    ignore_eos: bool = False  # fixed work (benchmarks): every sample is max_new_tokens long
     source: str = "reference"
     run_id: str = ""
     policy_version: int = 0
 
     @classmethod
-    def for_model(cls, task: Task, model, tokenizer, max_new_tokens: int, **options) -> RolloutSpec:
-        """Sampling a Hugging Face model with `transformers.generate`; rows carry its tokenizer's fingerprint."""
-        from softrl.models.generation import HFGenerator
+    def for_model(cls, task: Task, model, tokenizer, max_new_tokens: int, backend: str = "hf",
+                  **options) -> RolloutSpec:
+        """Sampling a Hugging Face model with a generation `backend` (`models.generation.make_generator`);
+        rows carry its tokenizer's fingerprint."""
+        from softrl.models.generation import make_generator
         from softrl.models.loading import tokenizer_fingerprint
 
-        return cls(task, HFGenerator(model, tokenizer), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        generator = make_generator(model, tokenizer, backend, max_batch=options.get("max_per_call", 256))
+        return cls(task, generator, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                    tokenizer_fingerprint(tokenizer), max_new_tokens, **options)
 
 
@@ -57,7 +61,8 @@ def rollouts(spec: RolloutSpec, contexts: list[Context], k: int, seed: int) -> l
         for rep, first in enumerate(range(0, k, spec.max_per_call)):
             params = SamplingParams(n=min(spec.max_per_call, k - first), max_new_tokens=budget,
                                     temperature=spec.temperature, temperature_range=spec.temperature_range,
-                                    top_p=spec.top_p, seed=seed + 7919 * call + 104729 * rep)
+                                    top_p=spec.top_p, seed=seed + 7919 * call + 104729 * rep,
+                                    ignore_eos=spec.ignore_eos)
             got = spec.generator.generate([c.prompt_tokens + list(c.prefix) for c in chunk], params)
             samples += [(start + s.prompt_index, s) for s in got]
     samples.sort(key=lambda pair: pair[0])  # stable: by context, then in sampling order

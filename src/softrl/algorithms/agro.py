@@ -85,7 +85,7 @@ def agro_off_policy_loss(
     estimator: str = "g1",
     token_kl: Tensor | None = None,
     weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Off-policy AGRO, n >= 2 generations per prompt from any fixed mu:
 
         grad ~ (1/n) sum_i (R_i - b_i) grad log pi(y_i),  b_i = mean_{j != i} R_j,
@@ -95,7 +95,7 @@ def agro_off_policy_loss(
     """
     check_group_size(group_size, reward.shape[0])
     surrogate, R, _ = _policy_difference(logp, ref_logp, mask, reward, beta, group_size, estimator, token_kl)
-    metrics = {"agro/var_R": reduce(_group_var(R, group_size), weights).item()}
+    metrics = {"agro/var_R": reduce(_group_var(R, group_size), weights).detach()}
     return reduce(surrogate, weights), metrics
 
 
@@ -109,7 +109,7 @@ def agro_on_policy_loss(
     estimator: str = "g1",
     token_kl: Tensor | None = None,
     weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """On-policy AGRO (mu = pi), `grad L_on / (2 beta) = (PD + LR) / (2 beta)`, n >= 3 generations:
 
         weight of log pi(y_i) = -stopgrad(R_i - b_i) + stopgrad((R_i - b_i)^2 - c_i) / (2 beta),
@@ -121,7 +121,7 @@ def agro_on_policy_loss(
     surrogate, R, centred = _policy_difference(logp, ref_logp, mask, reward, beta, group_size, estimator, token_kl)
     likelihood_ratio = (centred**2 - leave_one_out_var(R, group_size)) / (2 * beta)  # [B]
     surrogate = surrogate + likelihood_ratio * masked_sum(logp, mask)
-    metrics = {"agro/var_R": reduce(_group_var(R, group_size), weights).item()}
+    metrics = {"agro/var_R": reduce(_group_var(R, group_size), weights).detach()}
     return reduce(surrogate, weights), metrics
 
 
@@ -135,7 +135,7 @@ def kl_pg_loss(
     kl: str = "sequence",
     token_kl: Tensor | None = None,
     weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-regularised policy gradient (AGRO's baseline), leave-one-out baseline on the reward only:
 
     sequence: `(1/n) sum_i [(r_i - b^r_i) - beta * l(y_i)] grad log pi(y_i)`;

@@ -20,6 +20,13 @@ from torch import Tensor
 SPO_BETA = 1.0 / math.log(100_000)  # the SPO paper's default beta, ~0.0869
 
 
+def violates(condition: Tensor) -> bool:
+    """Whether any entry of a value check's `condition` is true. Read on the host only: on an
+    accelerator the read would make the host wait for the device once per micro-batch (softrl's own
+    data is checked where it enters, on the host)."""
+    return condition.device.type == "cpu" and bool(condition.any())
+
+
 def check_beta(beta: float) -> float:
     if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
         raise ValueError(f"beta must be a finite number > 0, got beta={beta!r}")
@@ -79,7 +86,8 @@ def leave_one_out_var(values: Tensor, group_size: int) -> Tensor:
     """Unbiased sample variance of the other `n - 1` entries of each group: `[B] -> [B]` (needs n >= 3)."""
     groups = check_group_size(group_size, values.shape[0], minimum=3)
     v = values.view(groups, group_size)  # [G, n]
-    others = torch.tensor([[j for j in range(group_size) if j != i] for i in range(group_size)])  # [n, n-1]
+    others = torch.tensor([[j for j in range(group_size) if j != i] for i in range(group_size)],
+                          device=values.device)  # [n, n-1]
     return v[:, others].var(dim=-1, unbiased=True).view(-1)  # [G, n, n-1] -> [B]
 
 

@@ -34,7 +34,7 @@ def grpo_loss(
     clip: float = 0.2,
     token_reduction: str = "mean",
     weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Per token `-min(rho A, clip(rho) A) + beta * k3`, averaged over each response's tokens
     (`token_reduction='mean'`, as in the GRPO paper), then over trajectories. advantages `[B]`."""
     if beta < 0:
@@ -42,5 +42,5 @@ def grpo_loss(
     check_tokens(mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
     kl = k3_kl(logp, ref_logp)
     per_token = clipped_surrogate(logp, old_logp, advantages[:, None].expand_as(logp), clip) + beta * kl
-    metrics = {"grpo/k3_kl": reduce(reduce_tokens(kl, mask, "sum").detach(), weights).item()}
+    metrics = {"grpo/k3_kl": reduce(reduce_tokens(kl, mask, "sum").detach(), weights).detach()}
     return reduce(reduce_tokens(per_token, mask, token_reduction), weights), metrics

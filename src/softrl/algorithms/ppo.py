@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from softrl.algorithms.common import check_beta, check_shape, check_tokens, clipped_surrogate, reduce, reduce_tokens
+from softrl.algorithms.common import (check_beta, check_shape, check_tokens, clipped_surrogate, reduce, reduce_tokens,
+                                      violates)
 
 
 def shaped_rewards(old_logp: Tensor, ref_logp: Tensor, reward: Tensor, mask: Tensor, beta: float) -> Tensor:
@@ -15,7 +16,7 @@ def shaped_rewards(old_logp: Tensor, ref_logp: Tensor, reward: Tensor, mask: Ten
     check_tokens(mask, old_logp=old_logp, ref_logp=ref_logp)
     check_shape("reward", reward, mask.shape[:1])
     lengths = mask.sum(-1).long()
-    if (lengths < 1).any():
+    if violates(lengths < 1):
         raise ValueError("mask must mark at least one response token per trajectory")
     per_token = -beta * (old_logp - ref_logp) * mask
     last = torch.zeros_like(per_token).scatter(1, (lengths - 1)[:, None], reward[:, None].to(per_token.dtype))
@@ -63,7 +64,7 @@ def ppo_loss(
     value_coef: float = 0.5,
     token_reduction: str = "sum",
     weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate with ratio `pi / pi_old` (also the importance weight for stale rollouts)
     plus the clipped value loss `1/2 max((V - G)^2, (clip(V, V_old +- c) - G)^2)`."""
     check_tokens(mask, logp=logp, old_logp=old_logp, values=values, old_values=old_values,
@@ -73,11 +74,11 @@ def ppo_loss(
     value = 0.5 * torch.maximum((values - returns) ** 2, (clipped_v - returns) ** 2)
     value = reduce_tokens(value, mask, token_reduction)
     ratio = torch.exp(logp - old_logp).detach()
-    real = mask.bool()
+    real = mask.float()  # a mask, not boolean indexing: that would wait for the device
     metrics = {
-        "loss/policy": reduce(policy, weights).item(),
-        "loss/value": reduce(value, weights).item(),
-        "ppo/clip_fraction": ((ratio[real] - 1).abs() > clip).float().mean().item(),
-        "ppo/ratio_max": ratio[real].max().item(),
+        "loss/policy": reduce(policy, weights).detach(),
+        "loss/value": reduce(value, weights).detach(),
+        "ppo/clip_fraction": (((ratio - 1).abs() > clip).float() * real).sum() / real.sum().clamp_min(1),
+        "ppo/ratio_max": ratio.masked_fill(real == 0, float("-inf")).max(),
     }
     return reduce(policy + value_coef * value, weights), metrics

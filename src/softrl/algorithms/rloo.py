@@ -26,9 +26,9 @@ def rloo_loss(
     beta: float,
     group_size: int,
     weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """REINFORCE leave-one-out: surrogate `-stopgrad(A_i) * log pi(y_i)` per trajectory, reduced."""
     check_tokens(mask, logp=logp, ref_logp=ref_logp)
     log_ratio = masked_sum(logp - ref_logp, mask).detach()  # [B]
     adv = rloo_advantages(reward.detach(), log_ratio, beta, group_size)  # [B]
-    return reduce(-adv * masked_sum(logp, mask), weights), {"rloo/adv_abs": adv.abs().mean().item()}
+    return reduce(-adv * masked_sum(logp, mask), weights), {"rloo/adv_abs": adv.abs().mean().detach()}

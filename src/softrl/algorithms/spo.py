@@ -22,6 +22,7 @@ from softrl.algorithms.common import (
     reduce,
     reduce_tokens,
     reverse_cumsum,
+    violates,
 )
 
 LOSS_KINDS = ("bce", "squared")
@@ -56,7 +57,7 @@ def q0_from_rewards(rewards: Tensor, beta: float) -> Tensor:
 def success_to_prob(success: Tensor, beta: float) -> Tensor:
     """Target `exp(Q/beta)` for binary {0, -1} rewards with success rate S: `S + (1 - S) exp(-1/beta)`."""
     beta = check_beta(beta)
-    if (success < 0).any() or (success > 1).any():
+    if violates((success < 0) | (success > 1)):
         raise ValueError("success must be a probability in [0, 1]")
     return success + (1 - success) * math.exp(-1.0 / beta)
 
@@ -95,7 +96,7 @@ def q_regression(q: Tensor, target: Tensor, beta: float, loss: str, eps: float) 
 
 
 def _check_bce_reward(reward: Tensor, loss: str) -> None:
-    if loss == "bce" and (reward > 0).any():
+    if loss == "bce" and violates(reward > 0):
         raise ValueError(
             f"reward must be <= 0 for the BCE loss (exp(r/beta) is read as a probability); "
             f"got max reward {reward.max().item():.4g}: shift rewards in [0, 1] by -1"
@@ -164,9 +165,9 @@ def mc_target_loss(
     beta = check_beta(beta)
     check_shape("target_prob", target_prob, positions.shape)
     check_shape("target_mask", target_mask, positions.shape)
-    if positions.numel() and (positions.min() < 0 or positions.max() >= q.shape[1]):
+    if violates((positions < 0) | (positions >= q.shape[1])):
         raise ValueError(f"positions must lie in 0..{q.shape[1] - 1} (prefix lengths)")
-    if (target_prob < 0).any() or (target_prob > 1).any():
+    if violates((target_prob < 0) | (target_prob > 1)):
         raise ValueError("target_prob must be a probability in [0, 1]")
     q_at = q.gather(1, positions.long())  # [B, M]
     if loss == "bce":
@@ -197,7 +198,7 @@ def spo_loss(
     mc_target_prob: Tensor | None = None,
     mc_mask: Tensor | None = None,
     weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Weighted combination of the SPO objectives, reduced over trajectories.
 
     logp, ref_logp, mask `[B, T]`; reward, q0 `[B]`; `terminal`, `reverse`, `advantage`, `mc`
@@ -225,6 +226,6 @@ def spo_loss(
     if not parts:
         raise ValueError("spo_loss needs at least one objective with weight > 0")
     per_trajectory = torch.stack(list(parts.values())).sum(0)  # [B]
-    metrics = {f"loss/{k}": reduce(v, weights).item() for k, v in parts.items()}
-    metrics["spo/q_terminal_minus_r"] = reduce((q[:, -1] - reward).abs().detach(), weights).item()
+    metrics = {f"loss/{k}": reduce(v, weights).detach() for k, v in parts.items()}
+    metrics["spo/q_terminal_minus_r"] = reduce((q[:, -1] - reward).abs().detach(), weights)
     return reduce(per_trajectory, weights), metrics

@@ -7,9 +7,8 @@ import json
 import os
 from pathlib import Path
 
-import torch
+from softrl.models.device import DTYPES
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
 def cache_root() -> Path:

@@ -20,6 +20,16 @@ class PaddedBatch:
     response_len: Tensor  # [B]
     max_response: int
 
+    def apply(self, move) -> PaddedBatch:
+        """The batch with `move` applied to each tensor (e.g. `Placement.to_device`)."""
+        return PaddedBatch(move(self.input_ids), move(self.attention_mask), move(self.position_ids),
+                           move(self.response_start), move(self.response_len), self.max_response)
+
+    def on(self, model) -> PaddedBatch:
+        """The batch on `model`'s device (itself when it is there already)."""
+        device = next(model.parameters()).device
+        return self if self.input_ids.device == device else self.apply(lambda t: t.to(device))
+
 
 def pad_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int, side: str = "right") -> PaddedBatch:
     if side not in ("left", "right"):
@@ -43,7 +53,7 @@ def pad_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
 
 def response_positions(batch: PaddedBatch) -> tuple[Tensor, Tensor]:
     """(index `[B, T]` of the position whose output predicts each response token, mask `[B, T]`)."""
-    steps = torch.arange(batch.max_response)
+    steps = torch.arange(batch.max_response, device=batch.input_ids.device)
     index = (batch.response_start[:, None] - 1 + steps[None, :]).clamp(max=batch.input_ids.shape[1] - 1)
     return index, (steps[None, :] < batch.response_len[:, None]).float()
 
@@ -54,8 +64,9 @@ def token_logprobs(model, batch: PaddedBatch, full: bool = False) -> tuple[Tenso
     Row b's response occupies positions `response_start[b] ...`; the logit predicting token j sits at j - 1.
     Gradients flow when the model is in training mode and grad is enabled.
     """
+    batch = batch.on(model)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids).logits.float()  # [B, L, V]
+                   position_ids=batch.position_ids, use_cache=False).logits.float()  # [B, L, V]
     index, mask = response_positions(batch)  # [B, T] each
     picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
     log_dist = torch.log_softmax(picked, -1)
@@ -93,7 +104,7 @@ def body_and_head(model):
 def response_hidden(decoder, batch: PaddedBatch) -> Tensor:
     """Hidden states at the positions that predict each response token: `[B, T, H]`."""
     hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                     position_ids=batch.position_ids).last_hidden_state  # [B, L, H]
+                     position_ids=batch.position_ids, use_cache=False).last_hidden_state  # [B, L, H]
     index, _ = response_positions(batch)
     return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
 
@@ -128,6 +139,7 @@ def token_stats(model, batch: PaddedBatch, entropy: bool = False, reference=None
     chunk by chunk along the sequence: the full fp32 `[B, T, V]` log-distribution is never held, not
     even for the backward pass (each chunk is recomputed from its hidden states, `[B, c, H]`).
     Models whose logits are not `head(hidden)` fall back to `token_logprobs`."""
+    batch = batch.on(model)
     split, ref_split = body_and_head(model), body_and_head(reference) if reference is not None else None
     _, mask = response_positions(batch)
     if split is None or (reference is not None and ref_split is None):
@@ -154,7 +166,7 @@ def token_stats(model, batch: PaddedBatch, entropy: bool = False, reference=None
                 None if ref_hidden is None else ref_hidden[:, t : t + width], entropy)
         parts.append(checkpoint(_chunk, *args, use_reentrant=False) if recompute else _chunk(*args))
     def joined(i: int) -> Tensor:
-        return torch.cat([p[i] for p in parts], 1) if parts else torch.zeros(B, 0)
+        return torch.cat([p[i] for p in parts], 1) if parts else torch.zeros(B, 0, device=targets.device)
 
     has_ref = reference is not None
     return TokenStats(joined(0) * mask, mask, joined(1) if entropy else None, joined(2) if has_ref else None,

@@ -36,6 +36,10 @@ class PolicyModel:
         """Chunked log-probs (and entropy, and token KL to `reference`): no `[B, T, V]` tensor kept."""
         return token_stats(self.model, batch, entropy, None if reference is None else reference.model)
 
+    def checkpoint_activations(self) -> None:
+        """Recompute each layer's activations in backward instead of keeping them."""
+        checkpoint_activations(self.model)
+
     def save(self, directory: str | Path) -> None:
         self.model.save_pretrained(str(directory))
         self.tokenizer.save_pretrained(str(directory))
@@ -78,9 +82,22 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
+    def checkpoint_activations(self) -> None:
+        checkpoint_activations(self.backbone)
+
     def values(self, batch: PaddedBatch) -> Tensor:
+        batch = batch.on(self.backbone)
         _, mask = response_positions(batch)  # [B, T]
         return self.head(response_hidden(self.backbone, batch).float()).squeeze(-1) * mask
+
+
+def checkpoint_activations(model) -> None:
+    """Hugging Face activation checkpointing, non-reentrant (works with frozen inputs and LoRA)."""
+    options = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # its name since transformers 5.20
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
 
 
 def attach_lora(model, r: int = 8, alpha: int = 16, dropout: float = 0.0, target_modules: list[str] | None = None):

@@ -29,17 +29,17 @@ class KLPGOptions(Options):
     kl: Literal["sequence", "token"] = Field("sequence", description="KL term: sequence log-ratio, or exact token KL")
 
 
-def agro_off_loss(o: AgroOffOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+def agro_off_loss(o: AgroOffOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     return agro.agro_off_policy_loss(x.logp, x.ref_logp, x.mask, x.reward, x.beta, x.group_size, o.estimator,
                                      x.token_kl, weights=x.weights)
 
 
-def agro_on_loss(o: AgroOnOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+def agro_on_loss(o: AgroOnOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     return agro.agro_on_policy_loss(x.logp, x.ref_logp, x.mask, x.reward, x.beta, x.group_size, o.estimator,
                                     x.token_kl, weights=x.weights)
 
 
-def kl_pg_loss(o: KLPGOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+def kl_pg_loss(o: KLPGOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     return agro.kl_pg_loss(x.logp, x.ref_logp, x.mask, x.reward, x.beta, x.group_size, o.kl, x.token_kl,
                            weights=x.weights)
 

@@ -56,7 +56,7 @@ Data = Literal["any", "on-policy", "online"]
 class Objective:
     name: str
     options: type[Options]
-    loss: Callable[[Options, LossInputs], tuple[Tensor, dict[str, float]]]
+    loss: Callable[[Options, LossInputs], tuple[Tensor, dict[str, Tensor]]]
     summary: str  # one line for listings
     # "any": correct for rows from any behaviour policy; "on-policy": the estimator assumes samples
     # of (about) the current policy; "online": needs this run's own rollouts (e.g. a value model)
@@ -90,6 +90,7 @@ def get(name: str) -> Objective:
         raise ValueError(f"unknown algorithm {name!r} (use {', '.join(REGISTRY)})") from None
 
 
-def objective_loss(options: Options, inputs: LossInputs) -> tuple[Tensor, dict[str, float]]:
-    """(loss, metrics) of the objective `options` configure."""
+def objective_loss(options: Options, inputs: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
+    """(loss, metrics) of the objective `options` configure; metrics are detached 0-d tensors (read once per
+    step by the learner, so a loss never waits for the device)."""
     return get(options.algorithm).loss(options, inputs)

@@ -37,7 +37,7 @@ class RLOOOptions(Options):
     algorithm: Literal["rloo"] = "rloo"
 
 
-def ppo_loss(o: PPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+def ppo_loss(o: PPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     if x.values is None or x.old_values is None:
         raise ValueError("ppo needs the value model's values")
     advantages, returns = ppo.ppo_advantages(x.old_logp, x.ref_logp, x.old_values, x.reward, x.mask, x.beta, o.lam)
@@ -45,12 +45,12 @@ def ppo_loss(o: PPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
                         value_coef=o.value_coef, weights=x.weights)
 
 
-def grpo_loss(o: GRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+def grpo_loss(o: GRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     advantages = grpo.group_advantages(x.reward, x.group_size, eps=o.std_eps)  # [B]
     return grpo.grpo_loss(x.logp, x.old_logp, x.ref_logp, advantages, x.mask, x.beta, o.clip, weights=x.weights)
 
 
-def dr_grpo_loss(o: DrGRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+def dr_grpo_loss(o: DrGRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     """Dr. GRPO (Liu et al. 2025): GRPO's advantage only centred (no division by the group's std, which
     up-weights near-uniform groups) and each response's token sum divided by one constant (dividing by
     its own length favours long wrong answers)."""
@@ -60,7 +60,7 @@ def dr_grpo_loss(o: DrGRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, flo
     return loss / o.length, metrics
 
 
-def rloo_loss(o: RLOOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+def rloo_loss(o: RLOOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     return rloo.rloo_loss(x.logp, x.ref_logp, x.mask, x.reward, x.beta, x.group_size, weights=x.weights)
 
 

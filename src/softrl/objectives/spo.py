@@ -21,7 +21,7 @@ class SPOOptions(Options):
     eps: float = Field(1e-4, gt=0, lt=1, description="BCE clip")
 
 
-def spo_loss(o: SPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, float]]:
+def spo_loss(o: SPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     # SPO's cross-entropy losses read exp(r / beta) as a probability, so they regress onto r - 1 <= 0
     # (0 solved, -1 failed); Q0 moves with it: beta log mean exp((r - 1) / beta) = Q0 - 1. Computed
     # in float64 first, as the soft value is.

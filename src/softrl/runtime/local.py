@@ -20,8 +20,12 @@ class Generation:
 
     def __init__(self, session: Session, mode: str, interval: int):
         self.session, self.mode, self.interval = session, mode, interval
-        shared = mode == "sync" and interval == 1
-        self.model = session.policy.model if shared else copy.deepcopy(session.policy.model).eval()
+        placement = session.run.placement
+        # one model for both only when nothing is stale and generation computes in the trained dtype;
+        # else a copy in the compute dtype (bf16 on a GPU: half the bytes read per decoded token)
+        shared = mode == "sync" and interval == 1 and placement.frozen == placement.weights
+        self.model = (session.policy.model if shared
+                      else placement.place(copy.deepcopy(session.policy.model), frozen=True).eval())
         self.version = session.learner.version
         self.worker = session.run.worker(self.model)
         self.pending: dict | None = None

@@ -62,7 +62,8 @@ class _Learner:
         return [p.id for p in self.session.feed.next_prompts()]
 
     def weights(self):
-        return {k: v.detach().clone() for k, v in self.session.policy.model.state_dict().items()}
+        # on the host: workers need not share the learner's device (the object store pickles them)
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.session.policy.model.state_dict().items()}
 
     def step(self, online: list[dict], elapsed: float) -> dict:
         return self.session.learn(online, elapsed)
@@ -77,13 +78,14 @@ class _Worker:
     def __init__(self, config: dict, model_path: str):
         import torch
 
-        from softrl.assemble import load_tasks, rollout_worker
+        from softrl.assemble import load_tasks, placement, rollout_worker
         from softrl.data import ExperienceStore
         from softrl.models.loading import load_causal_lm
 
         torch.set_num_threads(1)
         cfg = RunConfig.model_validate(config)
         self.model, tokenizer = load_causal_lm(model_path, cfg.model.dtype)
+        placement(cfg).place(self.model, frozen=True)
         self.version = -1  # no weights from the learner yet
         task, _ = load_tasks(cfg)
         self.prompts = {p.id: p for p in task.prompts()}

@@ -121,7 +121,7 @@ class RunLog:
 
         latest = sorted(p for p in (self.run_dir / "checkpoints").iterdir() if p.name.startswith("step-"))[-1]
         model.load_state_dict(AutoModelForCausalLM.from_pretrained(latest / "policy", dtype=model.dtype).state_dict())
-        state = torch.load(latest / "state.pt", weights_only=False)
+        state = torch.load(latest / "state.pt", map_location="cpu", weights_only=False)
         step = state["progress"]["step"]
         if self.metrics_path.exists():
             kept = [line for line in self.metrics_path.read_text().splitlines()

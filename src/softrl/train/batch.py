@@ -33,6 +33,12 @@ class Batch:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def apply(self, move: Callable[[Tensor], Tensor]) -> Batch:
+        """The batch with `move` applied to each tensor (e.g. `Placement.to_device`)."""
+        return Batch(self.rows, self.padded.apply(move), move(self.reward), move(self.q0), move(self.behavior_logp),
+                     move(self.has_behavior), move(self.mc_positions), move(self.mc_success), move(self.mc_mask),
+                     move(self.policy_version), self.sources, self.pad_id)
+
     def subset(self, index: list[int]) -> Batch:
         """The rows `index`, padding recomputed (so a micro-batch is no wider than it must be)."""
         ix = torch.tensor(index, dtype=torch.long)

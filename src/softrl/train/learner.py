@@ -18,6 +18,7 @@ from torch import Tensor
 
 import softrl.objectives as registry
 from softrl.config import RunConfig
+from softrl.models.device import CPU, Placement
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.objectives import LossInputs, objective_loss
 from softrl.train.batch import Batch
@@ -30,33 +31,55 @@ def old_logp(logp: Tensor, part: Batch) -> Tensor:
     return current.where(~part.has_behavior[:, None], part.behavior_logp[:, : current.shape[1]])
 
 
+def _add(metrics: dict[str, Tensor], key: str, value: Tensor) -> None:
+    """Accumulate a metric as a detached tensor (read once, at the end of the step)."""
+    value = value.detach().float()
+    metrics[key] = metrics[key] + value if key in metrics else value
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss was NaN or inf in too many steps in a row."""
 
 
-def micro_batches(batch: Batch, parts: int, group_size: Callable[[str], int]) -> list[tuple[str, list[int]]]:
-    """(source, row indices) chunks: each source's rows split into about `parts` pieces of whole groups."""
+def micro_batches(batch: Batch, parts: int, group_size: Callable[[str], int],
+                  max_tokens: int = 0) -> list[tuple[str, list[int]]]:
+    """(source, row indices) chunks of whole groups: each source's groups split into about `parts`
+    pieces, or, with `max_tokens`, packed by length into pieces of at most `max_tokens` padded tokens
+    (rows x the longest row; a group longer than that on its own is a piece of its own)."""
     chunks = []
     by_source: dict[str, list[int]] = defaultdict(list)
     for i, source in enumerate(batch.sources):
         by_source[source].append(i)
+    lengths = (batch.padded.response_start + batch.padded.response_len).tolist()  # [B] prompt + response
     for source, index in by_source.items():
         n = group_size(source)
         groups = [index[g : g + n] for g in range(0, len(index), n)]
-        per = max(1, math.ceil(len(groups) / parts))
-        chunks += [(source, sum(groups[c : c + per], [])) for c in range(0, len(groups), per)]
+        if not max_tokens:
+            per = max(1, math.ceil(len(groups) / parts))
+            chunks += [(source, sum(groups[c : c + per], [])) for c in range(0, len(groups), per)]
+            continue
+        piece: list[int] = []
+        width = 0
+        for group in sorted(groups, key=lambda g: -max(lengths[i] for i in g)):  # longest first: little padding
+            longest = max(lengths[i] for i in group)
+            if piece and (len(piece) + len(group)) * max(width, longest) > max_tokens:
+                chunks.append((source, piece))
+                piece, width = [], 0
+            piece, width = piece + group, max(width, longest)
+        chunks.append((source, piece))
     return chunks
 
 
 class Learner:
     def __init__(self, policy: PolicyModel, reference: ReferenceModel, config: RunConfig,
-                 value: ValueModel | None = None):
+                 value: ValueModel | None = None, placement: Placement = CPU):
         self.policy, self.reference, self.value, self.config = policy, reference, value, config
+        self.placement = placement
         params = [p for p in policy.model.parameters() if p.requires_grad]
         params += list(value.parameters()) if value is not None else []
         self.params = params
         opt = config.optim
-        self.optimizer = torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
+        self.optimizer = placement.optimizer(params, opt.lr, opt.weight_decay)
         warmup = max(1, opt.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
         self.version = 0  # optimizer steps taken: the policy version of what it generates next
@@ -85,29 +108,30 @@ class Learner:
             mc_positions=part.mc_positions, mc_success=part.mc_success, mc_mask=part.mc_mask), policy.entropy
 
     def step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step on `batch` (skipped when the loss is not finite); returns metrics."""
+        """One optimizer step on `batch` (skipped when the loss is not finite); returns metrics.
+        Metrics stay detached tensors on the device until the step's end: one read per step, no
+        synchronisation per micro-batch."""
         self.policy.model.train()
         cfg = self.config
         total_rows = len(batch)
-        metrics: dict[str, float] = defaultdict(float)
-        finite = True
-        for source, index in micro_batches(batch, cfg.optim.grad_accum, self.group_size):
+        metrics: dict[str, Tensor] = {}
+        for source, index in micro_batches(batch, cfg.optim.grad_accum, self.group_size, cfg.optim.micro_batch_tokens):
             options = cfg.data.objective_for(source)
-            part = batch.subset(index)
-            inputs, entropy = self.inputs(part, options, self.group_size(source))
-            loss, parts = objective_loss(options, inputs)
+            host = batch.subset(index)
+            part = host.apply(self.placement.to_device)
+            with self.placement.autocast():
+                inputs, entropy = self.inputs(part, options, self.group_size(source))
+                loss, parts = objective_loss(options, inputs)
             share = len(index) / total_rows
             scaled = options.weight * share * loss
-            if not torch.isfinite(scaled):
-                finite = False
-                break
             scaled.backward()
-            metrics["loss"] += scaled.item()
-            metrics[f"loss/{source}"] += share * loss.item()
+            _add(metrics, "loss", scaled)
+            _add(metrics, f"loss/{source}", share * loss)
             for key, value in parts.items():
-                metrics[key] += share * value
-            self._diagnostics(inputs, entropy, part, source, batch.sources.count(source), share, metrics)
-        if not finite:
+                _add(metrics, key, share * value)
+            self._diagnostics(inputs, entropy, part, bool(host.has_behavior.any()), source,
+                              batch.sources.count(source), share, metrics)
+        if not torch.isfinite(metrics["loss"]):  # the step's one synchronisation before the update
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_in_row += 1
             if self.nonfinite_in_row >= cfg.optim.max_nonfinite:
@@ -115,37 +139,39 @@ class Learner:
                                          f"(optim.max_nonfinite={cfg.optim.max_nonfinite}): lower optim.lr or check the data")
             return {"skipped_nonfinite": 1.0, "nonfinite_in_row": float(self.nonfinite_in_row)}
         self.nonfinite_in_row = 0
-        norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm or float("inf"))
+        metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm or float("inf"))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        metrics["grad_norm"] = float(norm)
-        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        out = dict(zip(metrics, torch.stack([v.detach().double().to("cpu") for v in metrics.values()]).tolist()))
+        out["lr"] = self.scheduler.get_last_lr()[0]
         online = batch.policy_version[torch.tensor([s == "online" for s in batch.sources])].double()  # [b]
         if len(online):
-            metrics["staleness/mean"] = self.version - 1 - online.mean().item()
-            metrics["staleness/max"] = float(self.version - 1 - online.min().item())
-        metrics["reward"] = batch.reward.mean().item()
-        return dict(metrics)
+            out["staleness/mean"] = self.version - 1 - online.mean().item()
+            out["staleness/max"] = float(self.version - 1 - online.min().item())
+        out["reward"] = batch.reward.mean().item()
+        return out
 
     @torch.no_grad()
-    def _diagnostics(self, x: LossInputs, entropy: Tensor, part: Batch, source: str, source_rows: int,
-                     share: float, metrics: dict[str, float]) -> None:
+    def _diagnostics(self, x: LossInputs, entropy: Tensor, part: Batch, weighted: bool, source: str,
+                     source_rows: int, share: float, metrics: dict[str, Tensor]) -> None:
         """KL to the reference (sequence log-ratio: on online rows an estimate of KL(pi || pi0)),
         entropy, importance-weight statistics."""
         mask = x.mask
         log_ratio = ((x.logp - x.ref_logp) * mask).sum(-1)  # [b]
-        metrics["kl_ref"] += share * log_ratio.mean().item()
-        metrics[f"kl_ref/{source}"] += log_ratio.sum().item() / source_rows
-        metrics["entropy"] += share * ((entropy * mask).sum() / mask.sum().clamp_min(1)).item()
-        if part.has_behavior.any():
+        _add(metrics, "kl_ref", share * log_ratio.mean())
+        _add(metrics, f"kl_ref/{source}", log_ratio.sum() / source_rows)
+        _add(metrics, "entropy", share * (entropy * mask).sum() / mask.sum().clamp_min(1))
+        if weighted:  # some rows have behaviour log-probs (read on the host: no synchronisation)
+            has = part.has_behavior.float()  # [b]
             behavior = part.behavior_logp[:, : mask.shape[1]]
-            log_w = ((x.logp - behavior) * mask).sum(-1)[part.has_behavior]  # [b']
-            w = log_w.exp()
-            metrics["iw/mean"] += share * w.mean().item()
-            metrics["iw/max"] = max(metrics["iw/max"], w.max().item())
-            metrics["iw/ess_fraction"] += share * (w.sum() ** 2 / (w**2).sum() / len(w)).item()
+            log_w = ((x.logp - behavior) * mask).sum(-1)  # [b]
+            w = log_w.exp() * has
+            rows = has.sum().clamp_min(1)
+            _add(metrics, "iw/mean", share * w.sum() / rows)
+            metrics["iw/max"] = torch.maximum(metrics.get("iw/max", w.new_zeros(())), w.max())
+            _add(metrics, "iw/ess_fraction", share * (w.sum() ** 2 / (w**2).sum().clamp_min(1e-30) / rows))
 
     # --- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -1,0 +1,107 @@
+"""Where the models of a run live and in what precision: the one seam between softrl and the
+accelerator. Everything CUDA-specific (TF32, bf16 autocast, fused AdamW, pinned non-blocking copies,
+out-of-memory advice) is decided here, from the device's type, so the CPU tests run the same code.
+
+Precision (docs/USAGE.md, "Running on a GPU"): the trained weights, their gradients and AdamW's
+state stay in `model.dtype` (fp32 by default: bf16 weights lose updates smaller than 2^-8 of the
+weight, which AdamW at 1e-6..1e-4 mostly makes); forward passes run under bf16 autocast where the
+device does bf16 matmuls fast (CUDA); frozen copies (the reference, a generation copy) are stored in
+the compute dtype, since nothing ever updates them.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is the first CUDA device when PyTorch sees one, else the CPU."""
+    if not _DEVICE.fullmatch(name):
+        raise ValueError(f"device must be {DEVICE_NAMES}, got {name!r}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: this PyTorch sees no CUDA device (torch {torch.__version__}); "
+                             "use device: cpu, or install a CUDA build of PyTorch")
+        if (device.index or 0) >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bf16 matmuls are the fast path on `device` (CUDA with bf16 support; not the CPU)."""
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The device of a run's models and the dtypes they compute and are stored in."""
+
+    device: torch.device
+    weights: torch.dtype  # the trained model's parameters (and so its gradients and AdamW state)
+    compute: torch.dtype | None  # autocast dtype of forward passes; None: the weights' own
+
+    @classmethod
+    def create(cls, device: str = "auto", dtype: str = "float32", autocast: str = "auto") -> Placement:
+        """`autocast`: auto (bf16 where the device is fast at it), off, or bfloat16."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if autocast not in ("auto", "off", "bfloat16"):
+            raise ValueError(f"autocast must be auto, off or bfloat16, got {autocast!r}")
+        where = resolve_device(device)
+        weights = DTYPES[dtype]
+        wanted = autocast == "bfloat16" or (autocast == "auto" and fast_bf16(where))
+        compute = torch.bfloat16 if wanted and weights != torch.bfloat16 else None
+        if where.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 for what stays in fp32
+        return cls(where, weights, compute)
+
+    @property
+    def frozen(self) -> torch.dtype:
+        """The dtype of copies that are never trained: the compute dtype."""
+        return self.compute or self.weights
+
+    def autocast(self):
+        """The forward passes' context: bf16 autocast, or nothing."""
+        if self.compute is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute)
+
+    def place(self, module, frozen: bool = False):
+        """`module` on the device, in the frozen or the trained dtype."""
+        return module.to(device=self.device, dtype=self.frozen if frozen else self.weights)
+
+    def to_device(self, tensor: Tensor) -> Tensor:
+        """A host tensor on the device: through pinned memory, without blocking the host, on CUDA."""
+        if tensor.device == self.device:
+            return tensor
+        if self.device.type == "cuda":
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device)
+
+    def optimizer(self, params: list, lr: float, weight_decay: float) -> torch.optim.AdamW:
+        """AdamW, fused into one kernel per step where the device has it (CUDA)."""
+        fused = self.device.type == "cuda" and all(p.is_floating_point() for p in params)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **({"fused": True} if fused else {}))
+
+
+CPU = Placement(torch.device("cpu"), torch.float32, None)
+
+
+def out_of_memory_advice(error: BaseException) -> str:
+    """A CUDA out-of-memory error as one line that names the settings that make a step fit."""
+    first = str(error).splitlines()[0] if str(error) else "out of memory"
+    return (f"the accelerator ran out of memory ({first[:160]}): lower optim.micro_batch_tokens (or raise "
+            "optim.grad_accum), set optim.gradient_checkpointing: true, lower sampling.prompts_per_step or "
+            "max_new_tokens, or train LoRA adapters (model.lora)")

@@ -1,0 +1,149 @@
+"""A decode loop of our own on a preallocated transformers `StaticCache`: the engine behind the
+"static" generation backend (`softrl.models.generation.StaticCacheGenerator`).
+
+`generate` in transformers pays per token for its Python machinery (logits processors, stopping
+criteria, a growing cache that is concatenated each step). Here the KV cache is allocated once for a
+(rows, length) shape and reused by later calls of the same shape; each step is one forward of the
+`[rows, 1]` next tokens with explicit positions and the full-length attention mask, and, on CUDA, that
+forward is compiled (`torch.compile`, CUDA graphs), which a static cache allows.
+
+Prompts are prefilled once each (into an ordinary dynamic cache, all but their last token, as
+`HFGenerator` does) and their keys/values are copied into the `n` rows of their samples; the first
+decode step feeds the prompts' last tokens. The sampling math (temperature, top-p) comes in as a
+function, so this module knows nothing of `SamplingParams` and `generation` can build on it.
+transformers 5 has no `cache_position` argument: a static cache layer tracks its own write position
+(`cumulative_length`), and the mask offsets come from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from softrl.models.logprobs import pad_batch
+
+COMPILE_MODES = {"cuda": "reduce-overhead"}  # CUDA graphs; elsewhere inductor's default
+# cache lengths are rounded up to this, so calls of nearby lengths share a cache (and a compiled graph);
+# uncompiled, a finer rounding, as every step attends over the whole cache length
+LENGTH_BUCKET = {True: 64, False: 8}
+KEPT_CACHES = 2  # distinct row counts kept (a full chunk and the last, shorter one)
+# steps between "all rows finished?" checks: a host sync on an accelerator, free on the CPU
+CHECK_EVERY = {"cuda": 8}
+
+
+def _config_dims(config) -> tuple[int, int]:
+    """(key/value heads, head dim) of a decoder config."""
+    config = config.get_text_config(decoder=True)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return heads, head_dim
+
+
+class StaticDecoder:
+    """Samples continuations of token-id prompts on a reused static KV cache.
+
+    `compile`: "auto" compiles the one-token decode forward when the model is on CUDA, True always
+    (on CPU that is inductor C++ code: slow to build, see tests), False never.
+    """
+
+    def __init__(self, model, compile: bool | str = "auto"):
+        if compile not in ("auto", True, False):
+            raise ValueError(f"compile must be 'auto', True or False, got compile={compile!r}")
+        self.model = model
+        first = next(model.parameters())
+        self.device, self.dtype = first.device, first.dtype
+        self.compiled = compile is True or (compile == "auto" and self.device.type == "cuda")
+        self._caches: dict[int, tuple] = {}  # rows -> (StaticCache, length)
+        self._step = self._forward
+        if self.compiled:
+            self._step = torch.compile(self._forward, mode=COMPILE_MODES.get(self.device.type), fullgraph=True,
+                                       dynamic=False)
+
+    def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor, cache) -> Tensor:
+        """Next-token logits `[rows, V]` in fp32 after feeding `ids` `[rows, 1]`."""
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
+                         use_cache=True)
+        return out.logits[:, -1].float()
+
+    def cache(self, rows: int, length: int):
+        """(cache, length): a zeroed static cache for `rows` x `length` positions, `length` rounded up to
+        LENGTH_BUCKET: the one from an earlier call when its shape is the same, else a new one. (Sliding-
+        window layers hold at most their window; `length` is what the attention mask spans.)"""
+        from transformers import StaticCache
+
+        bucket = LENGTH_BUCKET[self.compiled]
+        length = -(-length // bucket) * bucket
+        cache, kept = self._caches.get(rows, (None, 0))
+        if cache is not None and kept == length:
+            cache.reset()
+            return cache, length
+        self._caches.pop(rows, None)
+        while len(self._caches) >= KEPT_CACHES:  # drop the oldest before allocating
+            self._caches.pop(next(iter(self._caches)))
+        cache = StaticCache(config=self.model.config, max_cache_len=length)
+        heads, head_dim = _config_dims(self.model.config)
+        cache.early_initialization(rows, heads, head_dim, self.dtype, self.device)
+        self._caches[rows] = cache, length
+        return cache, length
+
+    def _prefill(self, ids: Tensor, mask: Tensor, positions: Tensor, n: int, cache, full_mask: Tensor) -> None:
+        """Run the prompts' tokens but the last into `cache` (rows = prompts x n, prompt-major)."""
+        from transformers.cache_utils import StaticLayer
+
+        width = ids.shape[1] - 1
+        if width < 1:
+            return
+        shareable = n > 1 and all(type(layer) is StaticLayer for layer in cache.layers)
+        if not shareable:  # n == 1, or sliding-window / hybrid layers: prefill every row into the cache
+            self.model(input_ids=ids[:, :width].repeat_interleave(n, 0), attention_mask=full_mask,
+                       position_ids=positions[:, :width].repeat_interleave(n, 0), past_key_values=cache,
+                       use_cache=True, logits_to_keep=1)
+            return
+        # each prompt once, then its keys/values broadcast into its n rows
+        prompts = ids.shape[0]
+        dynamic = self.model(input_ids=ids[:, :width], attention_mask=mask[:, :width],
+                             position_ids=positions[:, :width], use_cache=True, logits_to_keep=1).past_key_values
+        for target, source in zip(cache.layers, dynamic.layers):
+            for dst, src in ((target.keys, source.keys), (target.values, source.values)):
+                dst.view(prompts, n, *dst.shape[1:])[:, :, :, :width].copy_(src[:, None])
+            target.cumulative_length.fill_(width)
+
+    @torch.no_grad()
+    def decode(self, prompts: list[list[int]], n: int, max_new_tokens: int, process: Callable[[Tensor], Tensor],
+               pad_id: int, eos_id: int | None, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """(tokens, behaviour log-probs), both `[len(prompts) * n, steps]` on the model's device, rows
+        grouped by prompt. `process` maps fp32 logits `[rows, V]` to the sampling distribution's logits;
+        tokens are drawn from its softmax and scored by its log-softmax. A row that produced `eos_id` emits
+        `pad_id` after it; `steps` < `max_new_tokens` when every row finished early."""
+        batch = pad_batch(prompts, [[] for _ in prompts], pad_id, side="left")  # generation continues at the right
+        ids, mask, positions = (x.to(self.device) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
+        rows, width = len(prompts) * n, ids.shape[1]
+        cache, length = self.cache(rows, width + max_new_tokens)
+        # full-length mask: the prompt's padding, then every later position (the causal mask hides the future)
+        full_mask = torch.ones(rows, length, dtype=torch.bool, device=self.device)
+        full_mask[:, :width] = mask.repeat_interleave(n, 0).bool()
+        self._prefill(ids, mask, positions, n, cache, full_mask)
+
+        token = ids[:, -1:].repeat_interleave(n, 0)  # [rows, 1]
+        position = positions[:, -1:].repeat_interleave(n, 0)
+        tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=self.device)
+        logps = torch.zeros(rows, max_new_tokens, device=self.device)
+        done = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        steps, check_every = max_new_tokens, CHECK_EVERY.get(self.device.type, 1)
+        for t in range(max_new_tokens):
+            if self.compiled and self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            scores = process(self._step(token, position, full_mask, cache))
+            nxt = torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
+            nxt = nxt.masked_fill(done, pad_id)
+            tokens[:, t] = nxt
+            logps[:, t] = torch.log_softmax(scores, -1).gather(-1, nxt[:, None]).squeeze(-1)
+            if eos_id is not None:
+                done |= nxt == eos_id
+                if (t + 1) % check_every == 0 and t + 1 < max_new_tokens and bool(done.all()):
+                    steps = t + 1
+                    break
+            token, position = nxt[:, None], position + 1
+        return tokens[:, :steps], logps[:, :steps]

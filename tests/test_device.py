@@ -1,0 +1,166 @@
+"""One device: placement and precision, token-budget micro-batches, activation checkpointing, losses
+that never read the device, and out-of-memory as one line. Everything here runs on the CPU; the
+CUDA-only checks are in test_gpu.py."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from softrl.config import ConfigError, load_config  # noqa: E402
+from softrl.models.device import CPU, Placement, resolve_device  # noqa: E402
+from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel  # noqa: E402
+from softrl.train import learner as learner_module  # noqa: E402
+from softrl.train.learner import Learner, micro_batches  # noqa: E402
+from test_training import make_rows, seed_store, tiny_overrides  # noqa: E402
+
+
+def batch_of(tiny, n_prompts=4, n=3):
+    from softrl.models.loading import encode_prompt
+    from softrl.train.batch import make_batch
+
+    rows, fingerprint, task = make_rows(tiny, n_prompts, n)
+    tok = tiny[2]
+    return make_batch(rows, fingerprint, tok.pad_token_id, lambda t: encode_prompt(tok, t),
+                      lambda t: tok(t)["input_ids"], {p.id: 0.5 for p in task.prompts()})
+
+
+def learner_for(tiny, overrides, placement=CPU, algorithm="spo"):
+    config = load_config(None, [f"data.objective.algorithm={algorithm}", "sampling.samples_per_prompt=3",
+                                "data.mix={online: 1}", "optim.warmup_steps=0", *overrides])
+    policy = PolicyModel.load(tiny[0])
+    placement.place(policy.model)
+    reference = ReferenceModel.from_policy(policy)
+    value = placement.place(ValueModel(reference.model)) if algorithm == "ppo" else None
+    placement.place(reference.model, frozen=True)
+    if config.optim.gradient_checkpointing:
+        policy.checkpoint_activations()
+    return Learner(policy, reference, config, value, placement)
+
+
+def test_placement_on_a_machine_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu") and resolve_device("cpu") == torch.device("cpu")
+    for bad, message in [("cuda", "sees no CUDA device"), ("cuda:1", "sees no CUDA device"), ("gpu", "auto, cpu, cuda")]:
+        with pytest.raises(ValueError, match=message):
+            resolve_device(bad)
+    auto = Placement.create("auto")
+    assert auto.compute is None and auto.frozen == torch.float32  # no bf16 autocast on the CPU unless asked
+    forced = Placement.create("cpu", "float32", "bfloat16")
+    assert forced.compute == torch.bfloat16 and forced.frozen == torch.bfloat16 and forced.weights == torch.float32
+    assert Placement.create("cpu", "bfloat16", "auto").frozen == torch.bfloat16
+    x = torch.ones(3)
+    assert CPU.to_device(x) is x
+
+
+def test_device_settings_are_checked_at_the_door(monkeypatch, tiny, tmp_path):
+    with pytest.raises(ConfigError, match="model.device: must be auto, cpu, cuda or cuda:N, got 'gpu'"):
+        load_config(None, ["model.device=gpu"])
+    with pytest.raises(ConfigError, match="model.autocast"):
+        load_config(None, ["model.autocast=fp16"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    from softrl.assemble import Run
+
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"model.device": "cuda"}))
+    with pytest.raises(ConfigError, match="model.device: device 'cuda': this PyTorch sees no CUDA device"):
+        Run(config)
+
+
+def test_token_budget_micro_batches_keep_groups_whole_within_the_budget(tiny):
+    batch = batch_of(tiny, n_prompts=6, n=3)
+    lengths = (batch.padded.response_start + batch.padded.response_len).tolist()
+    groups = [set(range(g, g + 3)) for g in range(0, len(batch), 3)]
+    for budget in (1, 60, 200, 10_000):
+        chunks = micro_batches(batch, 1, lambda source: 3, max_tokens=budget)
+        rows = sorted(i for _, index in chunks for i in index)
+        assert rows == list(range(len(batch)))  # every row once
+        for _, index in chunks:
+            assert all(g <= set(index) or not g & set(index) for g in groups)  # groups whole
+            cost = len(index) * max(lengths[i] for i in index)
+            assert cost <= budget or len(index) == 3  # over budget only as a lone group
+        if budget == 10_000:
+            assert len(chunks) == 1
+        if budget == 1:
+            assert len(chunks) == len(groups)
+
+
+@pytest.mark.parametrize("algorithm", ["spo", "ppo"])
+def test_token_budget_and_activation_checkpointing_give_the_same_step(tiny, algorithm):
+    batch = batch_of(tiny)
+    results = []
+    for overrides in ([], ["optim.micro_batch_tokens=60"], ["optim.gradient_checkpointing=true"]):
+        torch.manual_seed(0)
+        learner = learner_for(tiny, overrides, algorithm=algorithm)
+        if overrides == ["optim.gradient_checkpointing=true"]:
+            model = learner.policy.model
+            assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
+        results.append((learner.step(batch), [p.detach().clone() for p in learner.params]))
+    (base, base_params), *others = results
+    for metrics, params in others:
+        for key in ("loss", "grad_norm", "kl_ref", "entropy"):
+            assert metrics[key] == pytest.approx(base[key], rel=1e-5, abs=1e-6), key
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(base_params, params))
+
+
+def test_losses_never_read_a_tensor(tiny, monkeypatch):
+    """On a GPU every `.item()` in a loss is a synchronisation per micro-batch: losses hand back
+    detached tensors, and the learner reads them once per step. Value checks read host tensors only
+    (`violates`), so the tensors are put on the meta device for them."""
+    from softrl.algorithms.common import violates
+
+    assert violates(torch.tensor([False, True])) and not violates(torch.ones(2, device="meta") > 0)
+    real_loss = learner_module.objective_loss
+
+    def no_reads(options, inputs):
+        with monkeypatch.context() as m:
+            for name in ("item", "tolist", "__float__"):
+                m.setattr(torch.Tensor, name, lambda *a: pytest.fail(f"a loss read a tensor ({name})"))
+            loss, parts = real_loss(options, inputs)
+        assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in parts.values())
+        return loss, parts
+
+    monkeypatch.setattr(learner_module, "objective_loss", no_reads)
+    from softrl.objectives import REGISTRY
+
+    batch = batch_of(tiny, n_prompts=2)
+    for algorithm in REGISTRY:
+        metrics = learner_for(tiny, [], algorithm=algorithm).step(batch)
+        assert all(isinstance(v, float) and v == v for v in metrics.values()), algorithm
+
+
+def test_bf16_autocast_step_on_the_cpu_is_close_to_fp32(tiny):
+    batch = batch_of(tiny)
+    fp32 = learner_for(tiny, []).step(batch)
+    learner = learner_for(tiny, [], placement=Placement.create("cpu", "float32", "bfloat16"))
+    assert next(learner.reference.model.parameters()).dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in learner.params)  # fp32 weights and so fp32 AdamW state
+    mixed = learner.step(batch)
+    assert mixed["loss"] == pytest.approx(fp32["loss"], rel=0.05, abs=0.02)
+    assert all(s["exp_avg"].dtype == torch.float32 for s in learner.optimizer.state.values())
+
+
+def test_out_of_memory_is_one_line_naming_the_settings(capsys):
+    import typer
+
+    from softrl.cli_common import one_line_errors
+
+    with pytest.raises(typer.Exit) as exit_info, one_line_errors():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
+    err = capsys.readouterr().err
+    assert exit_info.value.exit_code == 2 and err.count("\n") == 1
+    assert "Tried to allocate 20.00 GiB" in err and "optim.micro_batch_tokens" in err and "gradient_checkpointing" in err
+
+
+def test_static_backend_trains_with_a_token_budget_and_checkpointing(tiny, tmp_path):
+    from softrl.runtime.local import train
+
+    seed_store(tmp_path)
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
+        "sampling.backend": "static", "optim.micro_batch_tokens": 64, "optim.gradient_checkpointing": "true",
+        "model.device": "cpu", "optim.steps": 2, "log.checkpoint_every": 2}))
+    summary = train(config, log=lambda m: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 2 and [r["step"] for r in records if "loss" in r] == [1, 2]
+    assert all(r["loss"] == r["loss"] for r in records if "loss" in r)

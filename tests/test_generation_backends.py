@@ -1,0 +1,270 @@
+"""Generation backends ("hf": transformers `generate`; "static": own decode loop on a reused static KV
+cache): the same contract, exact behaviour log-probs, the same samples for the same seed."""
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from softrl.models.generation import (  # noqa: E402
+    HFGenerator, SamplingParams, StaticCacheGenerator, make_generator, temperature_top_p,
+)
+from softrl.models.logprobs import pad_batch, token_logprobs  # noqa: E402
+from softrl.models.static_generation import StaticDecoder  # noqa: E402
+
+BACKENDS = ["hf", "static"]
+
+
+def _encode(tokenizer, texts):
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def _generator(backend, model, tok, **kwargs):
+    return HFGenerator(model, tok, **kwargs) if backend == "hf" else StaticCacheGenerator(model, tok, compile=False,
+                                                                                          **kwargs)
+
+
+def _fresh_logits(model, prompt, tokens):
+    """fp32 logits `[len(tokens), V]` predicting each of `tokens` after `prompt`: one unpadded forward."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0].float()
+    return logits[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
+
+
+def _assert_behaviour_logprobs(model, prompts, samples, top_p=1.0, atol=1e-4):
+    """Each sample's log-probs are log_softmax(temperature_top_p(logits)) at its tokens, from a fresh
+    unpadded forward at its own temperature."""
+    for s in samples:
+        assert len(s.logprobs) == len(s.tokens) >= 1
+        logits = _fresh_logits(model, prompts[s.prompt_index], s.tokens)
+        processed = temperature_top_p(logits, torch.full((len(s.tokens),), s.temperature), top_p)
+        expected = torch.log_softmax(processed, -1).gather(-1, torch.tensor(s.tokens)[:, None]).squeeze(-1)
+        assert torch.isfinite(expected).all()
+        assert torch.allclose(torch.tensor(s.logprobs), expected, atol=atol), (s.logprobs, expected.tolist())
+
+
+def _eos_biased(model, tok, bias):
+    """A copy of `model` whose output layer adds `bias` to the EOS logit."""
+    biased = copy.deepcopy(model)
+    head = biased.lm_head
+    linear = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(head.weight)
+        linear.bias.zero_()
+        linear.bias[tok.eos_token_id] = bias
+    biased.lm_head = linear
+    return biased
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_behaviour_logprobs_match_a_fresh_forward(tiny, backend):
+    _, model, tok = tiny
+    prompts = _encode(tok, ["3 7 25 -> 178\n", "1 2 -> 3\n"])
+    samples = _generator(backend, model, tok).generate(prompts, SamplingParams(n=4, max_new_tokens=12, seed=0))
+    assert len(samples) == 8 and [s.prompt_index for s in samples] == [0] * 4 + [1] * 4  # grouped, prompt order
+    batch = pad_batch([prompts[s.prompt_index] for s in samples], [s.tokens for s in samples], tok.pad_token_id)
+    with torch.no_grad():
+        fresh, mask, _ = token_logprobs(model, batch)
+    for i, s in enumerate(samples):
+        assert len(s.logprobs) == len(s.tokens) == int(mask[i].sum())
+        assert torch.allclose(torch.tensor(s.logprobs), fresh[i, : len(s.tokens)], atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("temperature,top_p", [(0.5, 1.0), (1.3, 1.0), (1.0, 0.5), (0.7, 0.9)])
+def test_temperature_and_top_p_logprobs_are_the_sampling_distribution(tiny, backend, temperature, top_p):
+    _, model, tok = tiny
+    prompts = _encode(tok, ["9 -> 9\n", "12 -> 3\n"])
+    params = SamplingParams(n=3, max_new_tokens=8, temperature=temperature, top_p=top_p, seed=2)
+    samples = _generator(backend, model, tok).generate(prompts, params)
+    assert all(s.temperature == temperature for s in samples)
+    _assert_behaviour_logprobs(model, prompts, samples, top_p)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ranged_temperatures_are_drawn_recorded_and_used(tiny, backend):
+    _, model, tok = tiny
+    prompts = _encode(tok, ["9 -> 9\n", "4 4 -> 8\n"])
+    params = SamplingParams(n=8, max_new_tokens=6, temperature_range=(0.1, 0.8), top_p=0.95, seed=1)
+    samples = _generator(backend, model, tok, max_batch=8).generate(prompts, params)  # two chunks
+    temps = [s.temperature for s in samples]
+    assert all(0.1 <= t <= 0.8 for t in temps) and len(set(temps)) == 16
+    _assert_behaviour_logprobs(model, prompts, samples, top_p=0.95)
+
+
+def test_static_draws_the_samples_hf_draws(tiny):
+    """Same seed, same temperatures (drawn in the same order across chunks), same tokens, same log-probs."""
+    _, model, tok = tiny
+    prompts = _encode(tok, ["3 7 25 -> 178\n", "1 2 -> 3\n", "x", "a much longer prompt here -> 9\n"])
+    params = SamplingParams(n=3, max_new_tokens=16, temperature_range=(0.3, 1.2), top_p=0.9, stop=("+",), seed=5)
+    hf = HFGenerator(model, tok, max_batch=6).generate(prompts, params)
+    static = StaticCacheGenerator(model, tok, max_batch=6, compile=False).generate(prompts, params)
+    assert [(s.prompt_index, s.tokens, s.text, s.finish, s.temperature) for s in static] == \
+        [(s.prompt_index, s.tokens, s.text, s.finish, s.temperature) for s in hf]
+    for a, b in zip(hf, static):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_left_padded_prompts_of_different_lengths_match_unpadded_forwards(tiny, backend):
+    _, model, tok = tiny
+    prompts = _encode(tok, ["x", "1 2 -> 3\n", "a much longer prompt, with many more characters -> 9\n"])
+    for n in (1, 3):  # n == 1 prefills every row into the static cache; n > 1 shares each prompt's prefill
+        samples = _generator(backend, model, tok).generate(prompts, SamplingParams(n=n, max_new_tokens=10, seed=n))
+        assert [s.prompt_index for s in samples] == [i for i in range(3) for _ in range(n)]
+        _assert_behaviour_logprobs(model, prompts, samples)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eos_ends_a_sample(tiny, backend):
+    _, model, tok = tiny
+    biased = _eos_biased(model, tok, bias=3.0)
+    prompts = _encode(tok, ["9 -> 9\n"])
+    samples = _generator(backend, biased, tok).generate(prompts, SamplingParams(n=16, max_new_tokens=30, seed=3))
+    ended = [s for s in samples if s.finish == "eos"]
+    assert ended and any(len(s.tokens) > 1 for s in ended)
+    for s in ended:
+        assert s.tokens[-1] == tok.eos_token_id and tok.eos_token_id not in s.tokens[:-1]
+        assert len(s.logprobs) == len(s.tokens) and tok.eos_token not in s.text
+    for s in samples:
+        assert s.finish in ("eos", "length") and (s.finish == "eos" or len(s.tokens) == 30)
+    _assert_behaviour_logprobs(biased, prompts, samples)
+
+
+def test_static_rows_emit_pad_after_eos_and_the_loop_ends_early(tiny):
+    _, model, tok = tiny
+    decoder = StaticDecoder(_eos_biased(model, tok, bias=4.0), compile=False)
+    prompts = _encode(tok, ["9 -> 9\n", "1 2 -> 3\n"])
+    tokens, logp = decoder.decode(prompts, 4, 50, lambda s: s, tok.pad_token_id, tok.eos_token_id,
+                                  torch.Generator().manual_seed(0))
+    assert tokens.shape == logp.shape and tokens.shape[0] == 8
+    ends = [row.index(tok.eos_token_id) for row in tokens.tolist()]
+    for row, end in zip(tokens.tolist(), ends):
+        assert all(t == tok.pad_token_id for t in row[end + 1 :])
+    # on the CPU "all rows finished?" is checked every step (on CUDA every 8, a host sync each)
+    assert tokens.shape[1] == max(ends) + 1 < 50
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stop_strings_end_a_sample_and_cut_the_text(tiny, backend):
+    _, model, tok = tiny
+    prompt = _encode(tok, ["9 -> 9\n"])
+    stopped = _generator(backend, model, tok).generate(prompt, SamplingParams(n=32, max_new_tokens=40, stop=("a",),
+                                                                              seed=4))
+    for s in stopped:
+        assert s.finish in ("stop", "eos", "length") and len(s.logprobs) == len(s.tokens)
+        if s.finish == "stop":
+            assert s.text.endswith("a") and s.text.count("a") == 1
+            assert tok.decode(s.tokens, skip_special_tokens=True) == s.text
+            assert "a" not in tok.decode(s.tokens[:-1], skip_special_tokens=True)
+    assert any(s.finish == "stop" for s in stopped)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_model(tiny, backend):
+    _, model, tok = tiny
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    prompts = _encode(tok, ["3 7 25 -> 178\n", "x"])
+    samples = _generator(backend, half, tok).generate(prompts, SamplingParams(n=2, max_new_tokens=8, temperature=0.5,
+                                                                              seed=0))
+    assert len(samples) == 4 and all(isinstance(v, float) for s in samples for v in s.logprobs)
+    # bf16 rounding differs between a cached decode and one full forward (about 1e-3 here); T = 1
+    # instead of 0.5 would be off by about 0.1
+    _assert_behaviour_logprobs(half, prompts, samples, atol=1e-2)
+
+
+def test_static_cache_is_reused_across_calls_of_one_shape(tiny):
+    _, model, tok = tiny
+    gen = StaticCacheGenerator(model, tok, compile=False)
+    prompts = _encode(tok, ["3 7 25 -> 178\n", "1 2 -> 3\n"])
+    params = SamplingParams(n=4, max_new_tokens=12, seed=7)
+    first = gen.generate(prompts, params)
+    cache, _ = gen.decoder._caches[8]
+    keys = cache.layers[0].keys
+    again = gen.generate(_encode(tok, ["1 2 3 4 -> 10\n", "22 -> 4\n"]), params)  # same rows and width
+    assert gen.decoder._caches[8][0] is cache and cache.layers[0].keys.data_ptr() == keys.data_ptr()
+    assert [s.tokens for s in gen.generate(prompts, params)] == [s.tokens for s in first]  # no state leaks
+    assert len(again) == 8
+    gen.generate(prompts, SamplingParams(n=2, max_new_tokens=12, seed=7))  # another row count: its own cache
+    assert set(gen.decoder._caches) == {8, 4} and gen.decoder._caches[8][0] is cache
+    gen.generate(prompts, SamplingParams(n=4, max_new_tokens=40, seed=7))  # longer: replaces the 8-row cache
+    assert set(gen.decoder._caches) == {8, 4} and gen.decoder._caches[8][0] is not cache
+    assert gen.decoder._caches[8][0].get_max_length() >= 14 + 40
+
+
+def test_make_generator_picks_a_backend_by_name(tiny):
+    _, model, tok = tiny
+    assert isinstance(make_generator(model, tok, "hf"), HFGenerator)
+    static = make_generator(model, tok, "static", max_batch=16)
+    assert isinstance(static, StaticCacheGenerator) and static.max_batch == 16
+    assert not static.decoder.compiled  # "auto" compiles on CUDA only
+    assert isinstance(make_generator(model, tok, "auto"), HFGenerator)  # CPU
+    with pytest.raises(ValueError, match=r"unknown generation backend 'vllm'; valid: hf, static, auto"):
+        make_generator(model, tok, "vllm")
+    with pytest.raises(ValueError, match="compile must be"):
+        StaticCacheGenerator(model, tok, compile="yes")
+
+
+def test_compiled_decode_step_matches_eager(tiny):
+    """compile=True on CPU (inductor C++ code; 20-35 s to build on 2 cores): same tokens, same log-probs."""
+    _, model, tok = tiny
+    prompts = _encode(tok, ["3 7 25 -> 178\n", "x"])
+    params = SamplingParams(n=2, max_new_tokens=10, temperature=0.7, top_p=0.9, seed=0)
+    eager = StaticCacheGenerator(model, tok, compile=False).generate(prompts, params)
+    compiled_gen = StaticCacheGenerator(model, tok, compile=True)
+    assert compiled_gen.decoder.compiled
+    compiled = compiled_gen.generate(prompts, params)
+    assert [s.tokens for s in compiled] == [s.tokens for s in eager]
+    for a, b in zip(eager, compiled):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+ARCHITECTURES = {  # beyond Llama: GQA with biases, learned positions, all-sliding-window, hybrid sliding/full
+    "qwen2": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2),
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4),
+    "mistral": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, sliding_window=8),
+    "gemma2": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, sliding_window=8),
+}
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_static_draws_the_samples_hf_draws_on_other_architectures(tiny, architecture):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _, _, tok = tiny
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(architecture, vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                  **ARCHITECTURES[architecture])
+    model = AutoModelForCausalLM.from_config(config).eval()
+    prompts = _encode(tok, ["3 7 25 -> 178\n", "1 2 -> 3\n", "x"])  # longer than the sliding windows
+    for n in (1, 3):
+        params = SamplingParams(n=n, max_new_tokens=16, temperature=0.8, seed=n)
+        hf = HFGenerator(model, tok).generate(prompts, params)
+        static = StaticCacheGenerator(model, tok, compile=False).generate(prompts, params)
+        assert [s.tokens for s in static] == [s.tokens for s in hf]
+        for a, b in zip(hf, static):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ignore_eos_gives_fixed_length_samples_with_exact_logprobs(tiny, backend):
+    """Fixed work for benchmarks: EOS is never drawn, so every sample is max_new_tokens long, and the
+    behaviour log-probs are those of the distribution with EOS removed."""
+    _, model, tok = tiny
+    biased = _eos_biased(model, tok, bias=3.0)  # EOS would end most samples early
+    prompts = _encode(tok, ["9 -> 9\n"])
+    params = SamplingParams(n=8, max_new_tokens=12, seed=3, ignore_eos=True)
+    samples = _generator(backend, biased, tok).generate(prompts, params)
+    eos = tok.eos_token_id
+    assert all(len(s.tokens) == 12 and eos not in s.tokens and s.finish == "length" for s in samples)
+    for s in samples:
+        logits = _fresh_logits(biased, prompts[0], s.tokens)
+        logits[:, eos] = float("-inf")
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(s.tokens)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4)
