@@ -69,35 +69,45 @@ def test_bench_learning_end_to_end(tiny, tmp_path):
 
 
 def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
-    from softrl.bench.systems import (STEP_PASSES, batch_rows, end_to_end, learner_step_in_subprocess,
-                                      markdown as systems_markdown, matmul_peak_flops, runtime_config)
+    from softrl.bench.systems import (STEP_PASSES, alternate, batch_rows, end_to_end, learner_step_in_subprocess,
+                                      markdown as systems_markdown, matmul_peak_flops, pair_ratios, runtime_config)
 
     directory = str(tiny[0])
     rows = batch_rows(directory, "countdown", 2, 2, 8)
-    assert len(rows) == 4
+    assert len(rows) == 4 and all(len(r["response_tokens"]) == 8 for r in rows)  # fixed work: EOS never drawn
     rows_file = tmp_path / "rows.json"
     rows_file.write_text(json.dumps(rows, default=str))
-    learner = {m: learner_step_in_subprocess(m, directory, rows_file, 2, 2) for m in ("spo", "ppo")}
+    learner = {m: learner_step_in_subprocess(m, directory, rows_file, 2, 2, "cpu") for m in ("spo", "ppo")}
     for r in learner.values():
         assert r["step_s"] > 0 and r["peak_mib"] > 0 and r["rows"] == 4
+        assert set(r["split_s"]) == {"forward", "backward", "optimizer"} and sum(r["split_s"].values()) <= r["step_s"]
     assert learner["ppo"]["step_flops"] / learner["spo"]["step_flops"] == pytest.approx(STEP_PASSES["ppo"] / STEP_PASSES["spo"])
+    checkpointed = learner_step_in_subprocess("spo", directory, rows_file, 2, 2, "cpu", checkpointing=True)
+    assert checkpointed["first_loss"] == pytest.approx(learner["spo"]["first_loss"], rel=1e-5)
     peak = matmul_peak_flops(n=256, reps=2)
     assert peak > 1e6
-    config = runtime_config(tmp_path, "sync", "countdown", 2, 2, 2, **{"model.path": directory,
-                                                                        "sampling.max_new_tokens": 8})
-    e2e = end_to_end(config)
+    config = runtime_config(tmp_path, "sync", "countdown", 2, 2, 2, **{
+        "model.path": directory, "sampling.max_new_tokens": 8, "sampling.ignore_eos": True})
+    rounds = alternate({"a": lambda: end_to_end(config), "b": lambda: end_to_end(config)}, pairs=2)
+    assert [len(v) for v in rounds.values()] == [2, 2]
+    e2e = rounds["a"][0]
     assert e2e["samples"] == 8 and e2e["samples_per_s"] > 0
+    assert {"generation", "forward", "backward", "optimizer"} <= set(e2e["split_s"])
+    ratio = pair_ratios(rounds, "a", "b")
+    assert len(ratio["by_pair"]) == 2 and ratio["median"] > 0
     result = {"model": directory, "task": "countdown", "batch": "2 x 2", "max_new_tokens": 8, "threads": 1,
-              "cpu": "x", "matmul_peak_flops": peak,
+              "cpu": "x", "matmul_peak_flops": peak, "fixed_work": True,
               "learner": {m: {**r, "of_peak": r["achieved_flops"] / peak} for m, r in learner.items()},
-              "e2e": {"sync": e2e, "async": e2e}}
+              "rounds": {"softrl-sync": rounds["a"], "softrl-async": rounds["b"]},
+              "ratios": {"async_over_sync": ratio["median"]}}
     table = systems_markdown(result)
-    assert "SPO / PPO: step time" in table and "async / sync samples/s: 1.00x" in table
+    assert "| softrl-sync | 2 |" in table and "async_over_sync" in table and "fixed work" in table
 
 
 def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path):
     pytest.importorskip("trl")
     from softrl.bench.systems import trl_grpo
 
-    r = trl_grpo(str(tiny[0]), "countdown", 2, 2, 2, 8, tmp_path)
+    r = trl_grpo(str(tiny[0]), "countdown", 2, 2, 2, 8, tmp_path, lr=1e-4, fixed=True, device="cpu")
     assert r["steps"] == 2 and r["samples"] == 8 and r["samples_per_s"] > 0
+    assert r["completion_tokens"] == 8  # TRL's own mean completion length: the same fixed work as softrl's

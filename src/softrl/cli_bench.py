@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from softrl.bench.learning import METHODS
-from softrl.cli_common import err, fail, one_line_errors, progress_bar
+from softrl.cli_common import DEVICE_OPT, err, fail, one_line_errors, progress_bar
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the papers' claims) and systems (speed, memory).")
 
@@ -73,16 +73,24 @@ def systems(
     prompts: int = typer.Option(16, min=1, help="prompts per step"),
     samples_per_prompt: int = typer.Option(4, min=2, help="samples per prompt (the group size)"),
     max_new_tokens: int = typer.Option(24, min=1, help="generation length"),
+    fixed_work: bool = typer.Option(True, "--fixed-work/--eos", help="every sample max_new_tokens long (EOS never "
+                                    "drawn) on both sides, or samples end at EOS"),
+    pairs: int = typer.Option(3, min=1, help="rounds of softrl sync, softrl async, TRL, run alternately"),
+    lr: float = typer.Option(1e-4, min=0.0, help="learning rate of both sides"),
+    device: str = DEVICE_OPT,
+    checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="learner steps with activation "
+                                       "checkpointing"),
     timed_steps: int = typer.Option(10, min=1, help="timed learner steps per method (after one warm-up step)"),
-    e2e_steps: int = typer.Option(40, min=2, help="learner steps of each end-to-end run"),
+    e2e_steps: int = typer.Option(40, min=2, help="learner steps of each end-to-end run (TRL: half as many)"),
     runs: Path = typer.Option(Path("runs/bench/systems"), help="scratch directory of the runs"),
     report: Path = typer.Option(Path("runs/bench/report"), help="where systems.md and systems.json go"),
     as_json: bool = typer.Option(False, "--json", help="print the numbers as JSON"),
 ) -> None:
-    """Learner step time, memory and FLOP/s of SPO vs PPO vs GRPO; samples/s of sync vs async, Ray
-    interval 1 vs 10, and TRL's GRPOTrainer on the same work (when TRL is installed)."""
+    """Learner step time, memory, split and FLOP/s of SPO vs PPO vs GRPO; samples/s of sync vs async vs
+    TRL's GRPOTrainer on the same work, alternately; Ray interval 1 vs 10."""
     from softrl.bench.systems import markdown, run_systems
     from softrl.config import ConfigError
+    from softrl.models.device import resolve_device
     from softrl.models.loading import ModelLoadError
 
     chosen = set(_csv(parts))
@@ -92,14 +100,16 @@ def systems(
     from softrl.runtime.session import model_directory
 
     try:
+        resolve_device(device)
         model = model_directory(model, task)
-    except ConfigError as e:
+    except (ConfigError, ValueError) as e:
         fail(str(e))
-    with err.status("benchmarking") as status:
+    with err.status("benchmarking") as status, one_line_errors():
         try:
             result = run_systems(model, task, runs, chosen, prompts, samples_per_prompt, max_new_tokens,
                                  timed_steps=timed_steps, e2e_steps=e2e_steps, ray_steps=e2e_steps,
-                                 trl_steps=max(2, e2e_steps // 2), phase=lambda name: status.update(name))
+                                 trl_steps=max(2, e2e_steps // 2), pairs=pairs, lr=lr, fixed=fixed_work,
+                                 device=device, checkpointing=checkpointing, phase=lambda name: status.update(name))
         except (ConfigError, ModelLoadError, RuntimeError) as e:
             fail(str(e))
     report.mkdir(parents=True, exist_ok=True)

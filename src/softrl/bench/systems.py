@@ -1,17 +1,24 @@
-"""`softrl bench systems`: what the machine does with the same tiny model and batch.
+"""`softrl bench systems`: what the machine does with the same model and batch.
 
-- learner step time and peak memory of SPO vs PPO (with its value model) vs GRPO, each measured in
-  a fresh process (peak resident memory over the step, above the process before any model loaded);
-- achieved training FLOP/s of those steps against this CPU's measured fp32 matmul peak;
-- end-to-end samples/s of the local runtime, sync vs async;
-- training wall time of the Ray runtime with `model_update_interval` 1 vs 10;
-- with TRL installed, its GRPOTrainer on the same model, task, batch and generation length.
+- learner step time, peak memory and its time split (forward, backward, optimizer) of SPO vs PPO
+  (with its value model) vs GRPO, each in a fresh process (CPU: peak resident memory over the
+  steps above the process before any model loaded; CUDA: PyTorch's peak allocation);
+- achieved training FLOP/s of those steps against the device's measured matmul peak;
+- end-to-end samples/s of the local runtime, sync and async, and, with TRL installed, its
+  GRPOTrainer on the same model, prompts, group size, generation length, learning rate and beta,
+  run alternately (sync, async, TRL; `pairs` rounds) with ratios round by round. Fixed work (the
+  default): EOS is never drawn on either side, so every sample is `max_new_tokens` long;
+- training wall time of the Ray runtime with `model_update_interval` 1 vs 10.
+
+`systems.json` holds everything and a `ratios` object: softrl_over_trl, async_over_sync,
+spo_over_ppo_time, spo_over_ppo_memory, learner_of_peak (and ray_interval10_over_1_time).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -51,15 +58,25 @@ def reset_peak_rss() -> bool:
 
 
 # --- the CPU's physical limit ---------------------------------------------------------------------
-def matmul_peak_flops(n: int = 2048, reps: int = 10, dtype=torch.float32) -> float:
-    """Best-of-3 FLOP/s of an n x n matrix product on all of torch's threads."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def matmul_peak_flops(n: int = 2048, reps: int = 10, device: str = "cpu") -> float:
+    """Best-of-3 FLOP/s of an n x n matrix product in the learner's compute dtype: fp32 on all of
+    torch's threads on the CPU; bf16 (autocast's), n = 8192, on CUDA."""
+    from softrl.models.device import resolve_device
+
+    where = resolve_device(device)
+    cuda = where.type == "cuda"
+    n, dtype = (8192, torch.bfloat16) if cuda else (n, torch.float32)
+    a, b = torch.randn(n, n, dtype=dtype, device=where), torch.randn(n, n, dtype=dtype, device=where)
     torch.mm(a, b)  # warm-up
     best = float("inf")
     for _ in range(3):
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(reps):
             torch.mm(a, b)
+        if cuda:
+            torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - start) / reps)
     return 2 * n**3 / best
 
@@ -80,20 +97,25 @@ STEP_PASSES = {name: 3 + 1 + (3 if objective.value_model else 0) for name, objec
 
 
 def batch_rows(model_path: str, task: str, prompts: int, samples_per_prompt: int, max_new_tokens: int,
-               seed: int = 0) -> list[dict]:
-    """A fixed online batch: the reference's graded samples of `prompts` training prompts."""
+               seed: int = 0, fixed: bool = True, device: str = "auto") -> list[dict]:
+    """A fixed online batch: the reference's graded samples of `prompts` training prompts (with `fixed`,
+    every one exactly `max_new_tokens` long)."""
+    from dataclasses import replace
+
     from softrl.assemble import sampler
     from softrl.rollout import Context, rollouts
 
-    s = sampler(task, model_path, size=prompts, max_new_tokens=max_new_tokens, source="online")
+    s = sampler(task, model_path, size=prompts, max_new_tokens=max_new_tokens, source="online", device=device)
     contexts = [Context(p, s.encode_prompt(p.text)) for p in s.task.prompts()]
-    return [{**r.to_row(), "mix_source": "online"} for r in rollouts(s.spec, contexts, samples_per_prompt, seed)]
+    spec = replace(s.spec, ignore_eos=fixed)
+    return [{**r.to_row(), "mix_source": "online"} for r in rollouts(spec, contexts, samples_per_prompt, seed)]
 
 
 def learner_step(method: str, model_path: str, rows: list[dict], samples_per_prompt: int, steps: int,
-                 store: str) -> dict:
+                 store: str, device: str = "auto", checkpointing: bool = False) -> dict:
     """Load the models, take one warm-up step (optimizer state), then time `steps` steps. Memory is
-    the peak resident size during all of it above the process before any model was loaded."""
+    the peak during all of it: on the CPU the resident size above the process before any model was
+    loaded, on CUDA the most memory PyTorch allocated on the device."""
     from softrl.assemble import Run
     from softrl.config import config_from
     from softrl.runtime.feed import DataFeed
@@ -102,34 +124,45 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
     peak_was_reset = reset_peak_rss()
     config = config_from({"data.objective.algorithm": method, "data.mix": {"online": 1.0}, "model.path": model_path,
                           "data.store": store, "sampling.samples_per_prompt": samples_per_prompt,
-                          "optim.warmup_steps": 0})
+                          "optim.warmup_steps": 0, "model.device": device,
+                          "optim.gradient_checkpointing": checkpointing})
     run = Run(config)
+    cuda = run.placement.device.type == "cuda"
     feed = DataFeed(config, run.store, run.train_task, {r["prompt_id"]: 0.5 for r in rows}, run.tokenizer)
     batch = feed.batch(rows)
-    run.learner.step(batch)
-    times = []
+    first = run.learner.step(batch)
+    times, split = [], []
     for _ in range(steps):
         start = time.perf_counter()
-        run.learner.step(batch)
+        metrics = run.learner.step(batch)
         times.append(time.perf_counter() - start)
-    step_s = sorted(times)[len(times) // 2]
+        split.append({k: v for k, v in metrics.items() if k.startswith("time/")})
+    step_s = median(times)
     tokens = batch.padded.input_ids.numel()
     params = matmul_params(run.policy.model)
     flops = STEP_PASSES[method] * 2 * params * tokens
-    return {"method": method, "step_s": step_s, "peak_mib": peak_rss_mib() - base, "rows": len(rows),
-            "padded_tokens": tokens, "params": params, "step_flops": flops,
-            "achieved_flops": flops / step_s, "threads": torch.get_num_threads(), "peak_was_reset": peak_was_reset}
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mib() - base
+    return {"method": method, "step_s": step_s, "peak_mib": peak, "peak_of": "cuda allocated" if cuda else "rss",
+            "rows": len(rows), "padded_tokens": tokens, "params": params, "step_flops": flops,
+            "achieved_flops": flops / step_s, "threads": torch.get_num_threads(), "peak_was_reset": peak_was_reset,
+            "first_loss": first["loss"], "checkpointing": checkpointing, "device": str(run.placement.device),
+            "split_s": {k.removeprefix("time/"): median([s[k] for s in split]) for k in split[0]}}
 
 
 def learner_step_in_subprocess(method: str, model_path: str, rows_file: Path, samples_per_prompt: int,
-                               steps: int) -> dict:
+                               steps: int, device: str = "auto", checkpointing: bool = False) -> dict:
     """`learner_step` in a fresh Python, so each method's peak memory is its own."""
     out = subprocess.run([sys.executable, "-m", "softrl.bench.systems", method, model_path, str(rows_file),
-                          str(samples_per_prompt), str(steps), str(rows_file.parent / "store")],
+                          str(samples_per_prompt), str(steps), str(rows_file.parent / "store"), device,
+                          str(int(checkpointing))],
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"learner step of {method} failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
 
 
 # --- end to end -----------------------------------------------------------------------------------
@@ -146,21 +179,30 @@ def runtime_config(root: Path, name: str, task: str, steps: int, prompts: int, s
 
 
 def end_to_end(config) -> dict:
-    """Train; samples/s over the run's training clock (setup and evaluation left out)."""
+    """Train; samples/s over the run's training clock (setup and evaluation left out), and the median
+    split of a step's time (generation, learner forward, backward, optimizer) over the steps after the first."""
     import shutil
 
     from softrl.runtime import runtime_for
 
     shutil.rmtree(config.run_dir, ignore_errors=True)
     summary = runtime_for(config).train(config, log=lambda m: None)
+    steps = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "loss" in r][1:] or [r for r in steps if "loss" in r]
+    split = {k.removeprefix("time/"): median([r.get(k, 0.0) for r in steps])
+             for k in sorted({k for r in steps for k in r if k.startswith("time/")})}
     return {"name": config.name, "steps": summary["steps"], "samples": summary["samples"],
-            "seconds": summary["seconds"], "samples_per_s": summary["samples"] / max(summary["seconds"], 1e-9)}
+            "seconds": summary["seconds"], "samples_per_s": summary["samples"] / max(summary["seconds"], 1e-9),
+            "split_s": split}
 
 
 def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_prompt: int, max_new_tokens: int,
-             root: Path, lr: float = 1e-4) -> dict | None:
-    """TRL's GRPOTrainer on the same model, task, batch and generation length; None without TRL.
-    samples/s over TRL's own train_runtime (its setup left out, as softrl's is)."""
+             root: Path, lr: float = 1e-4, beta: float | None = None, fixed: bool = True,
+             device: str = "auto") -> dict | None:
+    """TRL's GRPOTrainer on the same model, task, batch, generation length, learning rate and beta; None
+    without TRL. With `fixed`, EOS is suppressed until `max_new_tokens` (so every completion is that
+    long, as softrl's `sampling.ignore_eos`). samples/s over TRL's own train_runtime (its setup left
+    out, as softrl's is)."""
     try:
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
@@ -170,8 +212,9 @@ def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_p
     from softrl.assemble import sampler
     from softrl.models.loading import quiet_transformers
 
-    s = sampler(task, model_path, size=200)
+    s = sampler(task, model_path, size=200, device=device)
     task_obj, model, tokenizer = s.task, s.model, s.tokenizer
+    on_cpu = model.device.type == "cpu"
     by_id = {p.id: p for p in task_obj.prompts()}
 
     def reward(prompts, completions, prompt_id, **_):
@@ -181,44 +224,90 @@ def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_p
     data = Dataset.from_list([{"prompt": p.text, "prompt_id": p.id} for p in task_obj.prompts()])
     args = GRPOConfig(output_dir=str(root / "trl"), per_device_train_batch_size=prompts * samples_per_prompt,
                       num_generations=samples_per_prompt, max_completion_length=max_new_tokens, max_steps=steps,
-                      learning_rate=lr, temperature=1.0, use_cpu=True, bf16=False, report_to=[], save_strategy="no",
-                      logging_steps=max(1, steps), seed=0, disable_tqdm=True,
+                      learning_rate=lr, temperature=1.0, use_cpu=on_cpu, bf16=not on_cpu, report_to=[],
+                      save_strategy="no", logging_steps=max(1, steps), seed=0, disable_tqdm=True,
+                      generation_kwargs={"min_new_tokens": max_new_tokens} if fixed else None,
                       # the same work as softrl's GRPO: a KL term to a frozen reference, no recomputation
-                      beta=SPO_BETA, gradient_checkpointing=False)
+                      beta=SPO_BETA if beta is None else beta, gradient_checkpointing=False)
     quiet_transformers()
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
     result = trainer.train()
     seconds = result.metrics["train_runtime"]
     samples = steps * prompts * samples_per_prompt
-    return {"name": "trl-grpo", "steps": steps, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds}
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    return {"name": "trl-grpo", "steps": steps, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
+            "completion_tokens": median(lengths) if lengths else None}
+
+
+def alternate(sides: dict, pairs: int, phase=lambda name: None) -> dict:
+    """Run every side once per round, in the same order, for `pairs` rounds (A B A B ...): each side's
+    results in round order. `sides`: name -> a callable returning a result with `samples_per_s`."""
+    results: dict[str, list[dict]] = {name: [] for name in sides}
+    for i in range(pairs):
+        for name, run in sides.items():
+            phase(f"round {i + 1}/{pairs}: {name}")
+            results[name].append(run())
+    return results
+
+
+def pair_ratios(results: dict[str, list[dict]], top: str, bottom: str) -> dict:
+    """samples/s of `top` over `bottom`, round by round, and their median."""
+    by_pair = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(results[top], results[bottom])]
+    return {"by_pair": by_pair, "median": median(by_pair)}
 
 
 def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts: int = 16, samples_per_prompt: int = 4,
                 max_new_tokens: int = 24, timed_steps: int = 10, e2e_steps: int = 40, ray_steps: int = 30,
-                trl_steps: int = 20, phase=lambda name: None) -> dict:
-    """Each part the set names (learner, e2e, ray, trl): the numbers of the module docstring."""
+                trl_steps: int = 20, pairs: int = 3, lr: float = 1e-4, fixed: bool = True, device: str = "auto",
+                checkpointing: bool = False, phase=lambda name: None) -> dict:
+    """Each part the set names (learner, e2e, ray, trl): the numbers of the module docstring. e2e and
+    trl run alternately, `pairs` rounds of softrl sync, softrl async, TRL."""
+    from softrl.algorithms.common import SPO_BETA
+
     root.mkdir(parents=True, exist_ok=True)
     out: dict = {"model": model_path, "task": task, "batch": f"{prompts} prompts x {samples_per_prompt} samples",
-                 "max_new_tokens": max_new_tokens, "threads": torch.get_num_threads(), "cpu": cpu_name()}
+                 "max_new_tokens": max_new_tokens, "fixed_work": fixed, "lr": lr, "beta": SPO_BETA,
+                 "threads": torch.get_num_threads(), "cpu": cpu_name(), "device": device, "ratios": {}}
+    ratios = out["ratios"]
     if "learner" in parts:
         phase("matmul peak")
-        out["matmul_peak_flops"] = matmul_peak_flops()
+        out["matmul_peak_flops"] = matmul_peak_flops(device=device)
         rows_file = root / "batch.json"
-        rows_file.write_text(json.dumps(batch_rows(model_path, task, prompts, samples_per_prompt, max_new_tokens),
-                                        default=str))
+        rows_file.write_text(json.dumps(batch_rows(model_path, task, prompts, samples_per_prompt, max_new_tokens,
+                                                   fixed=fixed, device=device), default=str))
         out["learner"] = {}
         for method in STEP_METHODS:
             phase(f"learner step: {method}")
-            r = learner_step_in_subprocess(method, model_path, rows_file, samples_per_prompt, timed_steps)
+            r = learner_step_in_subprocess(method, model_path, rows_file, samples_per_prompt, timed_steps, device,
+                                           checkpointing)
             out["learner"][method] = {**r, "of_peak": r["achieved_flops"] / out["matmul_peak_flops"]}
+        spo, ppo = out["learner"]["spo"], out["learner"]["ppo"]
+        ratios.update(spo_over_ppo_time=spo["step_s"] / ppo["step_s"], spo_over_ppo_memory=spo["peak_mib"] / ppo["peak_mib"],
+                      learner_of_peak=spo["of_peak"])
     common = dict(task=task, prompts=prompts, samples_per_prompt=samples_per_prompt)
-    grpo = {"data.objective": {"algorithm": "grpo"}, "sampling.max_new_tokens": max_new_tokens, "model.path": model_path}
+    grpo = {"data.objective": {"algorithm": "grpo"}, "sampling.max_new_tokens": max_new_tokens, "model.path": model_path,
+            "sampling.ignore_eos": fixed, "optim.lr": lr, "beta": SPO_BETA, "model.device": device}
+    sides = {}
     if "e2e" in parts:
-        out["e2e"] = {}
         for mode in ("sync", "async"):
-            phase(f"end to end: local {mode}")
-            out["e2e"][mode] = end_to_end(runtime_config(root, f"local-{mode}", steps=e2e_steps,
-                                                         **{"runtime.mode": mode, **grpo}, **common))
+            sides[f"softrl-{mode}"] = lambda mode=mode: end_to_end(runtime_config(
+                root, f"local-{mode}", steps=e2e_steps, **{"runtime.mode": mode, **grpo}, **common))
+    if "trl" in parts:
+        import importlib.util
+
+        if importlib.util.find_spec("trl") is not None:
+            sides["trl"] = lambda: trl_grpo(model_path, task, trl_steps, prompts, samples_per_prompt, max_new_tokens,
+                                            root, lr=lr, beta=SPO_BETA, fixed=fixed, device=device)
+    if sides:
+        out["rounds"] = alternate(sides, pairs, phase)
+        rounds = out["rounds"]
+        if "softrl-sync" in rounds:
+            ratios["async_over_sync"] = pair_ratios(rounds, "softrl-async", "softrl-sync")["median"]
+        if "trl" in rounds and "softrl-sync" in rounds:
+            out["vs_trl"] = {mode: pair_ratios(rounds, f"softrl-{mode}", "trl") for mode in ("sync", "async")}
+            best = max(out["vs_trl"], key=lambda m: out["vs_trl"][m]["median"])
+            ratios["softrl_over_trl"] = out["vs_trl"][best]["median"]
+            ratios["softrl_over_trl_mode"] = best
     if "ray" in parts:
         out["ray"] = {}
         for interval in (1, 10):
@@ -227,9 +316,7 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
                 root, f"ray-interval{interval}", steps=ray_steps, **{"runtime.kind": "ray", "runtime.workers": 2,
                                                                      "runtime.model_update_interval": interval, **grpo},
                 **common))
-    if "trl" in parts:
-        phase("TRL GRPOTrainer")
-        out["trl"] = trl_grpo(model_path, task, trl_steps, prompts, samples_per_prompt, max_new_tokens, root)
+        ratios["ray_interval10_over_1_time"] = out["ray"][10]["seconds"] / out["ray"][1]["seconds"]
     return out
 
 
@@ -240,49 +327,51 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
+def _split(split: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in split.items())
+
+
 def markdown(result: dict) -> str:
-    """The systems numbers as markdown tables, with the targets' ratios."""
+    """The systems numbers as markdown tables, with the ratios (`result["ratios"]`)."""
+    fixed = " (fixed work: EOS ignored, every sample that long)" if result.get("fixed_work") else ""
     lines = [f"Model `{result['model']}`, task {result['task']}, batch {result['batch']}, "
-             f"{result['max_new_tokens']} new tokens, {result['threads']} torch threads, {result['cpu']}.", ""]
+             f"{result['max_new_tokens']} new tokens{fixed}, lr {result.get('lr')}, beta {result.get('beta', 0):.4g}, "
+             f"device {result.get('device', 'cpu')}, {result['threads']} torch threads, {result['cpu']}.", ""]
     learner = result.get("learner")
     if learner:
         peak = result["matmul_peak_flops"]
-        lines += [f"Measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s.", "",
-                  "| learner step | time (s) | peak memory (MiB) | FLOP per step | achieved GFLOP/s | of matmul peak |",
-                  "|---|---|---|---|---|---|"]
+        lines += [f"Measured matmul peak: {peak / 1e9:.1f} GFLOP/s.", "",
+                  "| learner step | time (s) | peak memory (MiB) | FLOP per step | achieved GFLOP/s | of matmul peak "
+                  "| split (s) |", "|---|---|---|---|---|---|---|"]
         for m, r in learner.items():
             lines.append(f"| {m} | {r['step_s']:.3f} | {r['peak_mib']:.0f} | {r['step_flops']:.3g} | "
-                         f"{r['achieved_flops'] / 1e9:.2f} | {r['of_peak']:.1%} |")
-        if "ppo" in learner and "spo" in learner:
-            lines += ["", f"SPO / PPO: step time {learner['spo']['step_s'] / learner['ppo']['step_s']:.2f}x, "
-                          f"peak memory {learner['spo']['peak_mib'] / learner['ppo']['peak_mib']:.2f}x (target <= 0.6x)."]
-    rows = [(f"softrl local {k}", v) for k, v in result.get("e2e", {}).items()]
-    rows += [(f"softrl ray, model_update_interval {k}", v) for k, v in result.get("ray", {}).items()]
-    if result.get("trl"):
-        rows.append(("TRL GRPOTrainer", result["trl"]))
-    if rows:
-        lines += ["", "| end to end (GRPO loss) | steps | samples | training wall time (s) | samples/s |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {name} | {r['steps']} | {r['samples']} | {r['seconds']:.1f} | {r['samples_per_s']:.1f} |"
-                  for name, r in rows]
-    e2e, ray, trl = result.get("e2e", {}), result.get("ray", {}), result.get("trl")
-    ratios = []
-    if "sync" in e2e and "async" in e2e:
-        ratios.append(f"async / sync samples/s: {e2e['async']['samples_per_s'] / e2e['sync']['samples_per_s']:.2f}x "
-                      "(target >= 1.5x)")
-    if 1 in ray and 10 in ray:
-        ratios.append(f"ray wall time, interval 10 / interval 1: {ray[10]['seconds'] / ray[1]['seconds']:.2f}x")
-    if trl and e2e:
-        best = max(e2e.values(), key=lambda r: r["samples_per_s"])
-        ratios.append(f"softrl (best local mode) / TRL samples/s: {best['samples_per_s'] / trl['samples_per_s']:.2f}x "
-                      "(target >= 2x)")
+                         f"{r['achieved_flops'] / 1e9:.2f} | {r['of_peak']:.1%} | {_split(r.get('split_s', {}))} |")
+    rounds = result.get("rounds", {})
+    if rounds:
+        lines += ["", "| end to end (GRPO loss) | steps | samples/s, round by round | median samples/s "
+                  "| median split of a step (s) |", "|---|---|---|---|---|"]
+        for name, runs in rounds.items():
+            split = _split(runs[-1].get("split_s", {})) if runs[-1].get("split_s") else "-"
+            speeds = [r["samples_per_s"] for r in runs]
+            lines.append(f"| {name} | {runs[0]['steps']} | {', '.join(f'{v:.1f}' for v in speeds)} | "
+                         f"{median(speeds):.1f} | {split} |")
+    for mode, r in result.get("vs_trl", {}).items():
+        lines.append(f"\nsoftrl {mode} / TRL samples/s, round by round: "
+                     f"{', '.join(f'{x:.2f}x' for x in r['by_pair'])} (median {r['median']:.2f}x)")
+    ray = result.get("ray", {})
+    if ray:
+        lines += ["", "| Ray runtime | steps | samples | training wall time (s) | samples/s |", "|---|---|---|---|---|"]
+        lines += [f"| model_update_interval {k} | {r['steps']} | {r['samples']} | {r['seconds']:.1f} | "
+                  f"{r['samples_per_s']:.1f} |" for k, r in ray.items()]
+    ratios = result.get("ratios", {})
     if ratios:
-        lines += [""] + [f"- {r}" for r in ratios]
+        lines += ["", "Ratios (`systems.json` \"ratios\"):"]
+        lines += [f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in ratios.items()]
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":  # the subprocess of learner_step_in_subprocess
-    method, model_path, rows_file, n, steps, store = sys.argv[1:7]
+    method, model_path, rows_file, n, steps, store, device, checkpointing = sys.argv[1:9]
     rows = json.loads(Path(rows_file).read_text())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print(json.dumps(learner_step(method, model_path, rows, int(n), int(steps), store)))
+    print(json.dumps(learner_step(method, model_path, rows, int(n), int(steps), store, device, checkpointing == "1")))

@@ -12,7 +12,9 @@ the compute dtype, since nothing ever updates them.
 from __future__ import annotations
 
 import re
-from contextlib import nullcontext
+import time
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -90,10 +92,44 @@ class Placement:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor.to(self.device)
 
+    def clock(self) -> PhaseClock:
+        """A clock of the phases of one step on this device."""
+        return PhaseClock(self.device.type == "cuda")
+
     def optimizer(self, params: list, lr: float, weight_decay: float) -> torch.optim.AdamW:
         """AdamW, fused into one kernel per step where the device has it (CUDA)."""
         fused = self.device.type == "cuda" and all(p.is_floating_point() for p in params)
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **({"fused": True} if fused else {}))
+
+
+class PhaseClock:
+    """Seconds spent in named phases (summed over repeats). On CUDA the marks are events recorded on
+    the stream, so timing a phase never makes the host wait; `seconds()` waits once, for the last mark."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.marks: list[tuple[str, object, object]] = []  # (phase, start, end)
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @contextmanager
+    def phase(self, name: str):
+        start = self._now()
+        yield
+        self.marks.append((name, start, self._now()))
+
+    def seconds(self) -> dict[str, float]:
+        totals: dict[str, float] = defaultdict(float)
+        if self.cuda and self.marks:
+            self.marks[-1][2].synchronize()
+        for name, start, end in self.marks:
+            totals[name] += start.elapsed_time(end) / 1000 if self.cuda else end - start
+        return dict(totals)
 
 
 CPU = Placement(torch.device("cpu"), torch.float32, None)

@@ -39,7 +39,9 @@ class Generation:
             self.thread = threading.Thread(target=self._produce, name="softrl-generation", daemon=True)
             self.thread.start()
 
-    def _generate(self) -> list[dict]:
+    def _generate(self) -> tuple[list[dict], float]:
+        """(online rows, seconds it took to sample, grade and store them)."""
+        started = time.perf_counter()
         self._apply_pending()
         s = self.session
         if self.model is s.policy.model:
@@ -48,31 +50,36 @@ class Generation:
         rows = self.worker.collect(s.feed.next_prompts(), s.config.sampling.samples_per_prompt, self.version,
                                    s.generation_seed(self.produced))
         self.produced += 1
-        return [{**r.to_row(), "mix_source": "online"} for r in rows]
+        return [{**r.to_row(), "mix_source": "online"} for r in rows], time.perf_counter() - started
 
     def _produce(self) -> None:
         try:
             while not self.stop.is_set():
-                rows = self._generate()
+                made = self._generate()
                 while not self.stop.is_set():
                     try:
-                        self.queue.put(rows, timeout=0.1)
+                        self.queue.put(made, timeout=0.1)
                         break
                     except queue.Full:
                         continue
         except BaseException as e:  # noqa: BLE001 - handed to the learner's thread
             self.error = e
 
-    def next(self) -> list[dict]:
+    def next(self) -> tuple[list[dict], dict[str, float]]:
+        """(online rows, timings): `time/generation` to make them (in the background when async) and, when
+        async, `time/wait`, how long the learner waited for them."""
         if not self.session.config.generates:
-            return []
+            return [], {}
         if self.mode == "sync":
-            return self._generate()
+            rows, seconds = self._generate()
+            return rows, {"time/generation": seconds}
+        started = time.perf_counter()
         while True:
             if self.error is not None:
                 raise self.error
             try:
-                return self.queue.get(timeout=0.1)
+                rows, seconds = self.queue.get(timeout=0.1)
+                return rows, {"time/generation": seconds, "time/wait": time.perf_counter() - started}
             except queue.Empty:
                 continue
 
@@ -105,7 +112,8 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
     started = time.time()
     try:
         while session.progress.step < config.optim.steps:
-            record = session.learn(generation.next(), session.runlog.elapsed(started))
+            online, timings = generation.next()
+            record = session.learn(online, session.runlog.elapsed(started), timings)
             generation.learner_stepped(record["step"])
             if on_step is not None:
                 on_step(record)

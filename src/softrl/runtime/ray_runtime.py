@@ -65,8 +65,8 @@ class _Learner:
         # on the host: workers need not share the learner's device (the object store pickles them)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.session.policy.model.state_dict().items()}
 
-    def step(self, online: list[dict], elapsed: float) -> dict:
-        return self.session.learn(online, elapsed)
+    def step(self, online: list[dict], elapsed: float, timings: dict[str, float]) -> dict:
+        return self.session.learn(online, elapsed, timings)
 
     def finish(self) -> dict:
         return self.session.finish()
@@ -182,10 +182,12 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
         earlier = info["seconds"]
         pending = issue(step)
         while step < config.optim.steps:
+            waiting = time.time()
             online = gather(pending, step)
+            timings = {"time/wait": time.time() - waiting}  # for the workers' rows: generation not overlapped
             if step + 1 < config.optim.steps:
                 pending = issue(step + 1)  # generation of the next batch overlaps this learner step
-            record = ray.get(learner.step.remote(online, earlier + time.time() - started))
+            record = ray.get(learner.step.remote(online, earlier + time.time() - started, timings))
             step = record["step"]
             if step % rc.model_update_interval == 0:
                 version = step

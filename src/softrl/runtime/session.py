@@ -60,10 +60,11 @@ class Session:
         self.runlog.eval_seconds += time.time() - started
         return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float)) and v is not None}
 
-    def learn(self, online: list[dict], elapsed: float) -> dict:
+    def learn(self, online: list[dict], elapsed: float, timings: dict[str, float] | None = None) -> dict:
         """One learner step on the online rows plus the other sources' share; logs the step,
         evaluates and checkpoints when due. Returns the step's record. `elapsed`: the runtime's wall
-        time so far (`runlog.elapsed`), of which evaluations are not counted."""
+        time so far (`runlog.elapsed`), of which evaluations are not counted; `timings`: the runtime's
+        `time/...` seconds of this step (generation), logged with the learner's (forward, backward, optimizer)."""
         cfg, p = self.config, self.progress
         elapsed = self.runlog.training_seconds(elapsed)
         batch = self.feed.batch(online)
@@ -73,7 +74,8 @@ class Session:
         p.seconds = elapsed
         record = {"step": p.step, "samples": p.samples, "time": round(elapsed, 2),
                   "samples_per_s": p.samples / max(elapsed, 1e-9), "batch_rows": len(batch),
-                  "online_pass_rate": sum(r["passed"] for r in online) / max(len(online), 1), **metrics}
+                  "online_pass_rate": sum(r["passed"] for r in online) / max(len(online), 1), **metrics,
+                  **(timings or {})}
         if cfg.eval.every and p.step % cfg.eval.every == 0 and p.step < cfg.optim.steps:
             record.update(self.evaluate())
         self.runlog.write(record)

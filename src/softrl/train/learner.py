@@ -115,16 +115,18 @@ class Learner:
         cfg = self.config
         total_rows = len(batch)
         metrics: dict[str, Tensor] = {}
+        clock = self.placement.clock()
         for source, index in micro_batches(batch, cfg.optim.grad_accum, self.group_size, cfg.optim.micro_batch_tokens):
             options = cfg.data.objective_for(source)
             host = batch.subset(index)
-            part = host.apply(self.placement.to_device)
-            with self.placement.autocast():
+            with clock.phase("forward"), self.placement.autocast():
+                part = host.apply(self.placement.to_device)
                 inputs, entropy = self.inputs(part, options, self.group_size(source))
                 loss, parts = objective_loss(options, inputs)
             share = len(index) / total_rows
             scaled = options.weight * share * loss
-            scaled.backward()
+            with clock.phase("backward"):
+                scaled.backward()
             _add(metrics, "loss", scaled)
             _add(metrics, f"loss/{source}", share * loss)
             for key, value in parts.items():
@@ -139,12 +141,14 @@ class Learner:
                                          f"(optim.max_nonfinite={cfg.optim.max_nonfinite}): lower optim.lr or check the data")
             return {"skipped_nonfinite": 1.0, "nonfinite_in_row": float(self.nonfinite_in_row)}
         self.nonfinite_in_row = 0
-        metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm or float("inf"))
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with clock.phase("optimizer"):
+            metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm or float("inf"))
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         out = dict(zip(metrics, torch.stack([v.detach().double().to("cpu") for v in metrics.values()]).tolist()))
+        out.update({f"time/{name}": seconds for name, seconds in clock.seconds().items()})
         out["lr"] = self.scheduler.get_last_lr()[0]
         online = batch.policy_version[torch.tensor([s == "online" for s in batch.sources])].double()  # [b]
         if len(online):
