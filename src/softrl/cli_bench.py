@@ -97,7 +97,7 @@ def systems(
     unknown = chosen - {"learner", "e2e", "ray", "trl"}
     if unknown:
         fail(f"--parts: unknown part {sorted(unknown)[0]!r} (use learner, e2e, ray, trl)")
-    from softrl.runtime.session import model_directory
+    from softrl.assemble import model_directory
 
     try:
         resolve_device(device)

@@ -218,10 +218,14 @@ def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_p
     by_id = {p.id: p for p in task_obj.prompts()}
 
     def reward(prompts, completions, prompt_id, **_):
-        grades = task_obj.grade_many([(by_id[i], c) for i, c in zip(prompt_id, completions)])
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]  # conversational: messages
+        grades = task_obj.grade_many([(by_id[i], t) for i, t in zip(prompt_id, texts)])
         return [g.reward for g in grades]
 
-    data = Dataset.from_list([{"prompt": p.text, "prompt_id": p.id} for p in task_obj.prompts()])
+    # a tokenizer with a chat template: conversational prompts, so TRL renders the same user turn softrl does
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": p.text}] if chat else p.text, "prompt_id": p.id}
+                              for p in task_obj.prompts()])
     args = GRPOConfig(output_dir=str(root / "trl"), per_device_train_batch_size=prompts * samples_per_prompt,
                       num_generations=samples_per_prompt, max_completion_length=max_new_tokens, max_steps=steps,
                       learning_rate=lr, temperature=1.0, use_cpu=on_cpu, bf16=not on_cpu, report_to=[],
