@@ -42,8 +42,7 @@ def run_pairs(label: str, directory, texts: list[str], n: int, new_tokens: int, 
     prompts = [encode_prompt(tok, t) for t in texts]
     gens = {"hf": make_generator(model, tok, "hf"), "static": make_generator(model, tok, "static")}
     if compile != "auto":
-        from softrl.models.device import resolve_device
-from softrl.models.generation import StaticCacheGenerator
+        from softrl.models.generation import StaticCacheGenerator
 
         gens["static"] = StaticCacheGenerator(model, tok, compile=compile == "on")
     results = {name: [] for name in gens}  # name -> [(tokens, seconds)]

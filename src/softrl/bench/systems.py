@@ -168,12 +168,13 @@ def median(values: list[float]) -> float:
 # --- end to end -----------------------------------------------------------------------------------
 def runtime_config(root: Path, name: str, task: str, steps: int, prompts: int, samples_per_prompt: int,
                    **overrides):
-    """Online on `task`'s bootstrap, no periodic evaluation and a minimal one before and after."""
+    """Online on `task`'s bootstrap, no periodic evaluation and a minimal one before and after; as many
+    training prompts as the steps use (each needs a Q0 estimate before the clock starts)."""
     from softrl.config import config_from
 
     return config_from({
         "name": name, "out_dir": str(root), "data.store": str(root / "store"), "task.name": task,
-        "task.size": 200, "task.eval_size": 1, "q0.k": 4, "eval.samples": 1, "data.mix": {"online": 1.0},
+        "task.size": min(200, prompts * steps), "task.eval_size": 1, "q0.k": 4, "eval.samples": 1, "data.mix": {"online": 1.0},
         "sampling.prompts_per_step": prompts, "sampling.samples_per_prompt": samples_per_prompt,
         "optim.steps": steps, "log.checkpoint_every": steps, "log.keep_checkpoints": 1, **overrides})
 
