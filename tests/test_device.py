@@ -101,7 +101,9 @@ def test_token_budget_and_activation_checkpointing_give_the_same_step(tiny, algo
     for metrics, params in others:
         for key in ("loss", "grad_norm", "kl_ref", "entropy"):
             assert metrics[key] == pytest.approx(base[key], rel=1e-5, abs=1e-6), key
-        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(base_params, params))
+        # 1e-5 of lr 1e-4: AdamW's first step is about lr * sign(g), so the rounding of a near-zero gradient
+        # (shared prompts by default, not under checkpointing) moves a weight by ~1e-6
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(base_params, params))
 
 
 def test_losses_never_read_a_tensor(tiny, monkeypatch):

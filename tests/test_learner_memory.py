@@ -4,6 +4,7 @@ one `[B, T, V]` fp32 tensor does. Each measurement runs in a fresh Python, whose
 is read from /proc after a warm-up step (so AdamW's state is there before the peak is reset)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,8 +53,11 @@ print(json.dumps({"peak_above_mib": peak_rss_mib() - base, "loss": metrics["loss
 
 
 def step_peak(rows: int, algorithm: str) -> float:
+    # every allocation over 64 KiB its own mapping, returned when freed: the resident size then follows
+    # what is alive (glibc's moving threshold otherwise keeps freed blocks, about 100 MiB of noise here)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "1"}
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(rows), str(V), str(T), str(PROMPT), algorithm],
-                         capture_output=True, text=True, check=False, cwd=Path(__file__).parent)
+                         capture_output=True, text=True, check=False, cwd=Path(__file__).parent, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["loss"] == result["loss"]

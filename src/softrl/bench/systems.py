@@ -138,15 +138,26 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
         times.append(time.perf_counter() - start)
         split.append({k: v for k, v in metrics.items() if k.startswith("time/")})
     step_s = median(times)
-    tokens = batch.padded.input_ids.numel()
+    # the frozen reference always shares prompts; trained models not under activation checkpointing
+    shared, padded = forward_tokens(batch.padded), batch.padded.input_ids.numel()
+    trained = padded if checkpointing else shared
     params = matmul_params(run.policy.model)
-    flops = STEP_PASSES[method] * 2 * params * tokens
+    flops = 2 * params * (shared + (STEP_PASSES[method] - 1) * trained)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mib() - base
     return {"method": method, "step_s": step_s, "peak_mib": peak, "peak_of": "cuda allocated" if cuda else "rss",
-            "rows": len(rows), "padded_tokens": tokens, "params": params, "step_flops": flops,
+            "rows": len(rows), "padded_tokens": padded, "forward_tokens": shared, "params": params, "step_flops": flops,
             "achieved_flops": flops / step_s, "threads": torch.get_num_threads(), "peak_was_reset": peak_was_reset,
             "first_loss": first["loss"], "checkpointing": checkpointing, "device": str(run.placement.device),
             "split_s": {k.removeprefix("time/"): median([s[k] for s in split]) for k in split[0]}}
+
+
+def forward_tokens(padded) -> int:
+    """Tokens a forward pass over the batch runs: each distinct prompt once and every row's response
+    when the prompts are shared (`logprobs.SharedPrompts`), else the whole padded batch."""
+    shared = padded.shared
+    if shared is None:
+        return padded.input_ids.numel()
+    return shared.prompt_ids.numel() + shared.response_ids.numel()
 
 
 def learner_step_in_subprocess(method: str, model_path: str, rows_file: Path, samples_per_prompt: int,

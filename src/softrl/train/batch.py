@@ -46,7 +46,8 @@ class Batch:
         start, lengths = self.padded.response_start[ix], self.padded.response_len[ix]
         prompts = [self.padded.input_ids[i, : start[j]].tolist() for j, i in enumerate(index)]
         responses = [self.padded.input_ids[i, start[j] : start[j] + lengths[j]].tolist() for j, i in enumerate(index)]
-        return Batch([self.rows[i] for i in index], pad_batch(prompts, responses, self.pad_id), self.reward[ix], self.q0[ix],
+        return Batch([self.rows[i] for i in index], pad_batch(prompts, responses, self.pad_id, share=True),
+                     self.reward[ix], self.q0[ix],
                      self.behavior_logp[ix, :width], self.has_behavior[ix], self.mc_positions[ix],
                      self.mc_success[ix], self.mc_mask[ix], self.policy_version[ix],
                      [self.sources[i] for i in index], self.pad_id)
@@ -63,7 +64,7 @@ def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: C
         ours = row.get("tokenizer") == fingerprint and row.get("response_tokens")
         prompts.append(list(row["prompt_tokens"]) if ours else encode_prompt(row["prompt_text"]))
         responses.append(list(row["response_tokens"]) if ours else encode_response(row["response_text"]))
-    padded = pad_batch(prompts, responses, pad_id, side="right")
+    padded = pad_batch(prompts, responses, pad_id, side="right", share=True)
     width = padded.max_response
     missing = sorted({r["prompt_id"] for r in rows} - set(q0))
     if missing:
