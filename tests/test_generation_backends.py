@@ -268,3 +268,16 @@ def test_ignore_eos_gives_fixed_length_samples_with_exact_logprobs(tiny, backend
         logits[:, eos] = float("-inf")
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(s.tokens)[:, None]).squeeze(-1)
         assert torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4)
+
+
+def test_static_backend_under_an_autocast_computes_in_the_models_dtype(tiny):
+    """A run evaluates its fp32 policy inside its bf16 autocast (on CUDA by default): the static
+    cache holds fp32, so the decode loop must not take bf16 keys and values from the autocast."""
+    from softrl.models.device import Placement
+
+    _, model, tok = tiny
+    prompts = _encode(tok, ["3 7 25 -> 178\n", "1 2 -> 3\n"])
+    params = SamplingParams(n=3, max_new_tokens=10, seed=4)
+    with Placement.create("cpu", "float32", "bfloat16").autocast():
+        samples = _generator("static", model, tok).generate(prompts, params)
+    _assert_behaviour_logprobs(model, prompts, samples)  # exact fp32 log-probs: no bf16 inside

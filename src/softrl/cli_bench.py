@@ -81,7 +81,7 @@ def systems(
     checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="learner steps with activation "
                                        "checkpointing"),
     timed_steps: int = typer.Option(10, min=1, help="timed learner steps per method (after one warm-up step)"),
-    e2e_steps: int = typer.Option(40, min=2, help="learner steps of each end-to-end run (TRL: half as many)"),
+    e2e_steps: int = typer.Option(40, min=2, help="learner steps of each end-to-end run (softrl's and TRL's)"),
     runs: Path = typer.Option(Path("runs/bench/systems"), help="scratch directory of the runs"),
     report: Path = typer.Option(Path("runs/bench/report"), help="where systems.md and systems.json go"),
     as_json: bool = typer.Option(False, "--json", help="print the numbers as JSON"),
@@ -108,7 +108,7 @@ def systems(
         try:
             result = run_systems(model, task, runs, chosen, prompts, samples_per_prompt, max_new_tokens,
                                  timed_steps=timed_steps, e2e_steps=e2e_steps, ray_steps=e2e_steps,
-                                 trl_steps=max(2, e2e_steps // 2), pairs=pairs, lr=lr, fixed=fixed_work,
+                                 trl_steps=e2e_steps, pairs=pairs, lr=lr, fixed=fixed_work,
                                  device=device, checkpointing=checkpointing, phase=lambda name: status.update(name))
         except (ConfigError, ModelLoadError, RuntimeError) as e:
             fail(str(e))

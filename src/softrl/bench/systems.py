@@ -81,19 +81,30 @@ def matmul_peak_flops(n: int = 2048, reps: int = 10, device: str = "cpu") -> flo
     return 2 * n**3 / best
 
 
-def matmul_params(model) -> int:
-    """Parameters that take part in matrix products: all of them, less an untied input embedding
-    (a lookup). A tied embedding is counted once, as the output head it also is."""
+def matmul_params(model) -> tuple[int, int]:
+    """(body, head): parameters that take part in matrix products, the decoder's and the output head's
+    (the head runs at response positions only). An untied input embedding is a lookup and left out;
+    a tied one is counted once, as the head it also is."""
     total = sum(p.numel() for p in model.parameters())
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     if head is None or embed.weight is not head.weight:
         total -= embed.weight.numel()
-    return total
+    head_params = 0 if head is None else head.weight.numel()
+    return total - head_params, head_params
 
 
-# passes per step over the padded batch, in units of 2 * params * tokens (a forward pass):
-# a trained model costs forward + backward = 3 units, a frozen one (the reference) 1 unit
+# passes per step of the decoder body over the tokens a forward pass runs, in units of 2 * body * tokens:
+# a trained model costs forward + backward = 3 units, the frozen reference 1, PPO's value model 3 more
 STEP_PASSES = {name: 3 + 1 + (3 if objective.value_model else 0) for name, objective in registry.REGISTRY.items()}
+
+
+def step_flops(method: str, body: int, head: int, trained_tokens: int, reference_tokens: int, positions: int) -> int:
+    """Matrix-product FLOPs of one learner step: the body over the tokens each model runs (the trained
+    ones `trained_tokens`, the reference `reference_tokens`), the output head at the `positions`
+    predicting response tokens (policy forward + backward and the reference: 4 passes; the value
+    model's scalar head is left out, as attention's own products are)."""
+    body_tokens = reference_tokens + (STEP_PASSES[method] - 1) * trained_tokens
+    return 2 * (body * body_tokens + 4 * head * positions)
 
 
 def batch_rows(model_path: str, task: str, prompts: int, samples_per_prompt: int, max_new_tokens: int,
@@ -141,11 +152,12 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
     # the frozen reference always shares prompts; trained models not under activation checkpointing
     shared, padded = forward_tokens(batch.padded), batch.padded.input_ids.numel()
     trained = padded if checkpointing else shared
-    params = matmul_params(run.policy.model)
-    flops = 2 * params * (shared + (STEP_PASSES[method] - 1) * trained)
+    body, head = matmul_params(run.policy.model)
+    positions = batch.padded.input_ids.shape[0] * batch.padded.max_response
+    flops = step_flops(method, body, head, trained, shared, positions)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mib() - base
     return {"method": method, "step_s": step_s, "peak_mib": peak, "peak_of": "cuda allocated" if cuda else "rss",
-            "rows": len(rows), "padded_tokens": padded, "forward_tokens": shared, "params": params, "step_flops": flops,
+            "rows": len(rows), "padded_tokens": padded, "forward_tokens": shared, "params": body + head, "head_params": head, "step_flops": flops,
             "achieved_flops": flops / step_s, "threads": torch.get_num_threads(), "peak_was_reset": peak_was_reset,
             "first_loss": first["loss"], "checkpointing": checkpointing, "device": str(run.placement.device),
             "split_s": {k.removeprefix("time/"): median([s[k] for s in split]) for k in split[0]}}

@@ -158,21 +158,26 @@ def response_hidden(decoder, batch: PaddedBatch) -> Tensor:
     checkpointing = getattr(decoder, "is_activation_checkpointing" if hasattr(decoder, "is_activation_checkpointing")
                             else "is_gradient_checkpointing", False)
     if batch.shared is not None and not (checkpointing and decoder.training):
-        return _shared_prompt_hidden(decoder, batch.shared)
+        hidden = _shared_prompt_hidden(decoder, batch.shared)
+        if hidden is not None:
+            return hidden
     hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                      position_ids=batch.position_ids, use_cache=False).last_hidden_state  # [B, L, H]
     index, _ = response_positions(batch)
     return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
 
 
-def _shared_prompt_hidden(decoder, shared: SharedPrompts) -> Tensor:
-    """`response_hidden` from a `SharedPrompts` layout: `[B, T, H]`, T = 1 + the response pass's width."""
+def _shared_prompt_hidden(decoder, shared: SharedPrompts) -> Tensor | None:
+    """`response_hidden` from a `SharedPrompts` layout: `[B, T, H]`, T = 1 + the response pass's width;
+    None when the model kept no cache of the prompts (the caller then runs the padded batch)."""
     out = decoder(input_ids=shared.prompt_ids, attention_mask=shared.prompt_mask,
                   position_ids=shared.prompt_positions, use_cache=True)
     first = out.last_hidden_state[shared.row_prompt, -1:]  # [B, 1, H]: predicts each response's first token
     if shared.response_ids.shape[1] == 0:
         return first
     cache = out.past_key_values
+    if cache is None or cache.get_seq_length() != shared.prompt_ids.shape[1]:
+        return None
     cache.batch_select_indices(shared.row_prompt)  # [G, ...] -> [B, ...], differentiable
     rest = decoder(input_ids=shared.response_ids, attention_mask=shared.mask, position_ids=shared.response_positions,
                    past_key_values=cache, use_cache=True).last_hidden_state  # [B, T - 1, H]

@@ -113,6 +113,13 @@ class StaticDecoder:
     @torch.no_grad()
     def decode(self, prompts: list[list[int]], n: int, max_new_tokens: int, process: Callable[[Tensor], Tensor],
                pad_id: int, eos_id: int | None, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """`_decode` in the model's own dtype: under an autocast (evaluating fp32 weights in bf16) the
+        keys and values would come out in another dtype than the static cache holds."""
+        with torch.autocast(self.device.type, enabled=False):
+            return self._decode(prompts, n, max_new_tokens, process, pad_id, eos_id, generator)
+
+    def _decode(self, prompts: list[list[int]], n: int, max_new_tokens: int, process: Callable[[Tensor], Tensor],
+               pad_id: int, eos_id: int | None, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(tokens, behaviour log-probs), both `[len(prompts) * n, steps]` on the model's device, rows
         grouped by prompt. `process` maps fp32 logits `[rows, V]` to the sampling distribution's logits;
         tokens are drawn from its softmax and scored by its log-softmax. A row that produced `eos_id` emits

@@ -112,6 +112,8 @@ class Learner:
         Metrics stay detached tensors on the device until the step's end: one read per step, no
         synchronisation per micro-batch."""
         self.policy.model.train()
+        if self.value is not None:  # a copy of the (eval-mode) reference: train it as such (checkpointing)
+            self.value.train()
         cfg = self.config
         total_rows = len(batch)
         metrics: dict[str, Tensor] = {}
