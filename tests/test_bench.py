@@ -69,8 +69,9 @@ def test_bench_learning_end_to_end(tiny, tmp_path):
 
 
 def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
+    from softrl.bench.report import systems_markdown
     from softrl.bench.systems import (STEP_PASSES, alternate, batch_rows, end_to_end, learner_step_in_subprocess,
-                                      markdown as systems_markdown, matmul_peak_flops, pair_ratios, runtime_config)
+                                      matmul_peak_flops, pair_ratios, runtime_config)
 
     directory = str(tiny[0])
     rows = batch_rows(directory, "countdown", 2, 2, 8)
@@ -114,3 +115,21 @@ def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path):
     r = trl_grpo(str(tiny[0]), "countdown", 2, 2, 2, 8, tmp_path, lr=1e-4, fixed=True, device="cpu")
     assert r["steps"] == 2 and r["samples"] == 8 and r["samples_per_s"] > 0
     assert r["completion_tokens"] == 8  # TRL's own mean completion length: the same fixed work as softrl's
+
+
+def test_bench_systems_command_writes_the_ratios(tiny, tmp_path):
+    from typer.testing import CliRunner
+
+    from softrl.cli import app
+
+    report = tmp_path / "report"
+    result = CliRunner().invoke(app, ["bench", "systems", "--model", str(tiny[0]), "--parts", "e2e", "--pairs", "1",
+                                      "--e2e-steps", "2", "--max-new-tokens", "6", "--prompts", "2",
+                                      "--samples-per-prompt", "2", "--runs", str(tmp_path / "runs"),
+                                      "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    numbers = json.loads((report / "systems.json").read_text())
+    assert numbers["fixed_work"] and numbers["ratios"]["async_over_sync"] > 0
+    assert [len(v) for v in numbers["rounds"].values()] == [1, 1]
+    bad = CliRunner().invoke(app, ["bench", "systems", "--device", "gpu", "--report", str(report)])
+    assert bad.exit_code == 2 and "device must be auto, cpu, cuda or cuda:N, got 'gpu'" in bad.output

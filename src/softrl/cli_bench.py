@@ -88,7 +88,8 @@ def systems(
 ) -> None:
     """Learner step time, memory, split and FLOP/s of SPO vs PPO vs GRPO; samples/s of sync vs async vs
     TRL's GRPOTrainer on the same work, alternately; Ray interval 1 vs 10."""
-    from softrl.bench.systems import markdown, run_systems
+    from softrl.bench.report import systems_markdown
+    from softrl.bench.systems import run_systems
     from softrl.config import ConfigError
     from softrl.models.device import resolve_device
     from softrl.models.loading import ModelLoadError
@@ -113,7 +114,7 @@ def systems(
         except (ConfigError, ModelLoadError, RuntimeError) as e:
             fail(str(e))
     report.mkdir(parents=True, exist_ok=True)
-    table = markdown(result)
+    table = systems_markdown(result)
     (report / "systems.md").write_text(table)
     (report / "systems.json").write_text(json.dumps(result, indent=1, default=str))
     typer.echo(json.dumps(result, default=str) if as_json else table)

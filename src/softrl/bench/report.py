@@ -1,9 +1,11 @@
-"""The learning benchmark's outputs: a markdown table of final numbers, the claims, and one PNG of
-pass@1 / pass@10 against samples generated and wall time plus reward against KL(pi || pi0)."""
+"""The benchmarks' outputs. Learning: a markdown table of final numbers, the claims, and one PNG of
+pass@1 / pass@10 against samples generated and wall time plus reward against KL(pi || pi0).
+Systems: `systems_markdown`, the tables of `bench.systems.run_systems`' result."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 COLUMNS = [("pass@1", "pass@1"), ("pass@10", "pass@10"), ("success_per_sample", "success"),
@@ -97,3 +99,46 @@ def plot_learning(agg: dict[str, list[dict]], out: Path, title: str) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _split(split: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in split.items())
+
+
+def systems_markdown(result: dict) -> str:
+    """The systems numbers as markdown tables, with the ratios (`result["ratios"]`)."""
+    fixed = " (fixed work: EOS ignored, every sample that long)" if result.get("fixed_work") else ""
+    lines = [f"Model `{result['model']}`, task {result['task']}, batch {result['batch']}, "
+             f"{result['max_new_tokens']} new tokens{fixed}, lr {result.get('lr')}, beta {result.get('beta', 0):.4g}, "
+             f"device {result.get('device', 'cpu')}, {result['threads']} torch threads, {result['cpu']}.", ""]
+    learner = result.get("learner")
+    if learner:
+        peak = result["matmul_peak_flops"]
+        lines += [f"Measured matmul peak: {peak / 1e9:.1f} GFLOP/s.", "",
+                  "| learner step | time (s) | peak memory (MiB) | FLOP per step | achieved GFLOP/s | of matmul peak "
+                  "| split (s) |", "|---|---|---|---|---|---|---|"]
+        for m, r in learner.items():
+            lines.append(f"| {m} | {r['step_s']:.3f} | {r['peak_mib']:.0f} | {r['step_flops']:.3g} | "
+                         f"{r['achieved_flops'] / 1e9:.2f} | {r['of_peak']:.1%} | {_split(r.get('split_s', {}))} |")
+    rounds = result.get("rounds", {})
+    if rounds:
+        lines += ["", "| end to end (GRPO loss) | steps | samples/s, round by round | median samples/s "
+                  "| median split of a step (s) |", "|---|---|---|---|---|"]
+        for name, runs in rounds.items():
+            split = _split(runs[-1].get("split_s", {})) if runs[-1].get("split_s") else "-"
+            speeds = [r["samples_per_s"] for r in runs]
+            lines.append(f"| {name} | {runs[0]['steps']} | {', '.join(f'{v:.1f}' for v in speeds)} | "
+                         f"{statistics.median(speeds):.1f} | {split} |")
+    for mode, r in result.get("vs_trl", {}).items():
+        lines.append(f"\nsoftrl {mode} / TRL samples/s, round by round: "
+                     f"{', '.join(f'{x:.2f}x' for x in r['by_pair'])} (median {r['median']:.2f}x)")
+    ray = result.get("ray", {})
+    if ray:
+        lines += ["", "| Ray runtime | steps | samples | training wall time (s) | samples/s |", "|---|---|---|---|---|"]
+        lines += [f"| model_update_interval {k} | {r['steps']} | {r['samples']} | {r['seconds']:.1f} | "
+                  f"{r['samples_per_s']:.1f} |" for k, r in ray.items()]
+    ratios = result.get("ratios", {})
+    if ratios:
+        lines += ["", "Ratios (`systems.json` \"ratios\"):"]
+        lines += [f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in ratios.items()]
+    return "\n".join(lines) + "\n"
