@@ -66,8 +66,10 @@ def step_peak(rows: int, algorithm: str) -> float:
 
 @pytest.mark.parametrize("algorithm", ["spo", "agro-off"])
 def test_learner_step_memory_grows_much_slower_than_the_full_distribution(algorithm):
-    if not Path("/proc/self/clear_refs").exists():
-        pytest.skip("needs Linux /proc to reset the peak resident size")
+    from softrl.bench.systems import reset_peak_rss
+
+    if not reset_peak_rss():
+        pytest.skip("needs Linux /proc/self/clear_refs to reset the peak resident size")
     small, large = 4, 16
     grown = step_peak(large, algorithm) - step_peak(small, algorithm)  # MiB
     full_distribution = (large - small) * T * V * 4 / 2**20  # one [B, T, V] fp32 tensor more: 234 MiB
