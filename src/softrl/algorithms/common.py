@@ -86,8 +86,9 @@ def leave_one_out_var(values: Tensor, group_size: int) -> Tensor:
     """Unbiased sample variance of the other `n - 1` entries of each group: `[B] -> [B]` (needs n >= 3)."""
     groups = check_group_size(group_size, values.shape[0], minimum=3)
     v = values.view(groups, group_size)  # [G, n]
-    others = torch.tensor([[j for j in range(group_size) if j != i] for i in range(group_size)],
-                          device=values.device)  # [n, n-1]
+    # others[i] = every index but i, made on the device (a host list copied there would wait for it)
+    k = torch.arange(group_size - 1, device=values.device)[None, :]  # [1, n-1]
+    others = k + (k >= torch.arange(group_size, device=values.device)[:, None]).long()  # [n, n-1]
     return v[:, others].var(dim=-1, unbiased=True).view(-1)  # [G, n, n-1] -> [B]
 
 

@@ -149,7 +149,8 @@ class Learner:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        out = dict(zip(metrics, torch.stack([v.detach().double().to("cpu") for v in metrics.values()]).tolist()))
+        device = self.placement.device  # one copy to the host for all of them
+        out = dict(zip(metrics, torch.stack([v.detach().double().to(device) for v in metrics.values()]).cpu().tolist()))
         out.update({f"time/{name}": seconds for name, seconds in clock.seconds().items()})
         out["lr"] = self.scheduler.get_last_lr()[0]
         online = batch.policy_version[torch.tensor([s == "online" for s in batch.sources])].double()  # [b]
