@@ -15,14 +15,10 @@ import argparse
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 
-import softrl.models.logprobs as logprobs
-from softrl.assemble import Run, model_directory
-from softrl.bench.systems import batch_rows
-from softrl.config import config_from
-from softrl.runtime.feed import DataFeed
-
-NEVER = 2.0  # a SHARING_SAVES no layout reaches: prompts never shared
+from softrl.assemble import model_directory
+from softrl.bench.systems import batch_rows, learner_setup
 
 
 def main() -> None:
@@ -35,26 +31,19 @@ def main() -> None:
     args = parser.parse_args()
     model = model_directory(args.model, "countdown")
     rows = batch_rows(model, "countdown", args.prompts, args.n, args.new_tokens)
-    config = config_from({"data.objective.algorithm": "grpo", "data.mix": {"online": 1.0}, "model.path": model,
-                          "data.store": tempfile.mkdtemp(), "sampling.samples_per_prompt": args.n,
-                          "optim.warmup_steps": 0})
-    run = Run(config)
-    feed = DataFeed(config, run.store, run.train_task, {r["prompt_id"]: 0.5 for r in rows}, run.tokenizer)
-    batch = feed.batch(rows)
+    run, batch = learner_setup("grpo", model, rows, args.n, tempfile.mkdtemp())
     shared = batch.padded.shared
     print(f"{len(rows)} rows, padded {tuple(batch.padded.input_ids.shape)}; shared: "
           + ("no" if shared is None else f"{shared.prompt_ids.numel() + shared.response_ids.numel()} tokens a pass"))
-    default = logprobs.SHARING_SAVES
+    # the same rows without the shared layout (one micro-batch: the learner steps on the batch as it is)
+    batches = {"plain": replace(batch, padded=replace(batch.padded, shared=None)), "shared": batch}
     times: dict[str, list[float]] = {"plain": [], "shared": []}
     for pair in range(args.pairs + 1):  # the first pair warms up (AdamW's state)
         for name in times:
-            # the learner lays out each micro-batch again, reading SHARING_SAVES then
-            logprobs.SHARING_SAVES = NEVER if name == "plain" else default
             start = time.perf_counter()
-            run.learner.step(batch)
+            run.learner.step(batches[name])
             if pair:
                 times[name].append(time.perf_counter() - start)
-    logprobs.SHARING_SAVES = default
     ratios = [s / p for p, s in zip(times["plain"], times["shared"])]
     print(f"median step: plain {statistics.median(times['plain']):.3f} s, shared {statistics.median(times['shared']):.3f} s")
     print("shared / plain, pair by pair: " + " ".join(f"{r:.2f}" for r in ratios)

@@ -30,6 +30,10 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
 class ModelConfig(Section):
     path: str = Field("bootstrap", description="model directory, 'bootstrap' for the task's built-in reference, "
                       "or a name `softrl model prepare` knows (smollm2-135m)")
@@ -43,8 +47,8 @@ class ModelConfig(Section):
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
-            raise ValueError(f"must be auto, cpu, cuda or cuda:N, got {value!r}")
+        if not DEVICE_PATTERN.fullmatch(value):
+            raise ValueError(f"must be {DEVICE_NAMES}, got {value!r}")
         return value
 
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 import torch
 
@@ -122,25 +122,31 @@ def batch_rows(model_path: str, task: str, prompts: int, samples_per_prompt: int
     return [{**r.to_row(), "mix_source": "online"} for r in rollouts(spec, contexts, samples_per_prompt, seed)]
 
 
-def learner_step(method: str, model_path: str, rows: list[dict], samples_per_prompt: int, steps: int,
-                 store: str, device: str = "auto", checkpointing: bool = False) -> dict:
-    """Load the models, take one warm-up step (optimizer state), then time `steps` steps. Memory is
-    the peak during all of it: on the CPU the resident size above the process before any model was
-    loaded, on CUDA the most memory PyTorch allocated on the device."""
+def learner_setup(method: str, model_path: str, rows: list[dict], samples_per_prompt: int, store: str,
+                  device: str = "auto", checkpointing: bool = False):
+    """(run, batch): a run of `method` online on `rows`, every prompt's Q0 0.5, and its batch of them."""
     from softrl.assemble import Run
     from softrl.config import config_from
     from softrl.runtime.feed import DataFeed
 
-    base = rss_mib()
-    peak_was_reset = reset_peak_rss()
     config = config_from({"data.objective.algorithm": method, "data.mix": {"online": 1.0}, "model.path": model_path,
                           "data.store": store, "sampling.samples_per_prompt": samples_per_prompt,
                           "optim.warmup_steps": 0, "model.device": device,
                           "optim.gradient_checkpointing": checkpointing})
     run = Run(config)
-    cuda = run.placement.device.type == "cuda"
     feed = DataFeed(config, run.store, run.train_task, {r["prompt_id"]: 0.5 for r in rows}, run.tokenizer)
-    batch = feed.batch(rows)
+    return run, feed.batch(rows)
+
+
+def learner_step(method: str, model_path: str, rows: list[dict], samples_per_prompt: int, steps: int,
+                 store: str, device: str = "auto", checkpointing: bool = False) -> dict:
+    """Load the models, take one warm-up step (optimizer state), then time `steps` steps. Memory is
+    the peak during all of it: on the CPU the resident size above the process before any model was
+    loaded, on CUDA the most memory PyTorch allocated on the device."""
+    base = rss_mib()
+    peak_was_reset = reset_peak_rss()
+    run, batch = learner_setup(method, model_path, rows, samples_per_prompt, store, device, checkpointing)
+    cuda = run.placement.device.type == "cuda"
     first = run.learner.step(batch)
     times, split = [], []
     for _ in range(steps):
@@ -182,10 +188,6 @@ def learner_step_in_subprocess(method: str, model_path: str, rows_file: Path, sa
     if out.returncode != 0:
         raise RuntimeError(f"learner step of {method} failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 # --- end to end -----------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ the compute dtype, since nothing ever updates them.
 
 from __future__ import annotations
 
-import re
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
@@ -20,14 +19,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+from softrl.config import DEVICE_NAMES, DEVICE_PATTERN
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
 def resolve_device(name: str) -> torch.device:
     """`auto` is the first CUDA device when PyTorch sees one, else the CPU."""
-    if not _DEVICE.fullmatch(name):
+    if not DEVICE_PATTERN.fullmatch(name):
         raise ValueError(f"device must be {DEVICE_NAMES}, got {name!r}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -40,7 +40,10 @@ class Batch:
                      move(self.policy_version), self.sources, self.pad_id)
 
     def subset(self, index: list[int]) -> Batch:
-        """The rows `index`, padding recomputed (so a micro-batch is no wider than it must be)."""
+        """The rows `index`, padding recomputed (so a micro-batch is no wider than it must be); all rows
+        in order are the batch itself."""
+        if index == list(range(len(self))):
+            return self
         ix = torch.tensor(index, dtype=torch.long)
         width = int(self.padded.response_len[ix].max())
         start, lengths = self.padded.response_start[ix], self.padded.response_len[ix]
