@@ -48,7 +48,7 @@ class ModelConfig(Section):
     @classmethod
     def _device(cls, value: str) -> str:
         if not DEVICE_PATTERN.fullmatch(value):
-            raise ValueError(f"must be {DEVICE_NAMES}, got {value!r}")
+            raise ValueError(f"must be {DEVICE_NAMES}")  # the config error adds the value
         return value
 
 
