@@ -3,6 +3,9 @@ that never read the device, and out-of-memory as one line. Everything here runs 
 CUDA-only checks are in test_gpu.py."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +56,38 @@ def test_placement_on_a_machine_without_cuda(monkeypatch):
     assert Placement.create("cpu", "bfloat16", "auto").frozen == torch.bfloat16
     x = torch.ones(3)
     assert CPU.to_device(x) is x
+
+
+HEAP_PROBE = """
+import sys, torch
+from pathlib import Path
+from softrl.models.device import CPU
+def rss_mib():
+    line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS"))
+    return int(line.split()[1]) // 1024
+lean = CPU.lean_host_memory() if sys.argv[1] == "1" else False
+x = torch.ones(2**19); del x  # one 2 MiB block freed: glibc's own threshold rises past it
+base = rss_mib()
+blocks = [torch.ones(2**19) for _ in range(100)]  # 200 MiB in 2 MiB blocks
+del blocks[:-1]  # all freed but the last, which pins the heap's top
+print(lean, rss_mib() - base)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_lean_host_memory_returns_freed_tensors_to_the_system():
+    """Under activation checkpointing on the CPU (`Placement.lean_host_memory`): freed 2 MiB tensors
+    leave the resident set; without it glibc keeps them in its heap."""
+    def held(lean: bool) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", HEAP_PROBE, str(int(lean))], capture_output=True, text=True, check=True)
+        flag, mib = out.stdout.split()
+        return flag, int(mib)
+
+    flag, mib = held(True)
+    if flag == "False":
+        pytest.skip("not glibc: no mallopt")
+    assert mib < 30 and held(False)[1] > 150
+    assert not Placement(torch.device("cuda"), torch.float32, None).lean_host_memory()
 
 
 def test_device_settings_are_checked_at_the_door(monkeypatch, tiny, tmp_path):

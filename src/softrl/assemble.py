@@ -143,6 +143,7 @@ class Run:
             self.value = self.placement.place(ValueModel(self.reference.model))
         self.placement.place(self.reference.model, frozen=True)
         if config.optim.gradient_checkpointing:
+            self.placement.lean_host_memory()
             self.policy.checkpoint_activations()
             if self.value is not None:
                 self.value.checkpoint_activations()

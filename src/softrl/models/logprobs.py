@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from softrl.models.chosen_logp import chosen_logp
+
 
 @dataclass
 class SharedPrompts:
@@ -227,6 +229,8 @@ def token_stats(model, batch: PaddedBatch, entropy: bool = False, reference=None
         return TokenStats(logp * mask, mask, ent, kl, None if ref_logp is None else ref_logp * mask)
     decoder, head = split
     hidden = response_hidden(decoder, batch)  # [B, T, H]
+    if reference is None and type(head) is torch.nn.Linear:
+        return _chosen_stats(hidden, head, response_targets(batch), mask, entropy, chunk_elements)
     ref_hidden = None
     if reference is not None:
         with torch.no_grad():
@@ -246,3 +250,17 @@ def token_stats(model, batch: PaddedBatch, entropy: bool = False, reference=None
     has_ref = reference is not None
     return TokenStats(joined(0) * mask, mask, joined(1) if entropy else None, joined(2) * mask if has_ref else None,
                       joined(3) * mask if has_ref else None)
+
+
+def _chosen_stats(hidden: Tensor, head: torch.nn.Linear, targets: Tensor, mask: Tensor, entropy: bool,
+                  chunk_elements: int) -> TokenStats:
+    """`token_stats` without a reference, through `chosen_logp`: all positions flattened to `[B * T, H]`
+    (one plain matrix product per chunk), `chunk_elements // V` positions at a time."""
+    B, T, H = hidden.shape
+    flat, flat_targets = hidden.reshape(B * T, H), targets.reshape(B * T)
+    rows = max(1, chunk_elements // head.weight.shape[0])
+    parts = [chosen_logp(flat[i : i + rows], head.weight, head.bias, flat_targets[i : i + rows], entropy) for i in range(0, B * T, rows)]
+    empty = mask.new_zeros(0)
+    logp = torch.cat([p[0] for p in parts]) if parts else empty
+    ent = (torch.cat([p[1] for p in parts]) if parts else empty).view(B, T) if entropy else None
+    return TokenStats(logp.view(B, T) * mask, mask, ent)
