@@ -70,15 +70,19 @@ def test_bench_learning_end_to_end(tiny, tmp_path):
 
 def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
     from softrl.bench.report import systems_markdown
-    from softrl.bench.systems import (STEP_PASSES, alternate, batch_rows, end_to_end, learner_step_in_subprocess,
-                                      matmul_peak_flops, pair_ratios, runtime_config)
+    from softrl.bench.systems import (STEP_PASSES, alternate, batch_rows, in_fresh_process, matmul_peak_flops,
+                                      pair_ratios, runtime_settings)
 
     directory = str(tiny[0])
     rows = batch_rows(directory, "countdown", 2, 2, 8)
     assert len(rows) == 4 and all(len(r["response_tokens"]) == 8 for r in rows)  # fixed work: EOS never drawn
     rows_file = tmp_path / "rows.json"
     rows_file.write_text(json.dumps(rows, default=str))
-    learner = {m: learner_step_in_subprocess(m, directory, rows_file, 2, 2, "cpu") for m in ("spo", "ppo")}
+    def step(method: str, checkpointing: bool = False) -> dict:
+        return in_fresh_process("learner_step_from_file", method=method, model_path=directory, rows_file=rows_file,
+                                samples_per_prompt=2, steps=2, device="cpu", checkpointing=checkpointing)
+
+    learner = {m: step(m) for m in ("spo", "ppo")}
     for r in learner.values():
         assert r["step_s"] > 0 and r["peak_mib"] > 0 and r["rows"] == 4
         assert set(r["split_s"]) == {"forward", "backward", "optimizer"} and sum(r["split_s"].values()) <= r["step_s"]
@@ -86,13 +90,17 @@ def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
     assert learner["ppo"]["step_flops"] - spo["step_flops"] == pytest.approx(
         (STEP_PASSES["ppo"] - STEP_PASSES["spo"]) * 2 * (spo["params"] - spo["head_params"]) * spo["forward_tokens"])
     assert spo["forward_tokens"] <= spo["padded_tokens"]
-    checkpointed = learner_step_in_subprocess("spo", directory, rows_file, 2, 2, "cpu", checkpointing=True)
+    checkpointed = step("spo", checkpointing=True)
     assert checkpointed["first_loss"] == pytest.approx(learner["spo"]["first_loss"], rel=1e-5)
     peak = matmul_peak_flops(n=256, reps=2)
     assert peak > 1e6
-    config = runtime_config(tmp_path, "sync", "countdown", 2, 2, 2, **{
+    settings = runtime_settings(tmp_path, "sync", "countdown", 2, 2, 2, **{
         "model.path": directory, "sampling.max_new_tokens": 8, "sampling.ignore_eos": True})
-    rounds = alternate({"a": lambda: end_to_end(config), "b": lambda: end_to_end(config)}, pairs=2)
+
+    def e2e() -> dict:
+        return in_fresh_process("end_to_end", settings=settings)
+
+    rounds = alternate({"a": e2e, "b": e2e}, pairs=2)
     assert [len(v) for v in rounds.values()] == [2, 2]
     e2e = rounds["a"][0]
     assert e2e["samples"] == 8 and e2e["samples_per_s"] > 0

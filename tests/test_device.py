@@ -59,35 +59,42 @@ def test_placement_on_a_machine_without_cuda(monkeypatch):
 
 
 HEAP_PROBE = """
-import sys, torch
+import resource, sys, torch
 from pathlib import Path
 from softrl.models.device import CPU
 def rss_mib():
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS"))
     return int(line.split()[1]) // 1024
-lean = CPU.lean_host_memory() if sys.argv[1] == "1" else False
+policy = sys.argv[1]
+applied = CPU.host_allocator(lean=policy == "lean") if policy != "glibc" else True
 x = torch.ones(2**19); del x  # one 2 MiB block freed: glibc's own threshold rises past it
 base = rss_mib()
 blocks = [torch.ones(2**19) for _ in range(100)]  # 200 MiB in 2 MiB blocks
 del blocks[:-1]  # all freed but the last, which pins the heap's top
-print(lean, rss_mib() - base)
+held = rss_mib() - base
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+blocks += [torch.ones(2**19) for _ in range(100)]  # the same again: fresh pages, or the freed ones
+print(applied, held, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
 """
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
-def test_lean_host_memory_returns_freed_tensors_to_the_system():
-    """Under activation checkpointing on the CPU (`Placement.lean_host_memory`): freed 2 MiB tensors
-    leave the resident set; without it glibc keeps them in its heap."""
-    def held(lean: bool) -> tuple[str, int]:
-        out = subprocess.run([sys.executable, "-c", HEAP_PROBE, str(int(lean))], capture_output=True, text=True, check=True)
-        flag, mib = out.stdout.split()
-        return flag, int(mib)
+def test_host_allocator_policies():
+    """`Placement.host_allocator` on the CPU: lean (under activation checkpointing) returns freed 2 MiB
+    tensors to the system, which glibc's own policy keeps; fast reuses freed pages (no page faults)."""
+    def probe(policy: str) -> tuple[str, int, int]:
+        out = subprocess.run([sys.executable, "-c", HEAP_PROBE, policy], capture_output=True, text=True, check=True)
+        applied, held, faults = out.stdout.split()
+        return applied, int(held), int(faults)
 
-    flag, mib = held(True)
-    if flag == "False":
+    applied, lean_held, lean_faults = probe("lean")
+    if applied == "False":
         pytest.skip("not glibc: no mallopt")
-    assert mib < 30 and held(False)[1] > 150
-    assert not Placement(torch.device("cuda"), torch.float32, None).lean_host_memory()
+    _, glibc_held, _ = probe("glibc")
+    _, fast_held, fast_faults = probe("fast")
+    assert lean_held < 30 and glibc_held > 150 and fast_held > 150
+    assert fast_faults < lean_faults / 10  # the lean policy maps and faults in every block afresh
+    assert not Placement(torch.device("cuda"), torch.float32, None).host_allocator()
 
 
 def test_device_settings_are_checked_at_the_door(monkeypatch, tiny, tmp_path):

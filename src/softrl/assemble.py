@@ -142,8 +142,8 @@ class Run:
         if any(o.value_model for o in objectives):  # a trained copy of the reference, so in the trained dtype
             self.value = self.placement.place(ValueModel(self.reference.model))
         self.placement.place(self.reference.model, frozen=True)
+        self.placement.host_allocator(lean=config.optim.gradient_checkpointing)
         if config.optim.gradient_checkpointing:
-            self.placement.lean_host_memory()
             self.policy.checkpoint_activations()
             if self.value is not None:
                 self.value.checkpoint_activations()

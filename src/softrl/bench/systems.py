@@ -178,39 +178,47 @@ def forward_tokens(padded) -> int:
     return shared.prompt_ids.numel() + shared.response_ids.numel()
 
 
-def learner_step_in_subprocess(method: str, model_path: str, rows_file: Path, samples_per_prompt: int,
-                               steps: int, device: str = "auto", checkpointing: bool = False) -> dict:
-    """`learner_step` in a fresh Python, so each method's peak memory is its own."""
-    out = subprocess.run([sys.executable, "-m", "softrl.bench.systems", method, model_path, str(rows_file),
-                          str(samples_per_prompt), str(steps), str(rows_file.parent / "store"), device,
-                          str(int(checkpointing))],
-                         capture_output=True, text=True, check=False)
+def learner_step_from_file(method: str, model_path: str, rows_file: str, samples_per_prompt: int, steps: int,
+                           device: str = "auto", checkpointing: bool = False) -> dict:
+    """`learner_step` on the rows of a JSON file, with its store beside the file."""
+    rows = json.loads(Path(rows_file).read_text())
+    return learner_step(method, model_path, rows, samples_per_prompt, steps, str(Path(rows_file).parent / "store"),
+                        device, checkpointing)
+
+
+def in_fresh_process(function: str, **kwargs) -> dict | None:
+    """`function(**kwargs)` (one of FRESH_PROCESS) in a fresh Python, so that each side's peak memory,
+    allocator policy (`Placement.host_allocator`) and caches are its own."""
+    out = subprocess.run([sys.executable, "-m", "softrl.bench.systems", function, json.dumps(kwargs, default=str)],
+                         capture_output=True, text=True, check=False, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if out.returncode != 0:
-        raise RuntimeError(f"learner step of {method} failed: {out.stderr.strip().splitlines()[-1:]}")
+        raise RuntimeError(f"{function} failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # --- end to end -----------------------------------------------------------------------------------
-def runtime_config(root: Path, name: str, task: str, steps: int, prompts: int, samples_per_prompt: int,
-                   **overrides):
-    """Online on `task`'s bootstrap, no periodic evaluation and a minimal one before and after; as many
-    training prompts as the steps use (each needs a Q0 estimate before the clock starts)."""
-    from softrl.config import config_from
-
-    return config_from({
+def runtime_settings(root: Path, name: str, task: str, steps: int, prompts: int, samples_per_prompt: int,
+                     **overrides) -> dict:
+    """Settings (`config_from`) of a run online on `task`'s bootstrap, no periodic evaluation and a
+    minimal one before and after; as many training prompts as the steps use (each needs a Q0 estimate
+    before the clock starts)."""
+    return {
         "name": name, "out_dir": str(root), "data.store": str(root / "store"), "task.name": task,
         "task.size": min(200, prompts * steps), "task.eval_size": 1, "q0.k": 4, "eval.samples": 1, "data.mix": {"online": 1.0},
         "sampling.prompts_per_step": prompts, "sampling.samples_per_prompt": samples_per_prompt,
-        "optim.steps": steps, "log.checkpoint_every": steps, "log.keep_checkpoints": 1, **overrides})
+        "optim.steps": steps, "log.checkpoint_every": steps, "log.keep_checkpoints": 1, **overrides}
 
 
-def end_to_end(config) -> dict:
-    """Train; samples/s over the run's training clock (setup and evaluation left out), and the median
-    split of a step's time (generation, learner forward, backward, optimizer) over the steps after the first."""
+def end_to_end(settings: dict) -> dict:
+    """Train a run of `settings`; samples/s over the run's training clock (setup and evaluation left
+    out), and the median split of a step's time (generation, learner forward, backward, optimizer) over
+    the steps after the first."""
     import shutil
 
+    from softrl.config import config_from
     from softrl.runtime import runtime_for
 
+    config = config_from(settings)
     shutil.rmtree(config.run_dir, ignore_errors=True)
     summary = runtime_for(config).train(config, log=lambda m: None)
     steps = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -238,6 +246,7 @@ def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_p
     from softrl.assemble import sampler
     from softrl.models.loading import quiet_transformers
 
+    root = Path(root)
     s = sampler(task, model_path, size=200, device=device)
     task_obj, model, tokenizer = s.task, s.model, s.tokenizer
     on_cpu = model.device.type == "cpu"
@@ -308,8 +317,9 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
         out["learner"] = {}
         for method in STEP_METHODS:
             phase(f"learner step: {method}")
-            r = learner_step_in_subprocess(method, model_path, rows_file, samples_per_prompt, timed_steps, device,
-                                           checkpointing)
+            r = in_fresh_process("learner_step_from_file", method=method, model_path=model_path, rows_file=rows_file,
+                                 samples_per_prompt=samples_per_prompt, steps=timed_steps, device=device,
+                                 checkpointing=checkpointing)
             out["learner"][method] = {**r, "of_peak": r["achieved_flops"] / out["matmul_peak_flops"]}
         spo, ppo = out["learner"]["spo"], out["learner"]["ppo"]
         ratios.update(spo_over_ppo_time=spo["step_s"] / ppo["step_s"], spo_over_ppo_memory=spo["peak_mib"] / ppo["peak_mib"],
@@ -320,14 +330,16 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
     sides = {}
     if "e2e" in parts:
         for mode in ("sync", "async"):
-            sides[f"softrl-{mode}"] = lambda mode=mode: end_to_end(runtime_config(
+            sides[f"softrl-{mode}"] = lambda mode=mode: in_fresh_process("end_to_end", settings=runtime_settings(
                 root, f"local-{mode}", steps=e2e_steps, **{"runtime.mode": mode, **grpo}, **common))
     if "trl" in parts:
         import importlib.util
 
         if importlib.util.find_spec("trl") is not None:
-            sides["trl"] = lambda: trl_grpo(model_path, task, trl_steps, prompts, samples_per_prompt, max_new_tokens,
-                                            root, lr=lr, beta=SPO_BETA, fixed=fixed, device=device)
+            sides["trl"] = lambda: in_fresh_process(
+                "trl_grpo", model_path=model_path, task=task, steps=trl_steps, prompts=prompts,
+                samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens, root=root, lr=lr,
+                beta=SPO_BETA, fixed=fixed, device=device)
     if sides:
         out["rounds"] = alternate(sides, pairs, phase)
         rounds = out["rounds"]
@@ -342,7 +354,7 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
         out["ray"] = {}
         for interval in (1, 10):
             phase(f"end to end: ray, model_update_interval {interval}")
-            out["ray"][interval] = end_to_end(runtime_config(
+            out["ray"][interval] = in_fresh_process("end_to_end", settings=runtime_settings(
                 root, f"ray-interval{interval}", steps=ray_steps, **{"runtime.kind": "ray", "runtime.workers": 2,
                                                                      "runtime.model_update_interval": interval, **grpo},
                 **common))
@@ -357,8 +369,8 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-if __name__ == "__main__":  # the subprocess of learner_step_in_subprocess
-    method, model_path, rows_file, n, steps, store, device, checkpointing = sys.argv[1:9]
-    rows = json.loads(Path(rows_file).read_text())
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print(json.dumps(learner_step(method, model_path, rows, int(n), int(steps), store, device, checkpointing == "1")))
+FRESH_PROCESS = {"learner_step_from_file": learner_step_from_file, "end_to_end": end_to_end, "trl_grpo": trl_grpo}
+
+if __name__ == "__main__":  # the subprocess of in_fresh_process
+    function, kwargs = sys.argv[1], json.loads(sys.argv[2])
+    print(json.dumps(FRESH_PROCESS[function](**kwargs)))
