@@ -101,7 +101,7 @@ class Placement:
         as it frees: about 300,000 page faults, 15% of a SmolLM2-135M SPO step.
         Lean (under activation checkpointing: memory before speed): a fixed 1 MiB mmap threshold, so
         every larger tensor has its own mapping, returned to the system when freed, where glibc's heap
-        would keep it and fragment: about 450 MiB less peak on that step, 10-20% slower.
+        would keep it and fragment: about 490 MiB less peak on that step, 25% slower.
         (docs/USAGE.md, "Running on a GPU")"""
         if self.device.type != "cpu":
             return False
