@@ -158,6 +158,20 @@ def test_invalid_configs_fail_in_one_line_and_create_nothing(tmp_path, tiny):
         assert not (tmp_path / "runs").exists() and not (tmp_path / "store").exists()
 
 
+def kill_mid_run(args: list[str], metrics) -> None:
+    """Start `softrl train` and SIGKILL it once it has logged a random step from 3 to 6."""
+    kill_after = random.Random(os.getpid()).randint(3, 6)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while proc.poll() is None:
+        done = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+        if any(r.get("step", 0) >= kill_after and "loss" in r for r in done):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+
+
 @pytest.mark.skipif(SOFTRL is None, reason="softrl console script not installed")
 def test_kill_9_and_resume_continue_the_run(tmp_path, tiny):
     """An uninterrupted run and a run killed at a random step then resumed end with the same
@@ -170,17 +184,7 @@ def test_kill_9_and_resume_continue_the_run(tmp_path, tiny):
         if name == "straight":
             assert subprocess.run(args, capture_output=True).returncode == 0
         else:
-            metrics = root / "run" / "metrics.jsonl"
-            kill_after = random.Random(os.getpid()).randint(3, 6)
-            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            while proc.poll() is None:
-                done = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-                if any(r.get("step", 0) >= kill_after and "loss" in r for r in done):
-                    proc.send_signal(signal.SIGKILL)
-                    break
-                time.sleep(0.05)
-            proc.wait()
-            assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+            kill_mid_run(args, root / "run" / "metrics.jsonl")
             resumed = subprocess.run(args + ["--resume"], capture_output=True, text=True)
             assert resumed.returncode == 0, resumed.stderr
         runs[name] = root

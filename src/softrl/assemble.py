@@ -126,9 +126,10 @@ def sampler(task: str, model: str = "bootstrap", *, size: int | None = None, see
 
 class Run:
     """The pieces of one training run, built completely from its config: policy, frozen reference,
-    the value model where an objective needs one, tokenizer, tasks, store and learner."""
+    the value model where an objective needs one, tokenizer, tasks, store and learner. `rank`: the
+    learner's place in a group of `runtime.learners` (runtime/group.py); only rank 0 opens the store."""
 
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig, rank: int = 0):
         self.config = config
         self.placement = placement(config)
         self.model_path = resolve_model(config)
@@ -147,8 +148,9 @@ class Run:
             self.policy.checkpoint_activations()
             if self.value is not None:
                 self.value.checkpoint_activations()
-        self.store = ExperienceStore(config.data.store)
-        self.learner = Learner(self.policy, self.reference, config, self.value, self.placement)
+        self.store = ExperienceStore(config.data.store) if rank == 0 else None
+        self.learner = Learner(self.policy, self.reference, config, self.value, self.placement, rank,
+                               config.runtime.learners)
 
     def encode_prompt(self, text: str) -> list[int]:
         return encode_prompt(self.tokenizer, text)

@@ -151,6 +151,8 @@ class RuntimeConfig(Section):
     mode: Literal["sync", "async"] = Field("sync", description="local: generate then learn, or generate in a thread")
     model_update_interval: int = Field(1, ge=1, description="learner steps between weight updates to generation")
     workers: int = Field(2, ge=1, description="ray: rollout-worker actors")
+    learners: int = Field(1, ge=1, description="local: learner processes in one torch.distributed group, each "
+                          "taking whole groups of every batch (started by softrl, or by torchrun)")
     ray_address: str | None = Field(None, description="ray: cluster address (None = start a local Ray)")
 
 
@@ -195,6 +197,9 @@ class RunConfig(Section):
                                  f"{objective.name} (it needs a group of responses per prompt)")
             if objective.data == "online" and source != "online":
                 raise ValueError(f"data.objectives.{source}: {objective.name} learns from online rollouts only")
+        if self.runtime.learners > 1 and self.runtime.kind != "local":
+            raise ValueError("runtime.learners > 1 runs on the local runtime (softrl's own processes or torchrun); "
+                             "under Ray one learner only, for now")
         return self
 
     @property

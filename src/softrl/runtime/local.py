@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from softrl.config import RunConfig
+from softrl.runtime.group import LearnerGroup, follow, torchrun_rank
 from softrl.runtime.session import Session
 
 
@@ -105,12 +106,22 @@ class Generation:
 
 def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
           on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print) -> dict:
-    """Run (or resume) training; returns the summary also written to RUN_DIR/summary.json."""
+    """Run (or resume) training; returns the summary also written to RUN_DIR/summary.json. With
+    `runtime.learners` > 1 the learner is a data-parallel group (runtime/group.py) and this process
+    its rank 0; a process torchrun started as another rank follows rank 0 instead."""
+    rank = torchrun_rank()
+    if rank not in (None, 0):
+        return follow(config, rank, config.runtime.learners)
     phase = on_phase or (lambda name, done, total: None)
-    session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total))
-    generation = Generation(session, config.runtime.mode, config.runtime.model_update_interval)
-    started = time.time()
+    group = LearnerGroup(config) if config.runtime.learners > 1 or rank is not None else None
+    generation = None
     try:
+        session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total))
+        if group is not None:
+            group.lead(session.run.learner)
+            session.run.learner = group
+        generation = Generation(session, config.runtime.mode, config.runtime.model_update_interval)
+        started = time.time()
         while session.progress.step < config.optim.steps:
             online, timings = generation.next()
             record = session.learn(online, session.runlog.elapsed(started), timings)
@@ -118,6 +129,9 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
             if on_step is not None:
                 on_step(record)
     finally:
-        generation.close()
+        if generation is not None:
+            generation.close()
+        if group is not None:
+            group.close()
     phase("evaluate (after)", 0, 1)
     return session.finish()

@@ -22,6 +22,7 @@ from softrl.models.device import CPU, Placement
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.objectives import LossInputs, objective_loss
 from softrl.train.batch import Batch
+from softrl.train.data_parallel import my_rows, sum_gradients, sum_metrics
 
 
 def old_logp(logp: Tensor, part: Batch) -> Tensor:
@@ -72,9 +73,10 @@ def micro_batches(batch: Batch, parts: int, group_size: Callable[[str], int],
 
 class Learner:
     def __init__(self, policy: PolicyModel, reference: ReferenceModel, config: RunConfig,
-                 value: ValueModel | None = None, placement: Placement = CPU):
+                 value: ValueModel | None = None, placement: Placement = CPU, rank: int = 0, world: int = 1):
         self.policy, self.reference, self.value, self.config = policy, reference, value, config
         self.placement = placement
+        self.rank, self.world = rank, world  # this learner's place in a data-parallel group (train.data_parallel)
         params = [p for p in policy.model.parameters() if p.requires_grad]
         params += list(value.parameters()) if value is not None else []
         self.params = params
@@ -118,9 +120,12 @@ class Learner:
         total_rows = len(batch)
         metrics: dict[str, Tensor] = {}
         clock = self.placement.clock()
-        for source, index in micro_batches(batch, cfg.optim.grad_accum, self.group_size, cfg.optim.micro_batch_tokens):
+        rows = my_rows(batch.sources, self.rank, self.world, self.group_size) if self.world > 1 else list(range(total_rows))
+        mine = batch.subset(rows) if rows else None  # a rank may get no group of a small batch
+        pieces = micro_batches(mine, cfg.optim.grad_accum, self.group_size, cfg.optim.micro_batch_tokens) if mine else []
+        for source, index in pieces:
             options = cfg.data.objective_for(source)
-            host = batch.subset(index)
+            host = mine.subset(index)
             with clock.phase("forward"), self.placement.autocast():
                 part = host.apply(self.placement.to_device)
                 inputs, entropy = self.inputs(part, options, self.group_size(source))
@@ -135,6 +140,8 @@ class Learner:
                 _add(metrics, key, share * value)
             self._diagnostics(inputs, entropy, part, bool(host.has_behavior.any()), source,
                               batch.sources.count(source), share, metrics)
+        if self.world > 1:  # the group's sums: every rank then takes the same decision and update
+            metrics = sum_metrics(metrics)
         if not torch.isfinite(metrics["loss"]):  # the step's one synchronisation before the update
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_in_row += 1
@@ -144,6 +151,8 @@ class Learner:
             return {"skipped_nonfinite": 1.0, "nonfinite_in_row": float(self.nonfinite_in_row)}
         self.nonfinite_in_row = 0
         with clock.phase("optimizer"):
+            if self.world > 1:
+                sum_gradients(self.params)
             metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm or float("inf"))
             self.optimizer.step()
             self.scheduler.step()

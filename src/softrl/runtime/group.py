@@ -1,0 +1,129 @@
+"""A learner group: `runtime.learners` processes in one torch.distributed group, data parallel.
+
+softrl starts the other processes itself (on this machine), or `torchrun --nproc-per-node N -m softrl
+train ...` starts them all (then every process runs the same command and the group comes from
+torchrun's environment). Rank 0 runs the session: Q0, generation, the store, evaluation, the run log
+and checkpoints. Every rank holds a replica of the trained weights and takes its share of whole
+groups of every batch (`train.data_parallel`); rank 0 hands each batch to the others, gradients are
+summed, and every rank applies the same update. Which backend (gloo on the CPU, NCCL on CUDA) and how
+many threads each process uses is decided here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from softrl.config import ConfigError, RunConfig
+
+# followers wait for rank 0 through its Q0 estimate and evaluations: a long wait is not a failure
+WAIT = timedelta(hours=12)
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun started it, else None."""
+    return int(os.environ["RANK"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ else None
+
+
+def backend(config: RunConfig) -> str:
+    return "nccl" if config.model.device.startswith("cuda") or (
+        config.model.device == "auto" and torch.cuda.is_available()) else "gloo"
+
+
+def _join(config: RunConfig, rank: int, world: int, init_method: str | None) -> None:
+    """Join the group: threads shared out on the CPU, one GPU per process on CUDA."""
+    if backend(config) == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group(backend(config), init_method=init_method or "env://", rank=rank, world_size=world,
+                            timeout=WAIT)
+
+
+def _exchange(message=None):
+    """Rank 0's `message` on every rank (the others pass None)."""
+    box = [message]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _broadcast_weights(learner) -> None:
+    """Every replica gets rank 0's weights (a resumed rank 0 has the checkpoint's)."""
+    with torch.no_grad():
+        for module in [learner.policy.model] + ([learner.value] if learner.value is not None else []):
+            for tensor in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(tensor.data, src=0)
+
+
+def follow(config: RunConfig, rank: int, world: int, init_method: str | None = None) -> dict:
+    """A rank other than 0: its replica of the learner, stepping on what rank 0 hands it until told to stop."""
+    from softrl.assemble import Run
+
+    _join(config, rank, world, init_method)
+    try:
+        learner = Run(config, rank=rank).learner
+        _broadcast_weights(learner)
+        while (message := _exchange()) is not None:
+            kind, payload = message
+            if kind == "step":
+                learner.step(payload)
+            elif kind == "state":
+                learner.load_state_dict(payload)
+    finally:
+        dist.destroy_process_group()
+    return {"run_dir": str(config.run_dir), "rank": rank, "steps": learner.version}
+
+
+class LearnerGroup:
+    """Rank 0's side of the group: starts the other ranks (unless torchrun did), then stands in for
+    the run's learner, handing every batch (and a resumed learner state) to them first."""
+
+    def __init__(self, config: RunConfig):
+        self.world = config.runtime.learners
+        self.processes: list[multiprocessing.Process] = []
+        if torchrun_rank() is not None:
+            if int(os.environ["WORLD_SIZE"]) != self.world:
+                raise ConfigError(f"runtime.learners: {self.world}, but torchrun started {os.environ['WORLD_SIZE']} "
+                                  "processes: make them equal")
+            _join(config, 0, self.world, None)
+        else:
+            with socket.socket() as s:  # a free port on the loopback interface for the group's rendezvous
+                s.bind(("127.0.0.1", 0))
+                init_method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+            spawn = multiprocessing.get_context("spawn")
+            self.processes = [spawn.Process(target=follow, args=(config, rank, self.world, init_method), daemon=True,
+                                            name=f"softrl-learner-{rank}") for rank in range(1, self.world)]
+            for p in self.processes:
+                p.start()
+            _join(config, 0, self.world, init_method)
+        self.learner = None
+
+    def lead(self, learner) -> None:
+        """Stand in for rank 0's `learner` (built by then; resumed where the run resumes)."""
+        self.learner = learner
+        _broadcast_weights(learner)
+        _exchange(("state", learner.state_dict()))
+
+    def step(self, batch) -> dict:
+        _exchange(("step", batch))
+        return self.learner.step(batch)
+
+    def load_state_dict(self, state: dict) -> None:
+        _exchange(("state", state))
+        self.learner.load_state_dict(state)
+
+    def __getattr__(self, name):  # version, state_dict, policy...: rank 0's own learner
+        return getattr(self.learner, name)
+
+    def close(self) -> None:
+        """Tell the other ranks to stop, and wait for those softrl started."""
+        if dist.is_initialized():
+            _exchange(None)
+            dist.destroy_process_group()
+        for p in self.processes:
+            p.join(timeout=60)
