@@ -154,6 +154,9 @@ class RuntimeConfig(Section):
     learners: int = Field(1, ge=1, description="local: learner processes in one torch.distributed group, each "
                           "taking whole groups of every batch (started by softrl, or by torchrun)")
     ray_address: str | None = Field(None, description="ray: cluster address (None = start a local Ray)")
+    weight_sync: Literal["broadcast", "object_store"] = Field(
+        "broadcast", description="ray: weights to the workers over torch.distributed (gloo; NCCL where both ends are "
+        "on CUDA), or pickled through Ray's object store")
 
 
 class EvalConfig(Section):

@@ -2,7 +2,8 @@
 
 The driver picks prompts, has the workers sample them (each worker writes its trajectories to the
 store itself), hands the rows to the learner, and every `model_update_interval` learner steps sends
-the learner's weights to the workers through the object store. Generation of the next batch is
+the learner's weights to the workers: over torch.distributed channels (runtime/weights.py), or
+through the object store (`runtime.weight_sync: object_store`). Generation of the next batch is
 issued before the learner steps on this one, so the two overlap (online rows are one version
 stale, or more with a larger interval). A worker actor that dies is restarted by Ray; the driver
 sends it the current weights and asks again, and the run goes on.
@@ -65,6 +66,25 @@ class _Learner:
         # on the host: workers need not share the learner's device (the object store pickles them)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.session.policy.model.state_dict().items()}
 
+    def open_weights(self, local: bool) -> tuple[str, int]:
+        """Host the weight channels' store (runtime/weights.py): on loopback for a local Ray, else on
+        this node's address in the cluster."""
+        import ray
+
+        from softrl.runtime.weights import WeightSender
+
+        self.sender = WeightSender("127.0.0.1" if local else ray.util.get_node_ip_address())
+        return self.sender.address
+
+    def on_cuda(self) -> bool:
+        return self.session.run.placement.device.type == "cuda"
+
+    def open_channel(self, worker: int, epoch: int, nccl: bool) -> None:
+        self.sender.open(worker, epoch, nccl)
+
+    def send_weights(self, workers: list[int]) -> dict[int, bool]:
+        return self.sender.send(self.session.policy.model, workers, self.session.run.placement.frozen)
+
     def step(self, online: list[dict], elapsed: float, timings: dict[str, float]) -> dict:
         return self.session.learn(online, elapsed, timings)
 
@@ -85,8 +105,10 @@ class _Worker:
         torch.set_num_threads(1)
         cfg = RunConfig.model_validate(config)
         self.model, tokenizer = load_causal_lm(model_path, cfg.model.dtype)
-        placement(cfg).place(self.model, frozen=True)
+        self.placement = placement(cfg)
+        self.placement.place(self.model, frozen=True)
         self.version = -1  # no weights from the learner yet
+        self.receiver = None
         task, _ = load_tasks(cfg)
         self.prompts = {p.id: p for p in task.prompts()}
         self.worker = rollout_worker(cfg, task, self.model, tokenizer, ExperienceStore(cfg.data.store))
@@ -99,11 +121,63 @@ class _Worker:
         self.version = version
         return version
 
+    def on_cuda(self) -> bool:
+        return self.placement.device.type == "cuda"
+
+    def open_channel(self, address: tuple[str, int], index: int, epoch: int, nccl: bool) -> None:
+        from softrl.runtime.weights import WeightReceiver
+
+        self.receiver = WeightReceiver(tuple(address), index, epoch, nccl)
+
+    def receive_weights(self, version: int) -> int:
+        """The weights of `version` from the learner; -1 for a restarted worker with no channel yet
+        (its next answer shows it, and the driver reopens its channel)."""
+        if self.receiver is None:
+            return -1
+        self.receiver.receive(self.model, self.placement.frozen)
+        self.version = version
+        return version
+
     def collect(self, prompt_ids: list[str], n: int, seed: int) -> tuple[int, list[dict]]:
         """(the weights' version, the rows): a restarted worker answers with version -1."""
         self.model.eval()
         rows = self.worker.collect([self.prompts[i] for i in prompt_ids], n, self.version, seed)
         return self.version, [{**r.to_row(), "mix_source": "online"} for r in rows]
+
+
+class Channels:
+    """The driver's view of the weight channels (runtime/weights.py): one per worker, reopened under a
+    new epoch when Ray restarts the worker; NCCL where the learner and the worker are both on CUDA."""
+
+    def __init__(self, ray, learner, workers: list, local: bool):
+        self.ray, self.learner, self.workers = ray, learner, workers
+        self.address = ray.get(learner.open_weights.remote(local))
+        self.learner_cuda = ray.get(learner.on_cuda.remote())
+        self.epochs = [0] * len(workers)
+        for i in range(len(workers)):
+            self.reopen(i)
+
+    def reopen(self, i: int) -> None:
+        """Worker i's channel: both ends meet (the learner waits for the worker), under a new epoch."""
+        worker_cuda = self.ray.get(self.workers[i].on_cuda.remote())  # raises while Ray is still restarting it,
+        self.epochs[i] += 1  # before the learner would wait for it in vain
+        nccl = self.learner_cuda and worker_cuda
+        joined = self.workers[i].open_channel.remote(self.address, i, self.epochs[i], nccl)
+        self.ray.get([self.learner.open_channel.remote(i, self.epochs[i], nccl), joined])
+
+    def deliver(self, indices, version: int) -> None:
+        """The learner's current weights to workers `indices`; one that is down gets them when it is
+        back (`reopen`, then `deliver` again)."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        indices = list(indices)
+        received = [self.workers[i].receive_weights.remote(version) for i in indices]
+        self.ray.get(self.learner.send_weights.remote(indices))
+        for ref in received:
+            try:
+                self.ray.get(ref)
+            except (RayActorError, ActorUnavailableError):
+                pass
 
 
 def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
@@ -129,8 +203,12 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
         actor = ray.remote(num_cpus=0, max_restarts=-1)(_Worker)
         workers = [actor.remote(data, info["model_path"]) for _ in range(rc.workers)]
         version, step = info["version"], info["step"]
-        weights = learner.weights.remote()
-        ray.get([w.set_weights.remote(weights, version) for w in workers])
+        channels = Channels(ray, learner, workers, local=rc.ray_address is None) if rc.weight_sync == "broadcast" else None
+        weights = None if channels else learner.weights.remote()
+        if channels:
+            channels.deliver(range(len(workers)), version)
+        else:
+            ray.get([w.set_weights.remote(weights, version) for w in workers])
         pids = ray.get([w.pid.remote() for w in workers])
         restarts = 0
         n = config.sampling.samples_per_prompt
@@ -161,7 +239,11 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
                         time.sleep(1.0)
                     restarts += attempt == 0
                     try:
-                        ray.get(workers[i].set_weights.remote(weights, version))
+                        if channels:  # a restarted worker: a new channel, then the current weights
+                            channels.reopen(i)
+                            channels.deliver([i], version)
+                        else:
+                            ray.get(workers[i].set_weights.remote(weights, version))
                         pids[i] = ray.get(workers[i].pid.remote())
                     except (RayActorError, ActorUnavailableError):
                         pass  # still restarting: the next request fails the same way and waits
@@ -172,6 +254,9 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
 
         def broadcast() -> None:
             """The learner's weights to every worker; one that is down gets them when it is back."""
+            if channels:
+                channels.deliver(range(len(workers)), version)
+                return
             for w in workers:
                 try:
                     ray.get(w.set_weights.remote(weights, version))
@@ -191,7 +276,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
             step = record["step"]
             if step % rc.model_update_interval == 0:
                 version = step
-                weights = learner.weights.remote()
+                weights = None if channels else learner.weights.remote()
                 broadcast()
             record = {**record, "worker_restarts": restarts, "worker_pids": list(pids)}
             if on_step is not None:

@@ -1,0 +1,113 @@
+"""The learner's weights to rollout workers over torch.distributed, in buckets.
+
+Each worker has its own two-process group with the learner (rank 0 the learner, rank 1 the worker;
+gloo, or NCCL where both ends are on CUDA), met through a TCP store the learner hosts. A worker that
+dies takes only its own channel down; when Ray restarts it, it opens a new channel (a new store
+prefix) and receives the current weights. Both ends walk the same model's parameters in the same
+order (tied weights once), so only the raw tensors travel: no pickling, no object store.
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+BUCKET_ELEMENTS = 2**24  # 64 MiB of fp32 a broadcast
+TIMEOUT = timedelta(seconds=60)
+
+
+def weight_tensors(model) -> list[Tensor]:
+    """The trained tensors of `model`, in a fixed order (a tied weight once; buffers such as rotary
+    frequencies never change in training and are left out)."""
+    return [p.data for p in model.parameters()]
+
+
+def _buckets(tensors: list[Tensor]) -> list[list[Tensor]]:
+    """Consecutive tensors, about BUCKET_ELEMENTS a bucket: the same split at both ends whatever
+    dtype each end stores them in."""
+    buckets: list[list[Tensor]] = []
+    size = 0
+    for t in tensors:
+        if not buckets or size + t.numel() > BUCKET_ELEMENTS:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(t)
+        size += t.numel()
+    return buckets
+
+
+def _group(store, prefix: str, rank: int, nccl: bool):
+    prefixed = dist.PrefixStore(prefix, store)
+    if nccl:
+        return dist.ProcessGroupNCCL(prefixed, rank, 2)
+    return dist.ProcessGroupGloo(prefixed, rank, 2, TIMEOUT)
+
+
+def _broadcast(group, flat: Tensor) -> None:
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    group.broadcast([flat], options).wait()
+
+
+class WeightSender:
+    """The learner's end: hosts the store, one channel per worker."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        self.address = (host, port)
+        self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+        self.channels: dict[int, object] = {}
+
+    def open(self, worker: int, epoch: int, nccl: bool = False) -> None:
+        """Meet worker `worker` (blocks until it calls `WeightReceiver` with the same epoch)."""
+        self.channels.pop(worker, None)
+        self.channels[worker] = _group(self.store, f"worker{worker}-epoch{epoch}", 0, nccl)
+
+    def send(self, model, workers: list[int], dtype: torch.dtype) -> dict[int, bool]:
+        """`model`'s weights, as `dtype` (the workers' stored dtype), to each of `workers` with an open
+        channel; whether each got them (a dead worker's channel is closed; it gets a new one when back)."""
+        flats = [torch.cat([t.reshape(-1).to(dtype) for t in bucket]) for bucket in _buckets(weight_tensors(model))]
+        done = {}
+        for worker in workers:
+            group = self.channels.get(worker)
+            try:
+                if group is None:
+                    raise RuntimeError("no channel")
+                for flat in flats:
+                    _broadcast(group, flat if _on_cuda(group) else flat.cpu())
+                done[worker] = True
+            except RuntimeError:  # the worker died mid-way: gloo reports the closed connection
+                self.channels.pop(worker, None)
+                done[worker] = False
+        return done
+
+
+def _on_cuda(group) -> bool:
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    return nccl is not None and isinstance(group, nccl)
+
+
+class WeightReceiver:
+    """A worker's end of its channel."""
+
+    def __init__(self, address: tuple[str, int], worker: int, epoch: int, nccl: bool = False):
+        host, port = address
+        self.store = dist.TCPStore(host, port, is_master=False, timeout=TIMEOUT)
+        self.group = _group(self.store, f"worker{worker}-epoch{epoch}", 1, nccl)
+
+    def receive(self, model, dtype: torch.dtype) -> None:
+        """The learner's weights (sent as `dtype`) into `model`, the same architecture as the learner's."""
+        nccl = _on_cuda(self.group)
+        with torch.no_grad():
+            for bucket in _buckets(weight_tensors(model)):
+                device = bucket[0].device if nccl else torch.device("cpu")
+                flat = torch.empty(sum(t.numel() for t in bucket), dtype=dtype, device=device)
+                _broadcast(self.group, flat)
+                for t, part in zip(bucket, flat.split([t.numel() for t in bucket])):
+                    t.copy_(part.view_as(t))
