@@ -141,3 +141,20 @@ def test_bench_systems_command_writes_the_ratios(tiny, tmp_path):
     assert [len(v) for v in numbers["rounds"].values()] == [1, 1]
     bad = CliRunner().invoke(app, ["bench", "systems", "--device", "gpu", "--report", str(report)])
     assert bad.exit_code == 2 and "device must be auto, cpu, cuda or cuda:N, got 'gpu'" in bad.output
+
+
+def test_weight_sync_part_measures_both_methods(tiny, tmp_path):
+    """`--parts sync`: one update of the weights to the Ray runtime's workers by each method, timed."""
+    pytest.importorskip("ray")
+    from softrl.bench.report import systems_markdown
+    from softrl.bench.systems import in_fresh_process, runtime_settings
+    from softrl.bench.sync import sync_part
+
+    out, ratios = sync_part(tmp_path, str(tiny[0]), runtime_settings, {"model.path": str(tiny[0])},
+                            {"task": "countdown", "prompts": 2, "samples_per_prompt": 2}, 0, in_fresh_process, rounds=2)
+    assert set(out["update"]["seconds"]) == {"object_store", "broadcast"}
+    assert all(len(v) == 2 and min(v) > 0 for v in out["update"]["seconds"].values())
+    assert ratios["broadcast_over_object_store_update"] > 0 and out["intervals"] == {}
+    table = systems_markdown({"model": "m", "task": "countdown", "batch": "2 x 2", "max_new_tokens": 8, "threads": 1,
+                              "cpu": "x", "fixed_work": True, "sync": out, "ratios": ratios})
+    assert "| broadcast |" in table and "| object_store |" in table

@@ -69,7 +69,7 @@ def learning(
 def systems(
     task: str = typer.Option("countdown", help="built-in task whose bootstrap model and prompts are used"),
     model: str = typer.Option("bootstrap", help="model directory, 'bootstrap' (the task's reference) or smollm2-135m"),
-    parts: str = typer.Option("learner,e2e,ray,trl", help="comma-separated: learner, e2e, ray, trl"),
+    parts: str = typer.Option("learner,e2e,ray,trl", help="comma-separated: learner, e2e, ray, trl, sync"),
     prompts: int = typer.Option(16, min=1, help="prompts per step"),
     samples_per_prompt: int = typer.Option(4, min=2, help="samples per prompt (the group size)"),
     max_new_tokens: int = typer.Option(24, min=1, help="generation length"),
@@ -82,12 +82,14 @@ def systems(
                                        "checkpointing"),
     timed_steps: int = typer.Option(10, min=1, help="timed learner steps per method (after one warm-up step)"),
     e2e_steps: int = typer.Option(40, min=2, help="learner steps of each end-to-end run (softrl's and TRL's)"),
+    ray_steps: int = typer.Option(None, min=0, help="learner steps of each Ray run (default: --e2e-steps; "
+                                  "0: --parts sync measures the updates only)"),
     runs: Path = typer.Option(Path("runs/bench/systems"), help="scratch directory of the runs"),
     report: Path = typer.Option(Path("runs/bench/report"), help="where systems.md and systems.json go"),
     as_json: bool = typer.Option(False, "--json", help="print the numbers as JSON"),
 ) -> None:
     """Learner step time, memory, split and FLOP/s of SPO vs PPO vs GRPO; samples/s of sync vs async vs
-    TRL's GRPOTrainer on the same work, alternately; Ray interval 1 vs 10."""
+    TRL's GRPOTrainer on the same work, alternately; Ray interval 1 vs 10; weight sync, object store vs broadcast."""
     from softrl.bench.report import systems_markdown
     from softrl.bench.systems import run_systems
     from softrl.config import ConfigError
@@ -95,9 +97,9 @@ def systems(
     from softrl.models.loading import ModelLoadError
 
     chosen = set(_csv(parts))
-    unknown = chosen - {"learner", "e2e", "ray", "trl"}
+    unknown = chosen - {"learner", "e2e", "ray", "trl", "sync"}
     if unknown:
-        fail(f"--parts: unknown part {sorted(unknown)[0]!r} (use learner, e2e, ray, trl)")
+        fail(f"--parts: unknown part {sorted(unknown)[0]!r} (use learner, e2e, ray, trl, sync)")
     from softrl.assemble import model_directory
 
     try:
@@ -108,7 +110,8 @@ def systems(
     with err.status("benchmarking") as status, one_line_errors():
         try:
             result = run_systems(model, task, runs, chosen, prompts, samples_per_prompt, max_new_tokens,
-                                 timed_steps=timed_steps, e2e_steps=e2e_steps, ray_steps=e2e_steps,
+                                 timed_steps=timed_steps, e2e_steps=e2e_steps,
+                                 ray_steps=e2e_steps if ray_steps is None else ray_steps,
                                  trl_steps=e2e_steps, pairs=pairs, lr=lr, fixed=fixed_work,
                                  device=device, checkpointing=checkpointing, phase=lambda name: status.update(name))
         except (ConfigError, ModelLoadError, RuntimeError) as e:

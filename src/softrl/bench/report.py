@@ -137,6 +137,18 @@ def systems_markdown(result: dict) -> str:
         lines += ["", "| Ray runtime | steps | samples | training wall time (s) | samples/s |", "|---|---|---|---|---|"]
         lines += [f"| model_update_interval {k} | {r['steps']} | {r['samples']} | {r['seconds']:.1f} | "
                   f"{r['samples_per_s']:.1f} |" for k, r in ray.items()]
+    sync = result.get("sync")
+    if sync:
+        update = sync["update"]
+        lines += ["", f"| weight update to {update['workers']} workers | seconds, round by round | median (s) |",
+                  "|---|---|---|"]
+        lines += [f"| {m} | {', '.join(f'{x:.3f}' for x in v)} | {update['median_s'][m]:.3f} |"
+                  for m, v in update["seconds"].items()]
+        if sync["intervals"]:
+            lines += ["", "| Ray runtime, weight sync | interval 1: wall time (s) | interval 10: wall time (s) | 10 / 1 |",
+                      "|---|---|---|---|"]
+        lines += [f"| {m} | {r['1']['seconds']:.1f} | {r['10']['seconds']:.1f} | {r['10']['seconds'] / r['1']['seconds']:.2f} |"
+                  for m, r in ((m, {str(k): v for k, v in runs.items()}) for m, runs in sync["intervals"].items())]
     ratios = result.get("ratios", {})
     if ratios:
         lines += ["", "Ratios (`systems.json` \"ratios\"):"]

@@ -8,10 +8,12 @@
   GRPOTrainer on the same model, prompts, group size, generation length, learning rate and beta,
   run alternately (sync, async, TRL; `pairs` rounds) with ratios round by round. Fixed work (the
   default): EOS is never drawn on either side, so every sample is `max_new_tokens` long;
-- training wall time of the Ray runtime with `model_update_interval` 1 vs 10.
+- training wall time of the Ray runtime with `model_update_interval` 1 vs 10;
+- weight sync (bench/sync.py): seconds per update to the Ray workers, object store vs broadcast.
 
 `systems.json` holds everything and a `ratios` object: softrl_over_trl, async_over_sync,
-spo_over_ppo_time, spo_over_ppo_memory, learner_of_peak (and ray_interval10_over_1_time).
+spo_over_ppo_time, spo_over_ppo_memory, learner_of_peak (and ray_interval10_over_1_time,
+broadcast_over_object_store_update, ray_interval10_over_1_time_METHOD).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from statistics import median
 import torch
 
 import softrl.objectives as registry
+from softrl.bench.sync import sync_part, update_seconds
 
 STEP_METHODS = ("spo", "ppo", "grpo")
 
@@ -350,6 +353,10 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
             best = max(out["vs_trl"], key=lambda m: out["vs_trl"][m]["median"])
             ratios["softrl_over_trl"] = out["vs_trl"][best]["median"]
             ratios["softrl_over_trl_mode"] = best
+    if "sync" in parts:
+        phase("weight sync")
+        out["sync"], sync_ratios = sync_part(root, model_path, runtime_settings, grpo, common, ray_steps, in_fresh_process)
+        ratios.update(sync_ratios)
     if "ray" in parts:
         out["ray"] = {}
         for interval in (1, 10):
@@ -369,7 +376,8 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-FRESH_PROCESS = {"learner_step_from_file": learner_step_from_file, "end_to_end": end_to_end, "trl_grpo": trl_grpo}
+FRESH_PROCESS = {"learner_step_from_file": learner_step_from_file, "end_to_end": end_to_end, "trl_grpo": trl_grpo,
+                 "update_seconds": update_seconds}
 
 if __name__ == "__main__":  # the subprocess of in_fresh_process
     function, kwargs = sys.argv[1], json.loads(sys.argv[2])

@@ -39,7 +39,34 @@ def _ray(local: bool):
     return ray
 
 
-class _Learner:
+class WeightSource:
+    """The learner's end of weight sync, for `trained()` (a model) sent as `frozen()` (the workers'
+    stored dtype): pickled through the object store, or over channels (runtime/weights.py)."""
+
+    def weights(self):
+        # on the host: workers need not share the learner's device (the object store pickles them)
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.trained().state_dict().items()}
+
+    def open_weights(self, local: bool) -> tuple[str, int]:
+        """Host the weight channels' store: on loopback for a local Ray, else on this node's address."""
+        import ray
+
+        from softrl.runtime.weights import WeightSender
+
+        self.sender = WeightSender("127.0.0.1" if local else ray.util.get_node_ip_address())
+        return self.sender.address
+
+    def on_cuda(self) -> bool:
+        return next(self.trained().parameters()).device.type == "cuda"
+
+    def open_channel(self, worker: int, epoch: int, nccl: bool) -> None:
+        self.sender.open(worker, epoch, nccl)
+
+    def send_weights(self, workers: list[int]) -> dict[int, bool]:
+        return self.sender.send(self.trained(), workers, self.frozen())
+
+
+class _Learner(WeightSource):
     """Holds the Session (models, store, Q0, offline sources, learner) inside its own process."""
 
     def __init__(self, config: dict, resume: bool):
@@ -59,31 +86,14 @@ class _Learner:
         return {"model_path": s.run.model_path, "step": s.progress.step, "version": s.learner.version,
                 "seconds": s.progress.seconds}
 
+    def trained(self):
+        return self.session.policy.model
+
+    def frozen(self):
+        return self.session.run.placement.frozen
+
     def next_prompt_ids(self) -> list[str]:
         return [p.id for p in self.session.feed.next_prompts()]
-
-    def weights(self):
-        # on the host: workers need not share the learner's device (the object store pickles them)
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.session.policy.model.state_dict().items()}
-
-    def open_weights(self, local: bool) -> tuple[str, int]:
-        """Host the weight channels' store (runtime/weights.py): on loopback for a local Ray, else on
-        this node's address in the cluster."""
-        import ray
-
-        from softrl.runtime.weights import WeightSender
-
-        self.sender = WeightSender("127.0.0.1" if local else ray.util.get_node_ip_address())
-        return self.sender.address
-
-    def on_cuda(self) -> bool:
-        return self.session.run.placement.device.type == "cuda"
-
-    def open_channel(self, worker: int, epoch: int, nccl: bool) -> None:
-        self.sender.open(worker, epoch, nccl)
-
-    def send_weights(self, workers: list[int]) -> dict[int, bool]:
-        return self.sender.send(self.session.policy.model, workers, self.session.run.placement.frozen)
 
     def step(self, online: list[dict], elapsed: float, timings: dict[str, float]) -> dict:
         return self.session.learn(online, elapsed, timings)
@@ -92,7 +102,7 @@ class _Learner:
         return self.session.finish()
 
 
-class _Worker:
+class Worker:
     """A rollout worker: its own copy of the policy, the training task, the store."""
 
     def __init__(self, config: dict, model_path: str):
@@ -200,7 +210,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
         learner = ray.remote(num_cpus=0)(_Learner).remote(data, resume)
         phase("setup (Q0, evaluation)", 0, 1)
         info = ray.get(learner.setup.remote())
-        actor = ray.remote(num_cpus=0, max_restarts=-1)(_Worker)
+        actor = ray.remote(num_cpus=0, max_restarts=-1)(Worker)
         workers = [actor.remote(data, info["model_path"]) for _ in range(rc.workers)]
         version, step = info["version"], info["step"]
         channels = Channels(ray, learner, workers, local=rc.ray_address is None) if rc.weight_sync == "broadcast" else None
