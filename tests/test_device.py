@@ -93,7 +93,7 @@ def test_host_allocator_policies():
     _, glibc_held, _ = probe("glibc")
     _, fast_held, fast_faults = probe("fast")
     assert lean_held < 30 and glibc_held > 150 and fast_held > 150
-    assert fast_faults < lean_faults / 10  # the lean policy maps and faults in every block afresh
+    assert fast_faults < lean_faults / 3  # the lean policy maps and faults in every block afresh
     assert not Placement(torch.device("cuda"), torch.float32, None).host_allocator()
 
 

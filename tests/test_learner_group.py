@@ -78,3 +78,15 @@ def test_a_killed_group_resumes_as_one_process_runs(tmp_path, tiny):
     assert all(a[1] == pytest.approx(b[1], abs=1e-5) for a, b in zip(one, two))
     a, b = final_weights(straight), final_weights(killed)
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+@pytest.mark.skipif(SOFTRL is None, reason="softrl console script not installed")
+def test_a_group_whose_rank_0_fails_at_setup_ends_in_one_line(tmp_path, tiny):
+    """Rank 0 fails before the group starts stepping (its run directory exists): one line, and the
+    learner processes softrl started are stopped, not left waiting."""
+    args = train(tmp_path, tiny, 2, **{"optim.steps": 2})
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "--resume" in out.stderr or "exists" in out.stderr

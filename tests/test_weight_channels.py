@@ -35,8 +35,8 @@ def test_a_worker_receives_the_learners_weights(dtype, monkeypatch):
     out = spawn.Queue()
     proc = spawn.Process(target=worker, args=(sender.address, 1, dtype, out, False, 300))
     proc.start()
-    sender.open(0, 1)
-    assert sender.send(learner, [0], dtype) == {0: True}
+    sender.open(0, 1, dtype)
+    assert sender.send(learner, [0]) == {0: True}
     got = out.get(timeout=60)
     proc.join(timeout=60)
     sent = channel.weight_tensors(learner)
@@ -50,7 +50,7 @@ def test_a_dead_workers_channel_is_reported():
     out = spawn.Queue()
     proc = spawn.Process(target=worker, args=(sender.address, 1, torch.float32, out, True))
     proc.start()
-    sender.open(0, 1)
+    sender.open(0, 1, torch.float32)
     proc.join(timeout=60)
-    assert sender.send(model(0), [0, 1], torch.float32) == {0: False, 1: False}  # worker 1 never had one
+    assert sender.send(model(0), [0, 1]) == {0: False, 1: False}  # worker 1 never had one
     assert 0 not in sender.channels

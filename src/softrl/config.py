@@ -200,6 +200,9 @@ class RunConfig(Section):
                                  f"{objective.name} (it needs a group of responses per prompt)")
             if objective.data == "online" and source != "online":
                 raise ValueError(f"data.objectives.{source}: {objective.name} learns from online rollouts only")
+        if self.runtime.learners > 1 and self.model.device.startswith("cuda:"):
+            raise ValueError(f"model.device: {self.model.device} with runtime.learners > 1: use cuda or auto "
+                             "(each learner process takes its own GPU, rank r the r-th)")
         if self.runtime.learners > 1 and self.runtime.kind != "local":
             raise ValueError("runtime.learners > 1 runs on the local runtime (softrl's own processes or torchrun); "
                              "under Ray one learner only, for now")

@@ -357,7 +357,7 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
         phase("weight sync")
         out["sync"], sync_ratios = sync_part(root, model_path, runtime_settings, grpo, common, ray_steps, in_fresh_process)
         ratios.update(sync_ratios)
-    if "ray" in parts:
+    if "ray" in parts and ray_steps:
         out["ray"] = {}
         for interval in (1, 10):
             phase(f"end to end: ray, model_update_interval {interval}")

@@ -111,7 +111,8 @@ class Placement:
             import ctypes
 
             libc = ctypes.CDLL("libc.so.6")
-            return all([libc.mallopt(key, value) for key, value in settings.items()])
+            # the mmap threshold first: where this glibc refuses it, nothing else is changed either
+            return all(libc.mallopt(key, value) for key, value in settings.items())
         except (OSError, AttributeError):  # not glibc
             return False
 

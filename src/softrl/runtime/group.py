@@ -26,8 +26,9 @@ WAIT = timedelta(hours=12)
 
 
 def torchrun_rank() -> int | None:
-    """This process's rank when torchrun started it, else None."""
-    return int(os.environ["RANK"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ else None
+    """This process's rank when torchrun started it (it sets TORCHELASTIC_RUN_ID), else None."""
+    started = all(key in os.environ for key in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE"))
+    return int(os.environ["RANK"]) if started else None
 
 
 def backend(config: RunConfig) -> str:
@@ -53,11 +54,21 @@ def _exchange(message=None):
 
 
 def _broadcast_weights(learner) -> None:
-    """Every replica gets rank 0's weights (a resumed rank 0 has the checkpoint's)."""
+    """Every replica gets rank 0's weights, the frozen reference's too (a resumed rank 0 has the
+    checkpoint's; a model built on each rank need not be bit-equal)."""
+    modules = [learner.policy.model, learner.reference.model] + ([learner.value] if learner.value is not None else [])
     with torch.no_grad():
-        for module in [learner.policy.model] + ([learner.value] if learner.value is not None else []):
+        for module in modules:
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor.data, src=0)
+
+
+def _on_host(state):
+    """`state` with its tensors on the CPU: an optimizer state sent to the other ranks lands on their
+    own devices (`load_state_dict` moves it), not on rank 0's GPU."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, state)
 
 
 def follow(config: RunConfig, rank: int, world: int, init_method: str | None = None) -> dict:
@@ -66,6 +77,7 @@ def follow(config: RunConfig, rank: int, world: int, init_method: str | None = N
 
     _join(config, rank, world, init_method)
     try:
+        dist.barrier()  # rank 0 has resolved (built, prepared) the model: no two ranks build it at once
         learner = Run(config, rank=rank).learner
         _broadcast_weights(learner)
         while (message := _exchange()) is not None:
@@ -84,8 +96,11 @@ class LearnerGroup:
     the run's learner, handing every batch (and a resumed learner state) to them first."""
 
     def __init__(self, config: RunConfig):
+        from softrl.assemble import resolve_model
+
         self.world = config.runtime.learners
         self.processes: list[multiprocessing.Process] = []
+        resolve_model(config)  # build or prepare the model once, before any other rank loads it
         if torchrun_rank() is not None:
             if int(os.environ["WORLD_SIZE"]) != self.world:
                 raise ConfigError(f"runtime.learners: {self.world}, but torchrun started {os.environ['WORLD_SIZE']} "
@@ -101,29 +116,35 @@ class LearnerGroup:
             for p in self.processes:
                 p.start()
             _join(config, 0, self.world, init_method)
+        dist.barrier()
         self.learner = None
 
     def lead(self, learner) -> None:
         """Stand in for rank 0's `learner` (built by then; resumed where the run resumes)."""
         self.learner = learner
         _broadcast_weights(learner)
-        _exchange(("state", learner.state_dict()))
+        _exchange(("state", _on_host(learner.state_dict())))
 
     def step(self, batch) -> dict:
         _exchange(("step", batch))
         return self.learner.step(batch)
 
     def load_state_dict(self, state: dict) -> None:
-        _exchange(("state", state))
+        _exchange(("state", _on_host(state)))
         self.learner.load_state_dict(state)
 
     def __getattr__(self, name):  # version, state_dict, policy...: rank 0's own learner
         return getattr(self.learner, name)
 
-    def close(self) -> None:
-        """Tell the other ranks to stop, and wait for those softrl started."""
-        if dist.is_initialized():
+    def close(self, ok: bool = True) -> None:
+        """After a run that went well: tell the other ranks to stop, and wait for those softrl started.
+        After an error (they may be anywhere in a step, or gone): stop the processes softrl started
+        (torchrun stops its own when this one fails) and leave the group without a last message."""
+        if ok and dist.is_initialized():
             _exchange(None)
-            dist.destroy_process_group()
         for p in self.processes:
+            if not ok:
+                p.kill()
             p.join(timeout=60)
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -114,7 +114,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
         return follow(config, rank, config.runtime.learners)
     phase = on_phase or (lambda name, done, total: None)
     group = LearnerGroup(config) if config.runtime.learners > 1 or rank is not None else None
-    generation = None
+    generation, ok = None, False
     try:
         session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total))
         if group is not None:
@@ -128,10 +128,11 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
             generation.learner_stepped(record["step"])
             if on_step is not None:
                 on_step(record)
+        ok = True
     finally:
         if generation is not None:
             generation.close()
         if group is not None:
-            group.close()
+            group.close(ok)
     phase("evaluate (after)", 0, 1)
     return session.finish()

@@ -59,11 +59,13 @@ class WeightSource:
     def on_cuda(self) -> bool:
         return next(self.trained().parameters()).device.type == "cuda"
 
-    def open_channel(self, worker: int, epoch: int, nccl: bool) -> None:
-        self.sender.open(worker, epoch, nccl)
+    def open_channel(self, worker: int, epoch: int, nccl: bool, dtype: str) -> None:
+        import torch
+
+        self.sender.open(worker, epoch, getattr(torch, dtype), nccl)
 
     def send_weights(self, workers: list[int]) -> dict[int, bool]:
-        return self.sender.send(self.trained(), workers, self.frozen())
+        return self.sender.send(self.trained(), workers)
 
 
 class _Learner(WeightSource):
@@ -134,6 +136,10 @@ class Worker:
     def on_cuda(self) -> bool:
         return self.placement.device.type == "cuda"
 
+    def dtype(self) -> str:
+        """The dtype its weights are stored in (what the learner sends it)."""
+        return str(self.placement.frozen).removeprefix("torch.")
+
     def open_channel(self, address: tuple[str, int], index: int, epoch: int, nccl: bool) -> None:
         from softrl.runtime.weights import WeightReceiver
 
@@ -172,13 +178,14 @@ class Channels:
         worker_cuda = self.ray.get(self.workers[i].on_cuda.remote())  # raises while Ray is still restarting it,
         self.epochs[i] += 1  # before the learner would wait for it in vain
         nccl = self.learner_cuda and worker_cuda
+        dtype = self.ray.get(self.workers[i].dtype.remote())
         joined = self.workers[i].open_channel.remote(self.address, i, self.epochs[i], nccl)
-        self.ray.get([self.learner.open_channel.remote(i, self.epochs[i], nccl), joined])
+        self.ray.get([self.learner.open_channel.remote(i, self.epochs[i], nccl, dtype), joined])
 
     def deliver(self, indices, version: int) -> None:
         """The learner's current weights to workers `indices`; one that is down gets them when it is
         back (`reopen`, then `deliver` again)."""
-        from ray.exceptions import ActorUnavailableError, RayActorError
+        from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
         indices = list(indices)
         received = [self.workers[i].receive_weights.remote(version) for i in indices]
@@ -186,8 +193,8 @@ class Channels:
         for ref in received:
             try:
                 self.ray.get(ref)
-            except (RayActorError, ActorUnavailableError):
-                pass
+            except (RayActorError, ActorUnavailableError, RayTaskError):
+                pass  # it answers its next request with an older version, and `reopen` follows
 
 
 def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,

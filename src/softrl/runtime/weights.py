@@ -17,7 +17,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 BUCKET_ELEMENTS = 2**24  # 64 MiB of fp32 a broadcast
-TIMEOUT = timedelta(seconds=60)
+# a worker takes the weights after the batch it is generating: a broadcast may wait that long (a worker
+# that dies ends its channel at once: its connection closes)
+TIMEOUT = timedelta(minutes=30)
 
 
 def weight_tensors(model) -> list[Tensor]:
@@ -64,22 +66,26 @@ class WeightSender:
         self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
         self.channels: dict[int, object] = {}
 
-    def open(self, worker: int, epoch: int, nccl: bool = False) -> None:
-        """Meet worker `worker` (blocks until it calls `WeightReceiver` with the same epoch)."""
+    def open(self, worker: int, epoch: int, dtype: torch.dtype, nccl: bool = False) -> None:
+        """Meet worker `worker`, which stores its weights in `dtype` (blocks until it calls
+        `WeightReceiver` with the same epoch)."""
         self.channels.pop(worker, None)
-        self.channels[worker] = _group(self.store, f"worker{worker}-epoch{epoch}", 0, nccl)
+        self.channels[worker] = (_group(self.store, f"worker{worker}-epoch{epoch}", 0, nccl), dtype)
 
-    def send(self, model, workers: list[int], dtype: torch.dtype) -> dict[int, bool]:
-        """`model`'s weights, as `dtype` (the workers' stored dtype), to each of `workers` with an open
-        channel; whether each got them (a dead worker's channel is closed; it gets a new one when back)."""
-        flats = [torch.cat([t.reshape(-1).to(dtype) for t in bucket]) for bucket in _buckets(weight_tensors(model))]
+    def send(self, model, workers: list[int]) -> dict[int, bool]:
+        """`model`'s weights, in each worker's dtype, to each of `workers` with an open channel; whether
+        each got them (a dead worker's channel is closed; it gets a new one when it is back)."""
+        buckets = _buckets(weight_tensors(model))
+        flats: dict[torch.dtype, list[Tensor]] = {}
         done = {}
         for worker in workers:
-            group = self.channels.get(worker)
+            group, dtype = self.channels.get(worker, (None, None))
             try:
                 if group is None:
                     raise RuntimeError("no channel")
-                for flat in flats:
+                if dtype not in flats:
+                    flats[dtype] = [torch.cat([t.reshape(-1).to(dtype) for t in bucket]) for bucket in buckets]
+                for flat in flats[dtype]:
                     _broadcast(group, flat if _on_cuda(group) else flat.cpu())
                 done[worker] = True
             except RuntimeError:  # the worker died mid-way: gloo reports the closed connection

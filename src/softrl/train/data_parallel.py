@@ -34,11 +34,17 @@ def my_rows(sources: list[str], rank: int, world: int, group_size: Callable[[str
 
 
 def sum_gradients(params: list[Tensor]) -> None:
-    """Each gradient becomes the sum of the group's (a rank that had no rows adds zeros), in buckets."""
-    for p in params:
+    """Each gradient becomes the sum of the group's, in buckets. A parameter no rank has a gradient for
+    keeps none (AdamW then skips it, as one process would); one that only some ranks have a gradient
+    for gets zeros from the others."""
+    device = params[0].device if params else torch.device("cpu")
+    has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=device)
+    dist.all_reduce(has, op=dist.ReduceOp.MAX)
+    used = [p for p, anyone in zip(params, has.tolist()) if anyone]
+    for p in used:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    for bucket in _buckets([p.grad for p in params]):
+    for bucket in _buckets([p.grad for p in used]):
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat)
         for g, part in zip(bucket, flat.split([g.numel() for g in bucket])):
