@@ -202,16 +202,17 @@ def test_kill_9_and_resume_continue_the_run(tmp_path, tiny):
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
-@pytest.mark.parametrize("weight_sync", ["broadcast", "object_store"])
-def test_ray_runtime_survives_a_killed_worker(tiny, tmp_path, weight_sync):
-    """A SIGKILLed worker is restarted by Ray, rejoins (over a new weight channel) and gets the current weights."""
+@pytest.mark.parametrize("weight_sync,learners", [("broadcast", 1), ("object_store", 1), ("broadcast", 2)])
+def test_ray_runtime_survives_a_killed_worker(tiny, tmp_path, weight_sync, learners):
+    """A SIGKILLed worker is restarted by Ray, rejoins (over a new weight channel) and gets the current
+    weights; with 2 learners (Ray actors in one torch.distributed group) too."""
     pytest.importorskip("ray")
     from softrl.runtime import ray_runtime
 
     seed_store(tmp_path)
     config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
         "runtime.kind": "ray", "runtime.workers": 2, "optim.steps": 6, "sampling.prompts_per_step": 4,
-        "runtime.weight_sync": weight_sync}))
+        "runtime.weight_sync": weight_sync, "runtime.learners": learners}))
     killed = []
 
     def on_step(record):

@@ -151,8 +151,8 @@ class RuntimeConfig(Section):
     mode: Literal["sync", "async"] = Field("sync", description="local: generate then learn, or generate in a thread")
     model_update_interval: int = Field(1, ge=1, description="learner steps between weight updates to generation")
     workers: int = Field(2, ge=1, description="ray: rollout-worker actors")
-    learners: int = Field(1, ge=1, description="local: learner processes in one torch.distributed group, each "
-                          "taking whole groups of every batch (started by softrl, or by torchrun)")
+    learners: int = Field(1, ge=1, description="learner processes in one torch.distributed group, each taking "
+                          "whole groups of every batch (started by softrl, torchrun, or as Ray actors)")
     ray_address: str | None = Field(None, description="ray: cluster address (None = start a local Ray)")
     weight_sync: Literal["broadcast", "object_store"] = Field(
         "broadcast", description="ray: weights to the workers over torch.distributed (gloo; NCCL where both ends are "
@@ -203,9 +203,6 @@ class RunConfig(Section):
         if self.runtime.learners > 1 and self.model.device.startswith("cuda:"):
             raise ValueError(f"model.device: {self.model.device} with runtime.learners > 1: use cuda or auto "
                              "(each learner process takes its own GPU, rank r the r-th)")
-        if self.runtime.learners > 1 and self.runtime.kind != "local":
-            raise ValueError("runtime.learners > 1 runs on the local runtime (softrl's own processes or torchrun); "
-                             "under Ray one learner only, for now")
         return self
 
     @property

@@ -1,7 +1,7 @@
 """A learner group: `runtime.learners` processes in one torch.distributed group, data parallel.
 
-softrl starts the other processes itself (on this machine), or `torchrun --nproc-per-node N -m softrl
-train ...` starts them all (then every process runs the same command and the group comes from
+softrl starts the other processes itself (on this machine), the Ray runtime starts them as actors,
+or `torchrun --nproc-per-node N -m softrl train ...` starts them all (then every process runs the same command and the group comes from
 torchrun's environment). Rank 0 runs the session: Q0, generation, the store, evaluation, the run log
 and checkpoints. Every rank holds a replica of the trained weights and takes its share of whole
 groups of every batch (`train.data_parallel`); rank 0 hands each batch to the others, gradients are
@@ -44,6 +44,13 @@ def _join(config: RunConfig, rank: int, world: int, init_method: str | None) -> 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group(backend(config), init_method=init_method or "env://", rank=rank, world_size=world,
                             timeout=WAIT)
+
+
+def rendezvous(host: str = "127.0.0.1") -> str:
+    """Where the group meets: a free port of `host` (loopback unless the ranks are on other machines)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
 
 
 def _exchange(message=None):
@@ -95,7 +102,8 @@ class LearnerGroup:
     """Rank 0's side of the group: starts the other ranks (unless torchrun did), then stands in for
     the run's learner, handing every batch (and a resumed learner state) to them first."""
 
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig, init_method: str | None = None):
+        """`init_method` (`rendezvous`): the other ranks are started elsewhere (Ray actors) and meet there."""
         from softrl.assemble import resolve_model
 
         self.world = config.runtime.learners
@@ -106,10 +114,10 @@ class LearnerGroup:
                 raise ConfigError(f"runtime.learners: {self.world}, but torchrun started {os.environ['WORLD_SIZE']} "
                                   "processes: make them equal")
             _join(config, 0, self.world, None)
+        elif init_method is not None:
+            _join(config, 0, self.world, init_method)
         else:
-            with socket.socket() as s:  # a free port on the loopback interface for the group's rendezvous
-                s.bind(("127.0.0.1", 0))
-                init_method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+            init_method = rendezvous()
             spawn = multiprocessing.get_context("spawn")
             self.processes = [spawn.Process(target=follow, args=(config, rank, self.world, init_method), daemon=True,
                                             name=f"softrl-learner-{rank}") for rank in range(1, self.world)]

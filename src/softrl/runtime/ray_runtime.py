@@ -1,4 +1,5 @@
-"""The Ray runtime: N rollout-worker actors and one learner actor, on a local Ray or a cluster.
+"""The Ray runtime: N rollout-worker actors and a learner actor (rank 0 of a learner group of
+`runtime.learners` actors), on a local Ray or a cluster.
 
 The driver picks prompts, has the workers sample them (each worker writes its trajectories to the
 store itself), hands the rows to the learner, and every `model_update_interval` learner steps sends
@@ -77,14 +78,29 @@ class _Learner(WeightSource):
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         self.config, self.resume = RunConfig.model_validate(config), resume
         self.session = None  # built by setup()
+        self.group = None  # with runtime.learners > 1: rank 0 of the learner group
 
-    def setup(self) -> dict:
+    def rendezvous(self, local: bool) -> str:
+        """Where the learner group meets: a port of this actor's node."""
+        import ray
+
+        from softrl.runtime.group import rendezvous
+
+        return rendezvous("127.0.0.1" if local else ray.util.get_node_ip_address())
+
+    def setup(self, init_method: str | None = None) -> dict:
         """Builds the Session here rather than in the constructor: an error in a method call reaches
         the driver as itself (a ConfigError is reported in one line), one in a constructor as
-        ActorDiedError."""
+        ActorDiedError. With a learner group, this actor is its rank 0 (the others: `_GroupMember`)."""
+        from softrl.runtime.group import LearnerGroup
         from softrl.runtime.session import Session
 
+        if self.config.runtime.learners > 1:
+            self.group = LearnerGroup(self.config, init_method)
         self.session = s = Session(self.config, self.resume, log=lambda m: None)
+        if self.group is not None:
+            self.group.lead(s.run.learner)
+            s.run.learner = self.group
         return {"model_path": s.run.model_path, "step": s.progress.step, "version": s.learner.version,
                 "seconds": s.progress.seconds}
 
@@ -101,7 +117,18 @@ class _Learner(WeightSource):
         return self.session.learn(online, elapsed, timings)
 
     def finish(self) -> dict:
+        if self.group is not None:
+            self.group.close()
         return self.session.finish()
+
+
+class _GroupMember:
+    """A learner of the group other than rank 0, as a Ray actor (runtime/group.py, `follow`)."""
+
+    def run(self, config: dict, rank: int, world: int, init_method: str) -> dict:
+        from softrl.runtime.group import follow
+
+        return follow(RunConfig.model_validate(config), rank, world, init_method)
 
 
 class Worker:
@@ -212,11 +239,15 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
     if started_ray:
         ray.init(address=rc.ray_address, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    members: list = []  # the learner group's ranks other than 0
     try:
         data = config.model_dump(mode="json")
         learner = ray.remote(num_cpus=0)(_Learner).remote(data, resume)
         phase("setup (Q0, evaluation)", 0, 1)
-        info = ray.get(learner.setup.remote())
+        init_method = ray.get(learner.rendezvous.remote(rc.ray_address is None)) if rc.learners > 1 else None
+        members = [ray.remote(num_cpus=0)(_GroupMember).remote() for _ in range(1, rc.learners)]
+        member_runs = [m.run.remote(data, rank, rc.learners, init_method) for rank, m in enumerate(members, 1)]
+        info = ray.get(learner.setup.remote(init_method))
         actor = ray.remote(num_cpus=0, max_restarts=-1)(Worker)
         workers = [actor.remote(data, info["model_path"]) for _ in range(rc.workers)]
         version, step = info["version"], info["step"]
@@ -299,7 +330,12 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
             if on_step is not None:
                 on_step(record)
         phase("evaluate (after)", 0, 1)
-        return {**ray.get(learner.finish.remote()), "worker_restarts": restarts}
+        summary = {**ray.get(learner.finish.remote()), "worker_restarts": restarts}
+        ray.get(member_runs)
+        members = []
+        return summary
     finally:
+        for m in members:  # a run that failed: they may wait in a collective that will not come
+            ray.kill(m)
         if started_ray:
             ray.shutdown()
