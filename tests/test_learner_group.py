@@ -3,7 +3,12 @@ batch, and a 2-process group on gloo that trains exactly as one process does, ac
 --resume (tiny random model, a few steps)."""
 
 import json
+import os
+import signal
 import subprocess
+import time
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,3 +95,34 @@ def test_a_group_whose_rank_0_fails_at_setup_ends_in_one_line(tmp_path, tiny):
     out = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "--resume" in out.stderr or "exists" in out.stderr
+
+
+def spawned_children(pid: int) -> list[int]:
+    """Processes `pid` started with multiprocessing's spawn (its learner ranks)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"spawn_main" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(SOFTRL is None, reason="softrl console script not installed")
+def test_a_killed_learner_rank_ends_the_run_in_one_line(tmp_path, tiny):
+    """SIGKILL of rank 1 mid-run: rank 0 says which rank died and how to go on, in one line."""
+
+    args = train(tmp_path, tiny, 2, **{"optim.steps": 400})
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    while proc.poll() is None and not (metrics.exists() and '"loss"' in metrics.read_text()):
+        time.sleep(0.05)
+    children = spawned_children(proc.pid)
+    assert len(children) == 1, "the second learner process was not found"
+    os.kill(children[0], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in stderr
+    assert "learner rank 1 of 2 exited" in stderr and "--resume" in stderr

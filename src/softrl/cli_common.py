@@ -47,10 +47,11 @@ def run_errors() -> tuple[type[Exception], ...]:
     from softrl.config import ConfigError
     from softrl.data.store import StoreError
     from softrl.models.loading import ModelLoadError
+    from softrl.runtime.group import LearnerGroupError
     from softrl.tasks.base import RewardError
     from softrl.train.learner import NonFiniteLossError
 
-    return ConfigError, ModelLoadError, StoreError, NonFiniteLossError, RewardError
+    return ConfigError, ModelLoadError, StoreError, NonFiniteLossError, RewardError, LearnerGroupError
 
 
 @contextmanager

@@ -98,6 +98,10 @@ def follow(config: RunConfig, rank: int, world: int, init_method: str | None = N
     return {"run_dir": str(config.run_dir), "rank": rank, "steps": learner.version}
 
 
+class LearnerGroupError(RuntimeError):
+    """A learner process of the group died, or the group's exchange with it failed."""
+
+
 class LearnerGroup:
     """Rank 0's side of the group: starts the other ranks (unless torchrun did), then stands in for
     the run's learner, handing every batch (and a resumed learner state) to them first."""
@@ -134,8 +138,26 @@ class LearnerGroup:
         _exchange(("state", _on_host(learner.state_dict())))
 
     def step(self, batch) -> dict:
-        _exchange(("step", batch))
-        return self.learner.step(batch)
+        self._check()
+        try:
+            _exchange(("step", batch))
+            return self.learner.step(batch)
+        except RuntimeError as e:
+            if type(e) is not RuntimeError and not isinstance(e, dist.DistError):
+                raise  # the step's own errors (a non-finite loss, out of memory) as they are
+            # a collective failed: gloo raises a plain RuntimeError when a peer's connection closes
+            self._check(wait=5.0)
+            first = next((line for line in str(e).splitlines() if line.strip()), "")
+            raise LearnerGroupError(f"the learner group failed: {first}") from e
+
+    def _check(self, wait: float = 0.0) -> None:
+        """A learner process softrl started that has died, as one line (after up to `wait` seconds for
+        its exit to show)."""
+        for rank, p in enumerate(self.processes, 1):
+            p.join(timeout=wait)
+            if not p.is_alive():
+                raise LearnerGroupError(f"learner rank {rank} of {self.world} exited (code {p.exitcode}): "
+                                        "`softrl train CONFIG --resume` continues from the last checkpoint")
 
     def load_state_dict(self, state: dict) -> None:
         _exchange(("state", _on_host(state)))
