@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from softrl.runtime.ray_runtime import Channels, WeightSource, Worker, _ray
+from softrl.runtime.ray_runtime import Channels, ObjectStore, WeightSource, Worker, _ray
 
 METHODS = ("object_store", "broadcast")
 
@@ -45,16 +45,12 @@ def update_seconds(settings: dict, model_path: str, rounds: int = 5, workers: in
     try:
         source = ray.remote(num_cpus=0)(_Source).remote(config, model_path)
         actors = [ray.remote(num_cpus=0)(Worker).remote(config, model_path) for _ in range(workers)]
-        channels = Channels(ray, source, actors, local=True)
+        syncs = {"object_store": ObjectStore(ray, source, actors), "broadcast": Channels(ray, source, actors, local=True)}
         seconds: dict[str, list[float]] = {m: [] for m in METHODS}
         for version in range(rounds):
             for method in METHODS:
                 started = time.perf_counter()
-                if method == "broadcast":
-                    channels.deliver(range(workers), version)
-                else:
-                    weights = source.weights.remote()
-                    ray.get([w.set_weights.remote(weights, version) for w in actors])
+                syncs[method].deliver(range(workers), version)
                 seconds[method].append(time.perf_counter() - started)
         return {"seconds": seconds, "median_s": {m: median(v) for m, v in seconds.items()}, "workers": workers}
     finally:

@@ -224,6 +224,30 @@ class Channels:
                 pass  # it answers its next request with an older version, and `reopen` follows
 
 
+class ObjectStore:
+    """Weight sync through Ray's object store: the learner's state dict, pickled once per version,
+    loaded by each worker. The same interface as `Channels`; a restarted worker needs nothing reopened."""
+
+    def __init__(self, ray, learner, workers: list):
+        self.ray, self.learner, self.workers = ray, learner, workers
+        self.version, self.weights = None, None
+
+    def reopen(self, i: int) -> None:
+        pass
+
+    def deliver(self, indices, version: int) -> None:
+        """The learner's weights of `version` to workers `indices`; one that is down gets them when it is back."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        if version != self.version:
+            self.version, self.weights = version, self.learner.weights.remote()
+        for i in indices:
+            try:
+                self.ray.get(self.workers[i].set_weights.remote(self.weights, version))
+            except (RayActorError, ActorUnavailableError):
+                pass
+
+
 def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
           on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print) -> dict:
     """The Ray runtime's run; the same contract as `softrl.runtime.local.train`."""
@@ -251,12 +275,9 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
         actor = ray.remote(num_cpus=0, max_restarts=-1)(Worker)
         workers = [actor.remote(data, info["model_path"]) for _ in range(rc.workers)]
         version, step = info["version"], info["step"]
-        channels = Channels(ray, learner, workers, local=rc.ray_address is None) if rc.weight_sync == "broadcast" else None
-        weights = None if channels else learner.weights.remote()
-        if channels:
-            channels.deliver(range(len(workers)), version)
-        else:
-            ray.get([w.set_weights.remote(weights, version) for w in workers])
+        sync = (Channels(ray, learner, workers, local=rc.ray_address is None) if rc.weight_sync == "broadcast"
+                else ObjectStore(ray, learner, workers))
+        sync.deliver(range(len(workers)), version)
         pids = ray.get([w.pid.remote() for w in workers])
         restarts = 0
         n = config.sampling.samples_per_prompt
@@ -287,11 +308,8 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
                         time.sleep(1.0)
                     restarts += attempt == 0
                     try:
-                        if channels:  # a restarted worker: a new channel, then the current weights
-                            channels.reopen(i)
-                            channels.deliver([i], version)
-                        else:
-                            ray.get(workers[i].set_weights.remote(weights, version))
+                        sync.reopen(i)  # a restarted worker (a new channel), then the current weights
+                        sync.deliver([i], version)
                         pids[i] = ray.get(workers[i].pid.remote())
                     except (RayActorError, ActorUnavailableError):
                         pass  # still restarting: the next request fails the same way and waits
@@ -299,17 +317,6 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
                 else:
                     raise RuntimeError(f"rollout worker {i} did not come back after {MAX_RECOVERY_TRIES} tries")
             return rows
-
-        def broadcast() -> None:
-            """The learner's weights to every worker; one that is down gets them when it is back."""
-            if channels:
-                channels.deliver(range(len(workers)), version)
-                return
-            for w in workers:
-                try:
-                    ray.get(w.set_weights.remote(weights, version))
-                except (RayActorError, ActorUnavailableError):
-                    pass
 
         started = time.time()
         earlier = info["seconds"]
@@ -324,8 +331,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
             step = record["step"]
             if step % rc.model_update_interval == 0:
                 version = step
-                weights = None if channels else learner.weights.remote()
-                broadcast()
+                sync.deliver(range(len(workers)), version)
             record = {**record, "worker_restarts": restarts, "worker_pids": list(pids)}
             if on_step is not None:
                 on_step(record)

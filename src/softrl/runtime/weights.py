@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from softrl.train.data_parallel import buckets
+
 BUCKET_ELEMENTS = 2**24  # 64 MiB of fp32 a broadcast
 # a worker takes the weights after the batch it is generating: a broadcast may wait that long (a worker
 # that dies ends its channel at once: its connection closes)
@@ -29,17 +31,9 @@ def weight_tensors(model) -> list[Tensor]:
 
 
 def _buckets(tensors: list[Tensor]) -> list[list[Tensor]]:
-    """Consecutive tensors, about BUCKET_ELEMENTS a bucket: the same split at both ends whatever
-    dtype each end stores them in."""
-    buckets: list[list[Tensor]] = []
-    size = 0
-    for t in tensors:
-        if not buckets or size + t.numel() > BUCKET_ELEMENTS:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(t)
-        size += t.numel()
-    return buckets
+    """BUCKET_ELEMENTS a bucket, split without regard to dtype: the same split at both ends, whatever
+    dtype each end stores the weights in."""
+    return buckets(tensors, BUCKET_ELEMENTS)
 
 
 def _group(store, prefix: str, rank: int, nccl: bool):

@@ -18,16 +18,20 @@ from torch import Tensor
 BUCKET_ELEMENTS = 2**24  # gradients all-reduced 64 MiB (fp32) at a time: one buffer, not one call per tensor
 
 
-def my_rows(sources: list[str], rank: int, world: int, group_size: Callable[[str], int]) -> list[int]:
-    """Row indices of rank `rank`: each source's groups (runs of `group_size(source)` rows) dealt out
-    in `world` contiguous pieces, as even as whole groups allow."""
-    mine: list[int] = []
+def groups_by_source(sources: list[str], group_size: Callable[[str], int]) -> dict[str, list[list[int]]]:
+    """Each source's row indices in groups: runs of `group_size(source)` of its rows, in order."""
     by_source: dict[str, list[int]] = {}
     for i, source in enumerate(sources):
         by_source.setdefault(source, []).append(i)
-    for source, index in by_source.items():
-        n = group_size(source)
-        groups = [index[g : g + n] for g in range(0, len(index), n)]
+    return {source: [index[g : g + group_size(source)] for g in range(0, len(index), group_size(source))]
+            for source, index in by_source.items()}
+
+
+def my_rows(sources: list[str], rank: int, world: int, group_size: Callable[[str], int]) -> list[int]:
+    """Row indices of rank `rank`: each source's groups dealt out in `world` contiguous pieces, as even
+    as whole groups allow."""
+    mine: list[int] = []
+    for groups in groups_by_source(sources, group_size).values():
         lo, hi = rank * len(groups) // world, (rank + 1) * len(groups) // world
         mine += sum(groups[lo:hi], [])
     return sorted(mine)
@@ -44,23 +48,25 @@ def sum_gradients(params: list[Tensor]) -> None:
     for p in used:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    for bucket in _buckets([p.grad for p in used]):
+    for bucket in buckets([p.grad for p in used], BUCKET_ELEMENTS, split_dtypes=True):
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat)
         for g, part in zip(bucket, flat.split([g.numel() for g in bucket])):
             g.copy_(part.view_as(g))
 
 
-def _buckets(grads: list[Tensor]) -> list[list[Tensor]]:
-    buckets: list[list[Tensor]] = []
+def buckets(tensors: list[Tensor], max_elements: int, split_dtypes: bool = False) -> list[list[Tensor]]:
+    """Consecutive tensors, at most `max_elements` a bucket (a larger tensor alone), and with
+    `split_dtypes` one dtype a bucket (a bucket is concatenated into one buffer)."""
+    out: list[list[Tensor]] = []
     size = 0
-    for g in grads:
-        if not buckets or size + g.numel() > BUCKET_ELEMENTS or buckets[-1][0].dtype != g.dtype:
-            buckets.append([])
+    for t in tensors:
+        if not out or size + t.numel() > max_elements or (split_dtypes and out[-1][0].dtype != t.dtype):
+            out.append([])
             size = 0
-        buckets[-1].append(g)
-        size += g.numel()
-    return buckets
+        out[-1].append(t)
+        size += t.numel()
+    return out
 
 
 def sum_metrics(metrics: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -9,7 +9,6 @@ them in a row raise `NonFiniteLossError`.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable
 
 import torch
@@ -22,7 +21,7 @@ from softrl.models.device import CPU, Placement
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.objectives import LossInputs, objective_loss
 from softrl.train.batch import Batch
-from softrl.train.data_parallel import my_rows, sum_gradients, sum_metrics
+from softrl.train.data_parallel import groups_by_source, my_rows, sum_gradients, sum_metrics
 
 
 def old_logp(logp: Tensor, part: Batch) -> Tensor:
@@ -48,13 +47,8 @@ def micro_batches(batch: Batch, parts: int, group_size: Callable[[str], int],
     pieces, or, with `max_tokens`, packed by length into pieces of at most `max_tokens` padded tokens
     (rows x the longest row; a group longer than that on its own is a piece of its own)."""
     chunks = []
-    by_source: dict[str, list[int]] = defaultdict(list)
-    for i, source in enumerate(batch.sources):
-        by_source[source].append(i)
     lengths = (batch.padded.response_start + batch.padded.response_len).tolist()  # [B] prompt + response
-    for source, index in by_source.items():
-        n = group_size(source)
-        groups = [index[g : g + n] for g in range(0, len(index), n)]
+    for source, groups in groups_by_source(batch.sources, group_size).items():
         if not max_tokens:
             per = max(1, math.ceil(len(groups) / parts))
             chunks += [(source, sum(groups[c : c + per], [])) for c in range(0, len(groups), per)]
