@@ -126,3 +126,88 @@ def test_a_killed_learner_rank_ends_the_run_in_one_line(tmp_path, tiny):
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode != 0 and "Traceback" not in stderr
     assert "learner rank 1 of 2 exited" in stderr and "--resume" in stderr
+
+
+def _sharded_steps(rank: int, world: int, init_method: str, directory: str, overrides: list[str], batch, out: str):
+    """One rank of a learner group stepping twice on `batch`; what it holds and rank 0's whole weights to `out`."""
+    import torch.distributed as dist
+
+    from softrl.config import load_config
+    from softrl.models.wrappers import ReferenceModel, ValueModel
+    from softrl.train.learner import Learner
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+    try:
+        config = load_config(None, overrides)
+        policy = PolicyModel.load(directory)
+        reference = ReferenceModel.from_policy(policy)
+        value = ValueModel(reference.model) if "ppo" in " ".join(overrides) else None
+        learner = Learner(policy, reference, config, value, rank=rank, world=world)
+        losses = [learner.step(batch)["loss"] for _ in range(2)]
+        held = sum(p.to_local().numel() for p in learner.params)
+        moments = sum(s["exp_avg"].to_local().numel() for s in learner.optimizer.state.values())
+        state = learner.state_dict()
+        torch.save({"losses": losses, "held": held, "moments": moments, "weights": policy.model.state_dict(),
+                    "optimizer": state["optimizer"], "value": state["value"]}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("algorithm", ["spo", "ppo"])
+def test_shards_hold_a_share_and_step_as_one_process(tmp_path, tiny, algorithm):
+    """Two ranks with FSDP2 shards: each holds about half of the trained weights and of AdamW's moments;
+    a rank with fewer micro-batches than the other (3 groups, 2 ranks) repeats one at weight 0; the
+    losses, rank 0's whole weights and the gathered optimizer and value states (one process's format)
+    equal one process's."""
+    import torch.multiprocessing as mp
+
+    from softrl.config import load_config
+    from softrl.models.wrappers import ReferenceModel, ValueModel
+    from softrl.runtime.group import rendezvous
+    from softrl.train.learner import Learner
+    from test_device import batch_of
+
+    overrides = [f"data.objective.algorithm={algorithm}", "sampling.samples_per_prompt=3", "data.mix={online: 1}",
+                 "optim.warmup_steps=0", "optim.lr=1e-5", "optim.grad_accum=2"]
+    batch = batch_of(tiny, n_prompts=3)
+    out = str(tmp_path / "rank")
+    mp.start_processes(_sharded_steps, args=(2, rendezvous(), str(tiny[0]), overrides, batch, out), nprocs=2,
+                       start_method="spawn")
+    policy = PolicyModel.load(tiny[0])
+    reference = ReferenceModel.from_policy(policy)
+    value = ValueModel(reference.model) if algorithm == "ppo" else None
+    one = Learner(policy, reference, load_config(None, overrides), value)
+    losses = [one.step(batch)["loss"] for _ in range(2)]
+    ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in (0, 1)]
+    total = sum(p.numel() for p in one.params)
+    moments = sum(s["exp_avg"].numel() for s in one.optimizer.state.values())
+    for rank in ranks:
+        assert rank["losses"] == pytest.approx(losses, abs=1e-6)
+        assert 0.4 * total < rank["held"] < 0.6 * total and 0.4 * moments < rank["moments"] < 0.6 * moments
+    weights = policy.model.state_dict()
+    # to a fifth of AdamW's largest move a step (lr): an embedding row with a gradient near 0 moves by
+    # g / sqrt(v), which the order of the ranks' sum changes (1e-6 here; the other weights 1e-8)
+    assert all(torch.allclose(ranks[0]["weights"][k], weights[k], atol=2e-6) for k in weights)
+    mine, theirs = one.optimizer.state_dict(), ranks[0]["optimizer"]
+    assert theirs["param_groups"][0]["params"] == mine["param_groups"][0]["params"] and ranks[1]["optimizer"] is None
+    assert all(torch.allclose(theirs["state"][i]["exp_avg_sq"], mine["state"][i]["exp_avg_sq"], rtol=1e-4, atol=1e-12)
+               for i in mine["state"])
+    if algorithm == "ppo":
+        assert all(torch.allclose(ranks[0]["value"][k], v, atol=1e-6) for k, v in value.state_dict().items())
+
+
+@pytest.mark.skipif(SOFTRL is None, reason="softrl console script not installed")
+def test_torchrun_starts_a_group_that_trains_as_one_process(tmp_path, tiny):
+    """`torchrun --standalone --nproc-per-node 2 -m softrl train ...` (rendezvous on the loopback): the
+    loss curve and final weights of one process."""
+    torchrun = Path(SOFTRL).parent / "torchrun"
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert subprocess.run(train(one, tiny, 1), capture_output=True).returncode == 0
+    args = train(two, tiny, 2)
+    out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "softrl", *args[1:]],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert all(a[1] == pytest.approx(b[1], abs=1e-5) for a, b in zip(curve(one), curve(two)))
+    assert len(curve(two)) == 4
+    a, b = final_weights(one), final_weights(two)
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)

@@ -3,9 +3,10 @@
 softrl starts the other processes itself (on this machine), the Ray runtime starts them as actors,
 or `torchrun --nproc-per-node N -m softrl train ...` starts them all (then every process runs the same command and the group comes from
 torchrun's environment). Rank 0 runs the session: Q0, generation, the store, evaluation, the run log
-and checkpoints. Every rank holds a replica of the trained weights and takes its share of whole
-groups of every batch (`train.data_parallel`); rank 0 hands each batch to the others, gradients are
-summed, and every rank applies the same update. Which backend (gloo on the CPU, NCCL on CUDA) and how
+and checkpoints. Every rank holds a shard of the trained weights, of their gradients and of AdamW's
+state (FSDP2) and takes its share of whole groups of every batch (`train.data_parallel`); rank 0
+hands each batch to the others, and keeps a whole copy of the policy for generation, evaluation and
+saving, refreshed after every step. Which backend (gloo on the CPU, NCCL on CUDA) and how
 many threads each process uses is decided here and nowhere else.
 """
 
@@ -60,24 +61,6 @@ def _exchange(message=None):
     return box[0]
 
 
-def _broadcast_weights(learner) -> None:
-    """Every replica gets rank 0's weights, the frozen reference's too (a resumed rank 0 has the
-    checkpoint's; a model built on each rank need not be bit-equal)."""
-    modules = [learner.policy.model, learner.reference.model] + ([learner.value] if learner.value is not None else [])
-    with torch.no_grad():
-        for module in modules:
-            for tensor in list(module.parameters()) + list(module.buffers()):
-                dist.broadcast(tensor.data, src=0)
-
-
-def _on_host(state):
-    """`state` with its tensors on the CPU: an optimizer state sent to the other ranks lands on their
-    own devices (`load_state_dict` moves it), not on rank 0's GPU."""
-    from torch.utils._pytree import tree_map
-
-    return tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, state)
-
-
 def follow(config: RunConfig, rank: int, world: int, init_method: str | None = None) -> dict:
     """A rank other than 0: its replica of the learner, stepping on what rank 0 hands it until told to stop."""
     from softrl.assemble import Run
@@ -86,13 +69,14 @@ def follow(config: RunConfig, rank: int, world: int, init_method: str | None = N
     try:
         dist.barrier()  # rank 0 has resolved (built, prepared) the model: no two ranks build it at once
         learner = Run(config, rank=rank).learner
-        _broadcast_weights(learner)
         while (message := _exchange()) is not None:
             kind, payload = message
             if kind == "step":
                 learner.step(payload)
-            elif kind == "state":
+            elif kind == "load":
                 learner.load_state_dict(payload)
+            elif kind == "save":
+                learner.state_dict()
     finally:
         dist.destroy_process_group()
     return {"run_dir": str(config.run_dir), "rank": rank, "steps": learner.version}
@@ -132,10 +116,9 @@ class LearnerGroup:
         self.learner = None
 
     def lead(self, learner) -> None:
-        """Stand in for rank 0's `learner` (built by then; resumed where the run resumes)."""
+        """Stand in for rank 0's `learner` (built by then, and before the run resumes: that is a step
+        of the group's too)."""
         self.learner = learner
-        _broadcast_weights(learner)
-        _exchange(("state", _on_host(learner.state_dict())))
 
     def step(self, batch) -> dict:
         self._check()
@@ -160,10 +143,16 @@ class LearnerGroup:
                                         "`softrl train CONFIG --resume` continues from the last checkpoint")
 
     def load_state_dict(self, state: dict) -> None:
-        _exchange(("state", _on_host(state)))
+        """A checkpoint's learner state: the other ranks get rank 0's tensors in the load itself."""
+        _exchange(("load", {k: v for k, v in state.items() if k not in ("optimizer", "value")}))
         self.learner.load_state_dict(state)
 
-    def __getattr__(self, name):  # version, state_dict, policy...: rank 0's own learner
+    def state_dict(self) -> dict:
+        """The learner's whole state, gathered from every rank's shards."""
+        _exchange(("save", None))
+        return self.learner.state_dict()
+
+    def __getattr__(self, name):  # version, policy...: rank 0's own learner
         return getattr(self.learner, name)
 
     def close(self, ok: bool = True) -> None:

@@ -116,10 +116,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
     group = LearnerGroup(config) if config.runtime.learners > 1 or rank is not None else None
     generation, ok = None, False
     try:
-        session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total))
-        if group is not None:
-            group.lead(session.run.learner)
-            session.run.learner = group
+        session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total), group=group)
         generation = Generation(session, config.runtime.mode, config.runtime.model_update_interval)
         started = time.time()
         while session.progress.step < config.optim.steps:

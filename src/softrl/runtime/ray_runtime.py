@@ -97,10 +97,7 @@ class _Learner(WeightSource):
 
         if self.config.runtime.learners > 1:
             self.group = LearnerGroup(self.config, init_method)
-        self.session = s = Session(self.config, self.resume, log=lambda m: None)
-        if self.group is not None:
-            self.group.lead(s.run.learner)
-            s.run.learner = self.group
+        self.session = s = Session(self.config, self.resume, log=lambda m: None, group=self.group)
         return {"model_path": s.run.model_path, "step": s.progress.step, "version": s.learner.version,
                 "seconds": s.progress.seconds}
 

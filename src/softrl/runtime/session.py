@@ -23,11 +23,16 @@ class Session:
     then is the run directory written, so bad input leaves none behind."""
 
     def __init__(self, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, group=None):
+        """`group`: with `runtime.learners` > 1, rank 0's LearnerGroup (runtime/group.py), which then
+        stands in for the run's learner."""
         check_run_dir(config, resume)
         optional_sinks(config)
         self.config = config
         self.run = Run(config)
+        if group is not None:
+            group.lead(self.run.learner)
+            self.run.learner = group
         self.feed = DataFeed(config, self.run.store, self.run.train_task, self.run.q0(progress), self.run.tokenizer, log)
         self.runlog = RunLog(config, resume)
         self.progress = Progress()

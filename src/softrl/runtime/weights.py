@@ -16,8 +16,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from softrl.train.data_parallel import buckets
-
 BUCKET_ELEMENTS = 2**24  # 64 MiB of fp32 a broadcast
 # a worker takes the weights after the batch it is generating: a broadcast may wait that long (a worker
 # that dies ends its channel at once: its connection closes)
@@ -30,10 +28,18 @@ def weight_tensors(model) -> list[Tensor]:
     return [p.data for p in model.parameters()]
 
 
-def _buckets(tensors: list[Tensor]) -> list[list[Tensor]]:
-    """BUCKET_ELEMENTS a bucket, split without regard to dtype: the same split at both ends, whatever
-    dtype each end stores the weights in."""
-    return buckets(tensors, BUCKET_ELEMENTS)
+def buckets(tensors: list[Tensor]) -> list[list[Tensor]]:
+    """Consecutive tensors, at most BUCKET_ELEMENTS a bucket (a larger tensor alone), split without
+    regard to dtype: the same split at both ends, whatever dtype each end stores the weights in."""
+    out: list[list[Tensor]] = []
+    size = 0
+    for t in tensors:
+        if not out or size + t.numel() > BUCKET_ELEMENTS:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += t.numel()
+    return out
 
 
 def _group(store, prefix: str, rank: int, nccl: bool):
@@ -69,7 +75,7 @@ class WeightSender:
     def send(self, model, workers: list[int]) -> dict[int, bool]:
         """`model`'s weights, in each worker's dtype, to each of `workers` with an open channel; whether
         each got them (a dead worker's channel is closed; it gets a new one when it is back)."""
-        buckets = _buckets(weight_tensors(model))
+        pieces = buckets(weight_tensors(model))
         flats: dict[torch.dtype, list[Tensor]] = {}
         done = {}
         for worker in workers:
@@ -78,7 +84,7 @@ class WeightSender:
                 if group is None:
                     raise RuntimeError("no channel")
                 if dtype not in flats:
-                    flats[dtype] = [torch.cat([t.reshape(-1).to(dtype) for t in bucket]) for bucket in buckets]
+                    flats[dtype] = [torch.cat([t.reshape(-1).to(dtype) for t in bucket]) for bucket in pieces]
                 for flat in flats[dtype]:
                     _broadcast(group, flat if _on_cuda(group) else flat.cpu())
                 done[worker] = True
@@ -105,7 +111,7 @@ class WeightReceiver:
         """The learner's weights (sent as `dtype`) into `model`, the same architecture as the learner's."""
         nccl = _on_cuda(self.group)
         with torch.no_grad():
-            for bucket in _buckets(weight_tensors(model)):
+            for bucket in buckets(weight_tensors(model)):
                 device = bucket[0].device if nccl else torch.device("cpu")
                 flat = torch.empty(sum(t.numel() for t in bucket), dtype=dtype, device=device)
                 _broadcast(self.group, flat)

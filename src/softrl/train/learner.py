@@ -8,6 +8,8 @@ them in a row raise `NonFiniteLossError`.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -21,7 +23,7 @@ from softrl.models.device import CPU, Placement
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.objectives import LossInputs, objective_loss
 from softrl.train.batch import Batch
-from softrl.train.data_parallel import groups_by_source, my_rows, sum_gradients, sum_metrics
+from softrl.train.data_parallel import Shards, groups_by_source, my_rows, same_as_rank_0, sum_metrics, whole
 
 
 def old_logp(logp: Tensor, part: Batch) -> Tensor:
@@ -41,14 +43,17 @@ class NonFiniteLossError(RuntimeError):
     """The loss was NaN or inf in too many steps in a row."""
 
 
-def micro_batches(batch: Batch, parts: int, group_size: Callable[[str], int],
-                  max_tokens: int = 0) -> list[tuple[str, list[int]]]:
-    """(source, row indices) chunks of whole groups: each source's groups split into about `parts`
-    pieces, or, with `max_tokens`, packed by length into pieces of at most `max_tokens` padded tokens
-    (rows x the longest row; a group longer than that on its own is a piece of its own)."""
+def micro_batches(batch: Batch, parts: int, group_size: Callable[[str], int], max_tokens: int = 0,
+                  rows: list[int] | None = None) -> list[tuple[str, list[int]]]:
+    """(source, row indices) chunks of whole groups of `rows` (all by default): each source's groups
+    split into about `parts` pieces, or, with `max_tokens`, packed by length into pieces of at most
+    `max_tokens` padded tokens (rows x the longest row; a group longer than that on its own is a piece
+    of its own)."""
+    rows = list(range(len(batch))) if rows is None else rows
     chunks = []
-    lengths = (batch.padded.response_start + batch.padded.response_len).tolist()  # [B] prompt + response
-    for source, groups in groups_by_source(batch.sources, group_size).items():
+    every = (batch.padded.response_start + batch.padded.response_len).tolist()  # [B] prompt + response
+    lengths = [every[i] for i in rows]
+    for source, groups in groups_by_source([batch.sources[i] for i in rows], group_size).items():
         if not max_tokens:
             per = max(1, math.ceil(len(groups) / parts))
             chunks += [(source, sum(groups[c : c + per], [])) for c in range(0, len(groups), per)]
@@ -62,7 +67,7 @@ def micro_batches(batch: Batch, parts: int, group_size: Callable[[str], int],
                 piece, width = [], 0
             piece, width = piece + group, max(width, longest)
         chunks.append((source, piece))
-    return chunks
+    return [(source, [rows[i] for i in piece]) for source, piece in chunks]
 
 
 class Learner:
@@ -71,7 +76,12 @@ class Learner:
         self.policy, self.reference, self.value, self.config = policy, reference, value, config
         self.placement = placement
         self.rank, self.world = rank, world  # this learner's place in a data-parallel group (train.data_parallel)
-        params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.trained, self.shards = policy, None  # the policy the steps train
+        if world > 1:  # FSDP2 shards of the trained models; rank 0 keeps `policy` whole, refreshed every step
+            same_as_rank_0([policy.model, reference.model, value])
+            self.trained = PolicyModel(copy.deepcopy(policy.model) if rank == 0 else policy.model, policy.tokenizer)
+            self.shards = Shards(self.trained.model, value, placement.device, world)
+        params = [p for p in self.trained.model.parameters() if p.requires_grad]
         params += list(value.parameters()) if value is not None else []
         self.params = params
         opt = config.optim
@@ -91,10 +101,10 @@ class Learner:
         Log-probs, entropy and token KL are computed chunk by chunk (`models.logprobs.token_stats`)."""
         objective = registry.get(options.algorithm)
         if objective.distributions(options):  # the token KL: one pass of the reference gives its log-probs too
-            policy = self.policy.stats(part.padded, entropy=True, reference=self.reference)
+            policy = self.trained.stats(part.padded, entropy=True, reference=self.reference)
             ref_logp = policy.ref_logp
         else:
-            policy = self.policy.stats(part.padded, entropy=True)
+            policy = self.trained.stats(part.padded, entropy=True)
             ref_logp = self.reference.stats(part.padded).logp
         values = self.value.values(part.padded) if self.value is not None else None
         old = old_logp(policy.logp, part) if objective.behavior_logp else policy.logp.detach()
@@ -107,27 +117,30 @@ class Learner:
         """One optimizer step on `batch` (skipped when the loss is not finite); returns metrics.
         Metrics stay detached tensors on the device until the step's end: one read per step, no
         synchronisation per micro-batch."""
-        self.policy.model.train()
+        self.trained.model.train()
         if self.value is not None:  # a copy of the (eval-mode) reference: train it as such (checkpointing)
             self.value.train()
         cfg = self.config
         total_rows = len(batch)
         metrics: dict[str, Tensor] = {}
         clock = self.placement.clock()
-        rows = my_rows(batch.sources, self.rank, self.world, self.group_size) if self.world > 1 else list(range(total_rows))
-        mine = batch.subset(rows) if rows else None  # a rank may get no group of a small batch
-        pieces = micro_batches(mine, cfg.optim.grad_accum, self.group_size, cfg.optim.micro_batch_tokens) if mine else []
-        for source, index in pieces:
+        for source, index, weight in self._pieces(batch):
             options = cfg.data.objective_for(source)
-            host = mine.subset(index)
+            host = batch.subset(index)
             with clock.phase("forward"), self.placement.autocast():
                 part = host.apply(self.placement.to_device)
-                inputs, entropy = self.inputs(part, options, self.group_size(source))
+                if self.shards is None:
+                    inputs, entropy = self.inputs(part, options, self.group_size(source))
+                else:  # every rank's passes must call the shards equally often: no shared-prompt layout
+                    part = dataclasses.replace(part, padded=dataclasses.replace(part.padded, shared=None))
+                    inputs, entropy = self.shards(self.inputs, part, options, self.group_size(source))
                 loss, parts = objective_loss(options, inputs)
-            share = len(index) / total_rows
+            share = weight * len(index) / total_rows
             scaled = options.weight * share * loss
             with clock.phase("backward"):
                 scaled.backward()
+            if not weight:
+                continue
             _add(metrics, "loss", scaled)
             _add(metrics, f"loss/{source}", share * loss)
             for key, value in parts.items():
@@ -145,12 +158,12 @@ class Learner:
             return {"skipped_nonfinite": 1.0, "nonfinite_in_row": float(self.nonfinite_in_row)}
         self.nonfinite_in_row = 0
         with clock.phase("optimizer"):
-            if self.world > 1:
-                sum_gradients(self.params)
-            metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm or float("inf"))
+            metrics["grad_norm"] = whole(torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm or float("inf")))
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.shards is not None:
+                self.shards.publish(self.policy.model if self.rank == 0 else None)
         self.version += 1
         device = self.placement.device  # one copy to the host for all of them
         out = dict(zip(metrics, torch.stack([v.detach().double().to(device) for v in metrics.values()]).cpu().tolist()))
@@ -162,6 +175,19 @@ class Learner:
             out["staleness/max"] = float(self.version - 1 - online.min().item())
         out["reward"] = batch.reward.mean().item()
         return out
+
+    def _pieces(self, batch: Batch) -> list[tuple[str, list[int], float]]:
+        """(source, row indices, weight) of this rank's micro-batches. In a group each rank runs as many
+        as the rank with the most (the shards' collectives pair up rank by rank): one short of them
+        repeats a piece at weight 0. Every rank plans every rank's share, so no message is needed."""
+        cfg = self.config
+        plans = [micro_batches(batch, cfg.optim.grad_accum, self.group_size, cfg.optim.micro_batch_tokens,
+                               my_rows(batch.sources, rank, self.world, self.group_size)) for rank in range(self.world)]
+        mine = [(source, index, 1.0) for source, index in plans[self.rank]]
+        if len(mine) < max(map(len, plans)):
+            source, index, _ = mine[-1] if mine else (*next(plan[0] for plan in plans if plan), 0.0)
+            mine += [(source, index, 0.0)] * (max(map(len, plans)) - len(mine))
+        return mine
 
     @torch.no_grad()
     def _diagnostics(self, x: LossInputs, entropy: Tensor, part: Batch, weighted: bool, source: str,
@@ -184,14 +210,24 @@ class Learner:
             _add(metrics, "iw/ess_fraction", share * (w.sum() ** 2 / (w**2).sum().clamp_min(1e-30) / rows))
 
     # --- checkpoints ----------------------------------------------------------------------------
+    # In a group, every rank calls these together; the whole state is rank 0's (the other ranks' is
+    # None), in one process's format, so a checkpoint resumes with any number of learners.
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "version": self.version, "nonfinite_in_row": self.nonfinite_in_row,
-                "value": self.value.state_dict() if self.value is not None else None}
+        value = None
+        if self.value is not None:
+            value = self.value.state_dict() if self.shards is None else self.shards.value_state()
+        optimizer = self.optimizer.state_dict() if self.shards is None else self.shards.optimizer_state(self.optimizer)
+        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+                "version": self.version, "nonfinite_in_row": self.nonfinite_in_row, "value": value}
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        """`state`, and in a group the weights of rank 0's `policy` (restored by then), on every rank."""
+        if self.shards is not None:
+            self.shards.load(self.policy.model if self.rank == 0 else None, state.get("value"))
+            self.shards.load_optimizer_state(self.optimizer, state.get("optimizer"))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.value is not None and state["value"] is not None:
+                self.value.load_state_dict(state["value"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version, self.nonfinite_in_row = state["version"], state["nonfinite_in_row"]
-        if self.value is not None and state["value"] is not None:
-            self.value.load_state_dict(state["value"])
