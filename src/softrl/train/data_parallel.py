@@ -143,6 +143,23 @@ def block_classes(module: nn.Module) -> set[str]:
     return {name for m in module.modules() for name in (getattr(m, "_no_split_modules", None) or [])}
 
 
+def same_layout(pieces: list, device: torch.device) -> list:
+    """`pieces` (micro-batches, `train.batch.Batch`) with the shared-prompt layout kept only where every
+    rank's piece at that place has one. That layout runs the decoder twice (the prompts, then the
+    responses from their cache), the padded one once, and the shards' collectives pair up pass by pass
+    across ranks. One small all-reduce a step."""
+    import dataclasses
+
+    def twice(piece) -> bool:
+        shared = piece.padded.shared
+        return shared is not None and shared.response_ids.shape[1] > 0
+
+    agreed = torch.tensor([twice(p) for p in pieces], dtype=torch.int32, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return [p if keep else dataclasses.replace(p, padded=dataclasses.replace(p.padded, shared=None))
+            for p, keep in zip(pieces, agreed.tolist())]
+
+
 def whole(t: Tensor) -> Tensor:
     """A sharded (DTensor) tensor as an ordinary one, all of it (every rank takes part)."""
     return t.full_tensor() if isinstance(t, DTensor) else t

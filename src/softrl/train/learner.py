@@ -9,7 +9,6 @@ them in a row raise `NonFiniteLossError`.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Callable
 
@@ -23,7 +22,8 @@ from softrl.models.device import CPU, Placement
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.objectives import LossInputs, objective_loss
 from softrl.train.batch import Batch
-from softrl.train.data_parallel import Shards, groups_by_source, my_rows, same_as_rank_0, sum_metrics, whole
+from softrl.train.data_parallel import (Shards, groups_by_source, my_rows, same_as_rank_0, same_layout, sum_metrics,
+                                       whole)
 
 
 def old_logp(logp: Tensor, part: Batch) -> Tensor:
@@ -124,15 +124,17 @@ class Learner:
         total_rows = len(batch)
         metrics: dict[str, Tensor] = {}
         clock = self.placement.clock()
-        for source, index, weight in self._pieces(batch):
+        pieces = self._pieces(batch)
+        hosts = [batch.subset(index) for _, index, _ in pieces]
+        if self.shards is not None:
+            hosts = same_layout(hosts, self.placement.device)
+        for (source, index, weight), host in zip(pieces, hosts):
             options = cfg.data.objective_for(source)
-            host = batch.subset(index)
             with clock.phase("forward"), self.placement.autocast():
                 part = host.apply(self.placement.to_device)
                 if self.shards is None:
                     inputs, entropy = self.inputs(part, options, self.group_size(source))
-                else:  # every rank's passes must call the shards equally often: no shared-prompt layout
-                    part = dataclasses.replace(part, padded=dataclasses.replace(part.padded, shared=None))
+                else:
                     inputs, entropy = self.shards(self.inputs, part, options, self.group_size(source))
                 loss, parts = objective_loss(options, inputs)
             share = weight * len(index) / total_rows
