@@ -1,3 +1,3 @@
-from softrl.cli import app
+from softrl.cli import entry
 
-app(prog_name="softrl")
+entry()

@@ -131,13 +131,13 @@ class Run:
 
     def __init__(self, config: RunConfig, rank: int = 0):
         self.config = config
+        self.train_task, self.eval_task = load_tasks(config)  # first: a bad task is named as such
         self.placement = placement(config)
         self.model_path = resolve_model(config)
         self.policy = PolicyModel.load(self.model_path, config.model.dtype, config.model.lora)
         self.placement.place(self.policy.model)
         self.reference = ReferenceModel.from_policy(self.policy)
         self.tokenizer = self.policy.tokenizer
-        self.train_task, self.eval_task = load_tasks(config)
         objectives = [registry.get(config.data.objective_for(s).algorithm) for s in config.data.mix]
         self.value = None
         if any(o.value_model for o in objectives):  # a trained copy of the reference, so in the trained dtype

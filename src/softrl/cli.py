@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from softrl.cli_common import JSON_OPT, err, fail
+from softrl.cli_common import DEBUG_ENV, JSON_OPT, err, fail, finite_floats, one_line
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="softrl: RL post-training of language models from any data (SPO, AGRO).")
@@ -94,6 +94,8 @@ def _make_sandbox(backend: str, unsafe: bool, timeout: float, memory_mb: int):
 
     from softrl.rewards.sandbox import Limits, Sandbox, SandboxError
 
+    if not timeout > 0 or not memory_mb > 0:  # named as the options, not as the Limits fields they fill
+        fail(f"--timeout and --memory-mb must be > 0, got --timeout {timeout}, --memory-mb {memory_mb}")
     try:
         limits = Limits(wall_s=timeout, memory_mb=memory_mb)
         with warnings.catch_warnings(record=True) as caught:
@@ -267,3 +269,23 @@ app.command("eval")(eval_command)
 from softrl.cli_bench import bench_app  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
+
+
+def entry() -> None:
+    """The `softrl` command: every error that reaches here is one line on stderr (exit status 1); with
+    `--debug` anywhere on the command line, or SOFTRL_DEBUG=1, the full traceback instead."""
+    import sys
+
+    debug = "--debug" in sys.argv[1:] or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    args = [a for a in sys.argv[1:] if a != "--debug"]
+    command = typer.main.get_command(app)
+    finite_floats(command)
+    if debug:
+        os.environ[DEBUG_ENV] = "1"  # processes the command starts (learner ranks, workers) inherit it
+        command(args, prog_name="softrl")
+        return
+    try:
+        command(args, prog_name="softrl")
+    except Exception as e:  # noqa: BLE001 - the boundary: one line, the traceback behind --debug
+        typer.echo(f"error: {one_line(e)} (--debug shows where)", err=True)
+        sys.exit(1)

@@ -85,6 +85,10 @@ def pts(
     if not 0 < threshold <= 1:
         fail(f"--threshold must be in (0, 1], got {threshold}")
     target = open_store(store, create=False)
+    present = set(target.stats()["sources"])
+    for missing in sorted(set(source or []) - present):
+        err.print(f"warning: the store {target.root} has no trajectories of source {missing!r} "
+                  f"(it has: {', '.join(sorted(present)) or 'none'})", highlight=False, soft_wrap=True)
     s = reference_sampler(task, model, size, task_seed, max_new_tokens, 1.0, "pts", dtype, device)
     with progress_bar(f"pts {task} (K={k})") as update, one_line_errors():
         results = annotate_store(s.spec, target, s.encode_prompt, s.encode_response, s.model_id, k, threshold, seed=seed,

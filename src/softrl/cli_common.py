@@ -22,8 +22,50 @@ def default_store() -> Path:
 STORE_OPT = typer.Option(None, "--store", help="experience store directory (default $SOFTRL_STORE or runs/store)")
 
 
+DEBUG_ENV = "SOFTRL_DEBUG"
+
+
+def one_line(error: BaseException) -> str:
+    """An error that reached the command's boundary, as one line: a file-system error names its path
+    and the OS's reason; anything else its type and message."""
+    if isinstance(error, OSError) and error.strerror:
+        where = f"{error.filename}" + (f" -> {error.filename2}" if error.filename2 else "")
+        return f"{where}: {error.strerror}" if error.filename else error.strerror
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    if isinstance(error, ValueError) and first:  # softrl's own ValueErrors are written for users
+        return first
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def finite_floats(command) -> None:
+    """Every option and argument of `command` and its subcommands refuses an inf or nan float (a
+    range lets nan through: it compares false with either bound)."""
+    import math
+
+    def check(ctx, param, value):
+        values = value if isinstance(value, (tuple, list)) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise typer.BadParameter(f"must be a finite number, got {value}")
+        return value
+
+    def chained(callback):
+        if callback is None:
+            return check
+        return lambda ctx, param, value: callback(ctx, param, check(ctx, param, value))
+
+    for param in command.params:
+        param.callback = chained(param.callback)
+    for sub in getattr(command, "commands", {}).values():
+        finite_floats(sub)
+
+
 def fail(message: str) -> None:
-    """One unwrapped line on stderr, exit status 2."""
+    """One unwrapped line on stderr, exit status 2 (with --debug, the error being handled, if any,
+    with its traceback)."""
+    import sys
+
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0") and sys.exc_info()[1] is not None:
+        raise sys.exc_info()[1]
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
 
@@ -48,10 +90,12 @@ def run_errors() -> tuple[type[Exception], ...]:
     from softrl.data.store import StoreError
     from softrl.models.loading import ModelLoadError
     from softrl.runtime.group import LearnerGroupError
+    from softrl.runtime.runlog import NonFiniteWeightsError
     from softrl.tasks.base import RewardError
     from softrl.train.learner import NonFiniteLossError
 
-    return ConfigError, ModelLoadError, StoreError, NonFiniteLossError, RewardError, LearnerGroupError
+    return (ConfigError, ModelLoadError, StoreError, NonFiniteLossError, RewardError, LearnerGroupError,
+            NonFiniteWeightsError)
 
 
 @contextmanager

@@ -47,7 +47,7 @@ def run_training(config, resume: bool, quiet: bool = False) -> dict:
 
         with one_line_errors():
             return runtime.train(config, resume=resume, on_step=on_step, on_phase=on_phase,
-                                 log=(lambda m: None) if quiet else (lambda m: err.print(m, highlight=False)))
+                                 log=(lambda m: None) if quiet else (lambda m: err.print(m, highlight=False, soft_wrap=True)))
 
 
 def train_command(

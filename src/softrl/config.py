@@ -27,10 +27,15 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # every number finite: inf and nan pass a `gt=0` bound and then explode inside a run
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+MAX_SEED = 2**32 - 1  # numpy's bound; torch's and Python's are wider
 
 
 DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")  # models.wrappers.attach_lora
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
@@ -44,6 +49,14 @@ class ModelConfig(Section):
         "auto", description="forward passes in bf16 with fp32 weights: auto = on CUDA, off on the CPU")
     lora: dict[str, Any] | None = Field(None, description="PEFT LoRA options (r, alpha, ...); needs softrl[hf] + peft")
 
+    @field_validator("lora")
+    @classmethod
+    def _lora(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        unknown = sorted(set(value or {}) - set(LORA_KEYS))
+        if unknown:
+            raise ValueError(f"unknown LoRA option {unknown[0]!r} (use {', '.join(LORA_KEYS)})")
+        return value
+
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
@@ -55,9 +68,9 @@ class ModelConfig(Section):
 class TaskConfig(Section):
     name: str = Field("countdown", description="task spec: countdown, tinycode, KIND:PATH, gym:NAME, module:Name")
     size: int = Field(200, ge=1, description="training prompts")
-    seed: int = Field(0, description="seed of the training prompts")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the training prompts")
     eval_size: int = Field(100, ge=1, description="held-out prompts for evaluation")
-    eval_seed: int = Field(1, description="seed of the held-out prompts (differs from `seed`)")
+    eval_seed: int = Field(1, ge=0, le=MAX_SEED, description="seed of the held-out prompts (differs from `seed`)")
     options: dict[str, Any] = Field(default_factory=dict,
                                     description="task keyword options, e.g. a gym dataset's keys or prompt_suffix")
 
@@ -131,6 +144,13 @@ class SamplingConfig(Section):
     ignore_eos: bool = Field(False, description="fixed work for benchmarks: EOS is never drawn and every online "
                              "sample is max_new_tokens long")
 
+    @field_validator("temperature_range")
+    @classmethod
+    def _range(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not 0 < value[0] <= value[1]:
+            raise ValueError("must be [lo, hi] with 0 < lo <= hi")
+        return value
+
 
 class OptimConfig(Section):
     steps: int = Field(100, ge=1, description="learner steps")
@@ -176,9 +196,9 @@ class LogConfig(Section):
 
 
 class RunConfig(Section):
-    name: str = Field("run", description="run name; the run directory is out_dir/name")
+    name: str = Field("run", description="run name (one path component); the run directory is out_dir/name")
     out_dir: str = Field("runs", description="parent of run directories")
-    seed: int = Field(0, description="seed of sampling, batches and initialisation")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of sampling, batches and initialisation")
     beta: float = Field(SPO_BETA, gt=0, description="KL-regularisation strength (SPO paper: 1/ln(1e5))")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
@@ -189,6 +209,13 @@ class RunConfig(Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not value or value in (".", "..") or "/" in value or "\\" in value or "\0" in value:
+            raise ValueError("must be one path component (no '/', not '.' or '..'): the run directory is out_dir/name")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -284,6 +311,8 @@ def read_settings(path: str | Path) -> dict[str, Any]:
         loaded = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a config is a YAML file") from e
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return {".".join(key): value for key, value in flatten(loaded)}

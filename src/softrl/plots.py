@@ -18,7 +18,18 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text(errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # torn by a crash mid-write: the run resumes before it
+                break
+            raise ValueError(f"{path}, line {number}: not a JSON record") from None
+    return records
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:

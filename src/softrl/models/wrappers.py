@@ -105,7 +105,9 @@ def attach_lora(model, r: int = 8, alpha: int = 16, dropout: float = 0.0, target
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as e:
-        raise ValueError("LoRA needs PEFT: pip install 'softrl[peft]'") from e
+        from softrl.config import ConfigError
+
+        raise ConfigError("model.lora needs PEFT: pip install 'softrl[peft]'") from e
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, task_type="CAUSAL_LM",
                         target_modules=target_modules or ["q_proj", "v_proj"])
     return get_peft_model(model, config)

@@ -44,7 +44,7 @@ class Options(BaseModel):
     """Options every objective has; an objective's own options subclass this with
     `algorithm: Literal["its-name"] = "its-name"`."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     algorithm: str
     weight: float = Field(1.0, ge=0, description="weight of this source's loss in the total")
 

@@ -15,6 +15,10 @@ import yaml
 from softrl.config import ConfigError, RunConfig
 
 
+class NonFiniteWeightsError(RuntimeError):
+    """A step left the trained weights with a NaN or inf."""
+
+
 @dataclass
 class Progress:
     step: int = 0
@@ -59,12 +63,34 @@ def optional_sinks(config: RunConfig) -> list:
 
 
 def check_run_dir(config: RunConfig, resume: bool) -> None:
-    """A new run needs an empty directory; a resumed one needs its checkpoints."""
+    """A new run needs an empty directory (or one a `--resume` starts over in)."""
     run_dir = config.run_dir
     if run_dir.exists() and not resume and any(run_dir.iterdir()):
         raise ConfigError(f"run directory {run_dir} exists: pass --resume, or another name=...")
-    if resume and not (run_dir / "checkpoints").is_dir():
-        raise ConfigError(f"nothing to resume in {run_dir} (no checkpoints/)")
+
+
+# what a run writes into its directory: all of it goes when a run with no intact checkpoint starts over
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "final", "summary.json", "tensorboard", "wandb")
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoints, newest first (one a crash left half-written is a hidden
+    temporary folder, never a `step-` one)."""
+    root = run_dir / "checkpoints"
+    found = [p for p in root.iterdir() if p.name.startswith("step-") and (p / "state.pt").is_file()] if root.is_dir() else []
+    return sorted(found, reverse=True)
+
+
+def start_over(run_dir: Path) -> None:
+    """Remove what a run wrote to `run_dir` (nothing else there), so that it starts from step 0."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    for plot in run_dir.glob("*.png"):
+        plot.unlink()
 
 
 class RunLog:
@@ -96,12 +122,21 @@ class RunLog:
             write(record["step"], numbers)
 
     def records(self) -> list[dict]:
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
+        from softrl.plots import read_metrics
+
+        return read_metrics(self.run_dir)
 
     # --- checkpoints --------------------------------------------------------------------------
     def checkpoint(self, step: int, model, state: dict) -> Path:
-        """`model`'s weights and `state` (torch.save-able), written atomically; older ones pruned."""
+        """`model`'s weights and `state` (torch.save-able), written atomically; older ones pruned.
+        Weights that are not all finite are refused (the intact checkpoints before them stay)."""
+        bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+        if bad is not None:
+            raise NonFiniteWeightsError(f"the weights after step {step} are not finite ({bad}): not saved; "
+                                        f"lower optim.lr, then --resume from {self.run_dir / 'checkpoints'}")
         root = self.run_dir / "checkpoints"
+        for stale in root.glob(".step-*.tmp"):  # left by a run killed while writing one
+            shutil.rmtree(stale, ignore_errors=True)
         final = root / f"step-{step:06d}"
         work = root / f".{final.name}.tmp"
         shutil.rmtree(work, ignore_errors=True)
@@ -114,21 +149,26 @@ class RunLog:
             shutil.rmtree(old)
         return final
 
-    def restore(self, model) -> tuple[str, dict]:
-        """The newest checkpoint's weights into `model`; returns (its name, its state). Metrics
+    def restore(self, model, log=print) -> tuple[str, dict]:
+        """The newest intact checkpoint's weights into `model`; returns (its name, its state). One that
+        does not load (a damaged file) is reported in a line and the one before it tried. Metrics
         logged after it are dropped."""
         from transformers import AutoModelForCausalLM
 
-        latest = sorted(p for p in (self.run_dir / "checkpoints").iterdir() if p.name.startswith("step-"))[-1]
-        model.load_state_dict(AutoModelForCausalLM.from_pretrained(latest / "policy", dtype=model.dtype).state_dict())
-        state = torch.load(latest / "state.pt", map_location="cpu", weights_only=False)
-        step = state["progress"]["step"]
-        if self.metrics_path.exists():
-            kept = [line for line in self.metrics_path.read_text().splitlines()
-                    if json.loads(line).get("step", 0) <= step]
-            self.metrics_path.write_text("".join(line + "\n" for line in kept))
-        self.earlier_seconds = state["progress"]["seconds"]
-        return latest.name, state
+        for checkpoint in checkpoints(self.run_dir):
+            try:
+                state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
+                weights = AutoModelForCausalLM.from_pretrained(checkpoint / "policy", dtype=model.dtype).state_dict()
+                step, seconds = state["progress"]["step"], state["progress"]["seconds"]
+            except Exception as e:  # noqa: BLE001 - any damage: the previous checkpoint is intact
+                log(f"checkpoint {checkpoint} does not load ({type(e).__name__}): trying the one before it")
+                continue
+            model.load_state_dict(weights)
+            kept = [r for r in self.records() if r.get("step", 0) <= step] if self.metrics_path.exists() else []
+            self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self.earlier_seconds = seconds
+            return checkpoint.name, state
+        raise ConfigError(f"no checkpoint in {self.run_dir / 'checkpoints'} loads: remove {self.run_dir} to start over")
 
     # --- the end ------------------------------------------------------------------------------
     def finish(self, progress: Progress, after: dict) -> dict:

@@ -14,7 +14,7 @@ import torch
 from softrl.assemble import Run
 from softrl.config import RunConfig
 from softrl.runtime.feed import DataFeed
-from softrl.runtime.runlog import Progress, RunLog, check_run_dir, optional_sinks
+from softrl.runtime.runlog import Progress, RunLog, check_run_dir, checkpoints, optional_sinks, start_over
 
 
 class Session:
@@ -26,6 +26,11 @@ class Session:
                  progress: Callable[[int, int], None] | None = None, group=None):
         """`group`: with `runtime.learners` > 1, rank 0's LearnerGroup (runtime/group.py), which then
         stands in for the run's learner."""
+        if resume and not checkpoints(config.run_dir):  # killed before its first checkpoint was complete
+            if config.run_dir.exists():
+                log(f"no complete checkpoint in {config.run_dir}: starting the run over from step 0")
+                start_over(config.run_dir)
+            resume = False
         check_run_dir(config, resume)
         optional_sinks(config)
         self.config = config
@@ -37,7 +42,7 @@ class Session:
         self.runlog = RunLog(config, resume)
         self.progress = Progress()
         if resume:
-            name, state = self.runlog.restore(self.run.policy.model)
+            name, state = self.runlog.restore(self.run.policy.model, log)
             self.run.learner.load_state_dict(state["learner"])
             self.progress = Progress(**state["progress"])
             self.feed.load_state_dict(state["rng"])

@@ -28,18 +28,31 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
             yield f"{path}#{i}", record
     elif path.name.endswith((".jsonl", ".jsonl.gz")):
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if line.strip():
-                    yield f"{path}:{number}", _json_object(line, f"{path}:{number}")
+        number = 0
+        try:
+            with opener(path, "rt", encoding="utf-8") as f:
+                for number, line in enumerate(f, start=1):
+                    if line.strip():
+                        yield f"{path}:{number}", _json_object(line, f"{path}:{number}")
+        except (UnicodeDecodeError, OSError, EOFError) as e:  # binary, not gzip, a truncated gzip stream
+            raise RecordError(f"{path}:{number + 1}: not readable as UTF-8 JSON lines ({_reason(e)})") from e
     elif path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RecordError(f"{path}: not a UTF-8 JSON file ({_reason(e)})") from e
         if not isinstance(data, list):
             raise RecordError(f"{path}: a .json dataset must be a list of records")
         for i, record in enumerate(data):
             yield f"{path}#{i}", _as_record(record, f"{path}#{i}")
     else:
         raise RecordError(f"{path}: unknown dataset format (use .jsonl, .jsonl.gz, .json, .parquet or a datasets dir)")
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, UnicodeDecodeError):
+        return f"byte {error.start} is not UTF-8"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def _json_object(line: str, where: str) -> dict[str, Any]:

@@ -1,0 +1,316 @@
+"""Bad input and faults, driven through the `softrl` command as a user meets them: for each, exit
+status 1 or 2, no traceback, a line that names the offending key, file or value, and the experience
+store unchanged. Then resume after a crash at awkward moments (a checkpoint half-written, a torn
+metrics line, a damaged newest checkpoint, a run killed before its first checkpoint), and
+`--debug` / SOFTRL_DEBUG=1, which show the traceback."""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from test_training import SOFTRL, seed_store, tiny_overrides  # noqa: E402
+
+pytestmark = pytest.mark.skipif(SOFTRL is None, reason="softrl console script not installed")
+
+
+def write(path: Path, content) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+def jsonl(*records) -> str:
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records)
+
+
+GOOD = {"prompt": "Use 1 2 3 to make 6", "response": "1+2+3", "reward": 1.0}
+
+# (id, arguments after `softrl`, {relative path: content} to create first, what the error must name).
+# "{d}" in an argument is the case's directory; every case may touch the store in {d}/store.
+CASES = [
+    # --- configuration: values at the door ---
+    ("lr-inf", ["train", "optim.lr=inf"], {}, "optim.lr"),
+    ("lr-nan", ["train", "optim.lr=nan"], {}, "optim.lr"),
+    ("lr-negative", ["train", "optim.lr=-1"], {}, "optim.lr"),
+    ("beta-inf", ["train", "beta=inf"], {}, "beta"),
+    ("seed-huge", ["train", "seed=1e23"], {}, "seed"),
+    ("seed-overflow", ["train", "seed=99999999999999999999"], {}, "seed"),
+    ("seed-negative", ["train", "seed=-5"], {}, "seed"),
+    ("task-seed-huge", ["train", "task.seed=4294967296"], {}, "task.seed"),
+    ("temperature-range-reversed", ["train", "sampling.temperature_range=[0.8, 0.1]"], {}, "temperature_range"),
+    ("temperature-range-zero", ["train", "sampling.temperature_range=[0, 0.5]"], {}, "temperature_range"),
+    ("temperature-zero", ["train", "sampling.temperature=0"], {}, "sampling.temperature"),
+    ("top-p-above-1", ["train", "sampling.top_p=2"], {}, "top_p"),
+    ("mix-negative", ["train", "data.mix={online: -1}"], {}, "mix"),
+    ("mix-unknown-source", ["train", "data.mix={bogus: 1}"], {}, "bogus"),
+    ("mix-nan", ["train", "data.mix={online: .nan}"], {}, "mix"),
+    ("algorithm-unknown", ["train", "data.objective.algorithm=nope"], {}, "algorithm"),
+    ("objective-option-inf", ["train", "data.objective.terminal=inf"], {}, "terminal"),
+    ("device-unknown", ["train", "model.device=gpu"], {}, "model.device"),
+    ("lora-unknown-option", ["train", "model.lora={rank: 3}"], {}, "rank"),
+    ("task-size-zero", ["train", "task.size=0"], {}, "task.size"),
+    ("steps-not-a-number", ["train", "optim.steps=abc"], {}, "optim.steps"),
+    ("runtime-unknown", ["train", "runtime.kind=k8s"], {}, "runtime.kind"),
+    ("unknown-key", ["train", "nosuch.key=1"], {}, "nosuch"),
+    ("override-not-key-value", ["train", "task.size=4", "optim.lr"], {}, "key=value"),
+    ("eval-samples-zero", ["train", "eval.samples=0"], {}, "eval.samples"),
+    ("keep-checkpoints-zero", ["train", "log.keep_checkpoints=0"], {}, "keep_checkpoints"),
+    ("name-escapes-out-dir", ["train", "name=../../../tmp/escape"], {}, "name"),
+    ("name-with-slash", ["train", "name=a/b"], {}, "name"),
+    ("name-dot-dot", ["train", "name=.."], {}, "name"),
+    # --- configuration files ---
+    ("config-missing", ["train", "{d}/nope.yaml"], {}, "nope.yaml"),
+    ("config-binary", ["train", "{d}/bin.yaml"], {"bin.yaml": b"\xff\xfe\x00\x81garbage"}, "bin.yaml"),
+    ("config-bad-yaml", ["train", "{d}/bad.yaml"], {"bad.yaml": "optim: {lr: [\n"}, "bad.yaml"),
+    ("config-not-a-mapping", ["train", "{d}/list.yaml"], {"list.yaml": "- 1\n- 2\n"}, "list.yaml"),
+    ("config-is-a-directory", ["train", "{d}"], {}, "{d}"),
+    # --- what a run names wrongly or loads ---
+    ("task-unknown", ["train", "task.name=nosuchtask", "model.path=bootstrap"], {}, "nosuchtask"),
+    ("task-dataset-missing", ["train", "task.name=jsonl:{d}/none.jsonl"], {}, "none.jsonl"),
+    ("model-path-missing", ["train", "model.path={d}/no-model"], {}, "no-model"),
+    ("out-dir-under-a-file", ["train", "out_dir={d}/file/runs", "task.size=2", "task.eval_size=1", "q0.k=2"],
+     {"file": "not a directory"}, "file"),
+    # --- data import ---
+    ("import-missing-file", ["data", "import", "{d}/none.jsonl", "--store", "{d}/store"], {}, "none.jsonl"),
+    ("import-binary", ["data", "import", "{d}/bin.jsonl", "--store", "{d}/store"],
+     {"bin.jsonl": b"\xff\xfe\x81\x00\x00"}, "bin.jsonl"),
+    ("import-gzip-garbage", ["data", "import", "{d}/bad.jsonl.gz", "--store", "{d}/store"],
+     {"bad.jsonl.gz": b"not gzip at all"}, "bad.jsonl.gz"),
+    ("import-bad-json-line", ["data", "import", "{d}/bad.jsonl", "--store", "{d}/store"],
+     {"bad.jsonl": jsonl(GOOD, "{not json")}, "bad.jsonl:2"),
+    ("import-missing-reward", ["data", "import", "{d}/r.jsonl", "--store", "{d}/store"],
+     {"r.jsonl": jsonl({"prompt": "p", "response": "r"})}, "reward"),
+    ("import-reward-wrong-type", ["data", "import", "{d}/r.jsonl", "--store", "{d}/store"],
+     {"r.jsonl": jsonl({**GOOD, "reward": "high"})}, "reward"),
+    ("import-reward-nan", ["data", "import", "{d}/r.jsonl", "--store", "{d}/store"],
+     {"r.jsonl": '{"prompt": "p", "response": "r", "reward": NaN}\n'}, "reward"),
+    ("import-reward-out-of-range", ["data", "import", "{d}/r.jsonl", "--store", "{d}/store"],
+     {"r.jsonl": jsonl({**GOOD, "reward": 5})}, "reward"),
+    ("import-prompt-wrong-type", ["data", "import", "{d}/r.jsonl", "--store", "{d}/store"],
+     {"r.jsonl": jsonl({**GOOD, "prompt": 3})}, "prompt"),
+    ("import-json-not-a-list", ["data", "import", "{d}/r.json", "--store", "{d}/store"],
+     {"r.json": json.dumps({"a": 1})}, "r.json"),
+    ("import-unknown-suffix", ["data", "import", "{d}/r.txt", "--store", "{d}/store"], {"r.txt": "x"}, "r.txt"),
+    ("import-solutions-unknown-task", ["data", "import", "--solutions", "nosuchtask", "--store", "{d}/store"], {},
+     "nosuchtask"),
+    ("import-nothing", ["data", "import", "--store", "{d}/store"], {}, "FILE"),
+    ("import-store-under-a-file", ["data", "import", "{d}/ok.jsonl", "--store", "{d}/file/store"],
+     {"ok.jsonl": jsonl(GOOD), "file": "x"}, "file"),
+    # --- data export and the store ---
+    ("export-unknown-suffix", ["data", "export", "{d}/out.txt", "--store", "{d}/store"], {}, "out.txt"),
+    ("export-under-a-file", ["data", "export", "{d}/file/out.jsonl", "--store", "{d}/store"], {"file": "x"}, "file"),
+    ("export-no-store", ["data", "export", "{d}/out.jsonl", "--store", "{d}/nostore"], {}, "nostore"),
+    ("stats-no-store", ["data", "stats", "--store", "{d}/nostore"], {}, "nostore"),
+    # --- sandbox ---
+    ("sandbox-timeout-inf", ["sandbox", "run", "{d}/p.py", "--timeout", "inf"], {"p.py": "print(1)"}, "timeout"),
+    ("sandbox-timeout-nan", ["sandbox", "run", "{d}/p.py", "--timeout", "nan"], {"p.py": "print(1)"}, "timeout"),
+    ("sandbox-timeout-negative", ["sandbox", "run", "{d}/p.py", "--timeout", "-1"], {"p.py": "print(1)"}, "timeout"),
+    ("sandbox-missing-program", ["sandbox", "run", "{d}/none.py"], {}, "none.py"),
+    ("sandbox-missing-stdin", ["sandbox", "run", "{d}/p.py", "--stdin", "{d}/none.txt"], {"p.py": "print(1)"},
+     "none.txt"),
+    ("sandbox-binary-program", ["sandbox", "run", "{d}/p.py"], {"p.py": b"\xff\xfe\x00"}, "p.py"),
+    # --- q0, pts, eval, plot ---
+    ("q0-temperature-zero", ["q0", "countdown", "--size", "2", "--k", "2", "--temperature", "0", "--store", "{d}/store"],
+     {}, "temperature"),
+    ("q0-temperature-negative", ["q0", "countdown", "--size", "2", "--k", "2", "--temperature", "-1", "--store",
+                                 "{d}/store"], {}, "temperature"),
+    ("q0-temperature-nan", ["q0", "countdown", "--size", "2", "--k", "2", "--temperature", "nan", "--store",
+                            "{d}/store"], {}, "temperature"),
+    ("q0-unknown-task", ["q0", "nosuchtask", "--store", "{d}/store"], {}, "nosuchtask"),
+    ("q0-beta-inf", ["q0", "countdown", "--beta", "inf", "--store", "{d}/store"], {}, "beta"),
+    ("pts-unknown-task", ["pts", "nosuchtask", "--store", "{d}/store"], {}, "nosuchtask"),
+    ("pts-threshold-nan", ["pts", "countdown", "--threshold", "nan", "--store", "{d}/store"], {}, "threshold"),
+    ("eval-model-missing", ["eval", "--model", "{d}/no-model"], {}, "no-model"),
+    ("eval-unknown-task", ["eval", "--model", "bootstrap", "--task", "nosuchtask"], {}, "nosuchtask"),
+    ("eval-top-p-nan", ["eval", "--model", "bootstrap", "--top-p", "nan"], {}, "top-p"),
+    ("plot-missing-run", ["plot", "{d}/no-run"], {}, "no-run"),
+    ("plot-corrupt-metrics", ["plot", "{d}/run"], {"run/metrics.jsonl": '{"step": 1}\n{torn\n{"step": 2}\n'},
+     "metrics.jsonl"),
+    ("toy-lr-inf", ["toy", "--lr", "inf", "--steps", "1"], {}, "lr"),
+]
+
+
+def snapshot(store: Path) -> dict:
+    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("args,files,names", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_the_store_is_unchanged(tmp_path, args, files, names):
+    for relative, content in files.items():
+        write(tmp_path / relative, content)
+    store = tmp_path / "store"
+    seed_store(tmp_path)
+    before = snapshot(store)
+    argv = [a.replace("{d}", str(tmp_path)) for a in args]
+    if argv[0] == "train":  # a tiny run wherever the case leaves it so: a bad value fails before any work
+        argv += [f"data.store={store}", f"out_dir={tmp_path}/runs"] * (not any(a.startswith("out_dir=") for a in argv))
+    out = subprocess.run([SOFTRL, *argv], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SOFTRL_DEBUG": ""})
+    text = out.stdout + out.stderr
+    assert out.returncode in (1, 2), text[-1500:]
+    assert "Traceback" not in text, text[-3000:]
+    expected = names.replace("{d}", str(tmp_path)).lower()
+    assert any(expected in line.lower() for line in out.stderr.splitlines()), out.stderr[-1500:]
+    assert snapshot(store) == before
+    assert not (tmp_path.parent / "tmp" / "escape").exists()
+
+
+def test_cases_cover_every_command_family():
+    families = {c[1][0] if c[1][0] != "data" else f"data {c[1][1]}" for c in CASES}
+    assert len(CASES) >= 60
+    assert {"train", "data import", "data export", "sandbox", "q0", "pts", "eval", "plot"} <= families
+
+
+# --- --debug -------------------------------------------------------------------------------------
+def test_debug_shows_the_traceback(tmp_path):
+    args = [SOFTRL, "data", "import", str(tmp_path / "none.jsonl"), "--store", str(tmp_path / "store")]
+    quiet = subprocess.run(args, capture_output=True, text=True)
+    assert "Traceback" not in quiet.stderr and quiet.returncode in (1, 2)
+    for loud in (subprocess.run(args + ["--debug"], capture_output=True, text=True),
+                 subprocess.run(args, capture_output=True, text=True, env={**os.environ, "SOFTRL_DEBUG": "1"})):
+        assert loud.returncode != 0 and "Traceback" in loud.stderr, loud.stderr[-1000:]
+
+
+# --- resume from any crash point -----------------------------------------------------------------
+def run_args(root: Path, tiny, **extra) -> list[str]:
+    seed_store(root)
+    return [SOFTRL, "train", *tiny_overrides(str(tiny[0]), str(root), **{"log.checkpoint_every": 1,
+                                                                         "log.keep_checkpoints": 3, **extra})]
+
+
+def losses(root: Path) -> list[tuple[int, float]]:
+    lines = (root / "run" / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], round(r["loss"], 6)) for r in map(json.loads, lines) if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny):
+    """A complete 4-step run (a checkpoint every step, the last 3 kept) and its losses."""
+    root = tmp_path_factory.mktemp("finished")
+    out = subprocess.run(run_args(root, tiny), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return root, losses(root)
+
+
+def resumed_from(finished, tmp_path, damage, tiny) -> tuple[subprocess.CompletedProcess, Path]:
+    """A copy of the finished run cut back to step 3 (as if killed after it: checkpoints 2 and 3),
+    `damage`d, then --resume."""
+    root, _ = finished
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    run = copy / "run"
+    shutil.rmtree(run / "final")
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoints" / "step-000004")
+    kept = [line for line in (run / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 3]
+    (run / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+    damage(run)
+    out = subprocess.run(run_args(copy, tiny) + ["--resume"], capture_output=True, text=True, timeout=600)
+    return out, copy
+
+
+def test_setup_of_the_resume_cases_is_the_run_itself(finished, tmp_path, tiny):
+    """Cut back to step 3 with nothing damaged, --resume gives the uninterrupted run's losses."""
+    out, copy = resumed_from(finished, tmp_path, lambda run: None, tiny)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert losses(copy) == finished[1]
+
+
+def test_a_torn_last_metrics_line_resumes(finished, tmp_path, tiny):
+    def tear(run):
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write('{"step": 4, "loss": 0.12')
+
+    out, copy = resumed_from(finished, tmp_path, tear, tiny)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert losses(copy) == finished[1]
+
+
+def test_a_half_written_checkpoint_is_ignored(finished, tmp_path, tiny):
+    """Killed while writing checkpoint 4: its temporary folder is left; the run resumes from step 3."""
+    def half(run):
+        partial = run / "checkpoints" / ".step-000004.tmp"
+        partial.mkdir()
+        (partial / "state.pt").write_bytes(b"\x80\x02partial")
+
+    out, copy = resumed_from(finished, tmp_path, half, tiny)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "resumed from step-000003" in " ".join(out.stderr.split())
+    assert losses(copy) == finished[1]
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(finished, tmp_path, tiny):
+    def truncate(run):
+        state = run / "checkpoints" / "step-000003" / "state.pt"
+        state.write_bytes(state.read_bytes()[:100])
+
+    out, copy = resumed_from(finished, tmp_path, truncate, tiny)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    said = " ".join(out.stderr.split())
+    assert "step-000003 does not load" in said and "resumed from step-000002" in said
+    assert losses(copy) == finished[1]
+
+
+def test_every_checkpoint_damaged_is_one_line(finished, tmp_path, tiny):
+    def ruin(run):
+        for state in (run / "checkpoints").glob("step-*/state.pt"):
+            state.write_bytes(b"garbage")
+
+    out, _ = resumed_from(finished, tmp_path, ruin, tiny)
+    assert out.returncode in (1, 2) and "Traceback" not in out.stderr, out.stderr[-2000:]
+    said = " ".join(out.stderr.split())
+    assert "no checkpoint" in said and "loads" in said and out.stderr.count("error:") == 1
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over(finished, tmp_path, tiny):
+    """Its directory holds the config, the evaluation before training and a half-written first
+    checkpoint: --resume starts over from step 0 and says so (and a plain run is told to --resume)."""
+    def before_first(run):
+        shutil.rmtree(run / "checkpoints")
+        (run / "checkpoints" / ".step-000001.tmp").mkdir(parents=True)
+        kept = (run / "metrics.jsonl").read_text().splitlines()[:1]
+        (run / "metrics.jsonl").write_text(kept[0] + "\n")
+
+    out, copy = resumed_from(finished, tmp_path, before_first, tiny)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "starting the run over from step 0" in " ".join(out.stderr.split())  # rich wraps long lines
+    assert losses(copy) == finished[1]
+
+
+def test_gzip_export_round_trip_is_not_a_failure_case(tmp_path):
+    """The suffix cases above are refusals; a .jsonl.gz export is valid (a control for them)."""
+    seed_store(tmp_path)
+    out = subprocess.run([SOFTRL, "data", "export", str(tmp_path / "x.jsonl.gz"), "--store", str(tmp_path / "store")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert gzip.open(tmp_path / "x.jsonl.gz", "rt").readline().startswith("{")
+
+
+# --- what is skipped is said --------------------------------------------------------------------
+def test_train_names_the_store_part_files_it_skips(tmp_path, tiny):
+    seed_store(tmp_path)
+    bad = tmp_path / "store" / "trajectories" / "part-00000000T000000000000-1-deadbeef.parquet"
+    bad.write_bytes(b"PAR1 not really parquet")
+    out = subprocess.run([SOFTRL, "train", *tiny_overrides(str(tiny[0]), str(tmp_path), **{"optim.steps": 1})],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "skipped" in out.stderr and bad.name in " ".join(out.stderr.split())
+    assert bad.exists()  # never deleted
+
+
+def test_pts_names_a_source_the_store_lacks(tmp_path, tiny):
+    seed_store(tmp_path)
+    out = subprocess.run([SOFTRL, "pts", "countdown", "--model", str(tiny[0]), "--source", "nosuchsource", "--k", "2",
+                          "--size", "6", "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "no trajectories of source 'nosuchsource'" in " ".join(out.stderr.split())
