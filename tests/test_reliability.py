@@ -76,7 +76,7 @@ CASES = [
     ("config-is-a-directory", ["train", "{d}"], {}, "{d}"),
     # --- what a run names wrongly or loads ---
     ("task-unknown", ["train", "task.name=nosuchtask", "model.path=bootstrap"], {}, "nosuchtask"),
-    ("task-dataset-missing", ["train", "task.name=jsonl:{d}/none.jsonl"], {}, "none.jsonl"),
+    ("task-dataset-missing", ["train", "task.name=math:{d}/none.jsonl"], {}, "none.jsonl"),
     ("model-path-missing", ["train", "model.path={d}/no-model"], {}, "no-model"),
     ("out-dir-under-a-file", ["train", "out_dir={d}/file/runs", "task.size=2", "task.eval_size=1", "q0.k=2"],
      {"file": "not a directory"}, "file"),
@@ -119,6 +119,13 @@ CASES = [
     ("sandbox-missing-stdin", ["sandbox", "run", "{d}/p.py", "--stdin", "{d}/none.txt"], {"p.py": "print(1)"},
      "none.txt"),
     ("sandbox-binary-program", ["sandbox", "run", "{d}/p.py"], {"p.py": b"\xff\xfe\x00"}, "p.py"),
+    ("sandbox-stdin-over-limit", ["sandbox", "run", "{d}/p.py", "--stdin", "{d}/big.txt"],
+     {"p.py": "print(1)", "big.txt": "x" * (17 * 2**20)}, "big.txt"),
+    # --- limits ---
+    ("import-record-over-limit", ["data", "import", "{d}/big.jsonl", "--store", "{d}/store"],
+     {"big.jsonl": jsonl({**GOOD, "prompt": "x" * (17 * 2**20)})}, "big.jsonl:1"),
+    ("task-field-wrong-type", ["eval", "--model", "bootstrap", "--task", "math:{d}/m.jsonl"],
+     {"m.jsonl": jsonl({"id": "a", "problem": 7, "answer": "7"})}, "must be a string, got int"),
     # --- q0, pts, eval, plot ---
     ("q0-temperature-zero", ["q0", "countdown", "--size", "2", "--k", "2", "--temperature", "0", "--store", "{d}/store"],
      {}, "temperature"),
@@ -294,6 +301,31 @@ def test_gzip_export_round_trip_is_not_a_failure_case(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert gzip.open(tmp_path / "x.jsonl.gz", "rt").readline().startswith("{")
+
+
+def test_a_prompt_longer_than_the_model_is_named(tmp_path, tiny):
+    """The tiny model has 256 positions: a 2,000-character prompt is refused by name before sampling."""
+    write(tmp_path / "long.jsonl", jsonl({"id": "long-one", "problem": "1 + " * 500 + "1", "answer": "501"}))
+    out = subprocess.run([SOFTRL, "eval", "--model", str(tiny[0]), "--task", f"math:{tmp_path}/long.jsonl",
+                          "--samples", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode in (1, 2) and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "'long-one'" in out.stderr and "256 positions" in out.stderr
+
+
+def test_eval_passes_a_reward_function_its_prompts(tmp_path, tiny):
+    """`--task module:function` needs prompts: without them one line says how to give them; with
+    `--task-option prompts=PATH` the evaluation runs."""
+    write(tmp_path / "myreward.py", "def reward(prompt, response):\n    return float('1' in response)\n")
+    write(tmp_path / "p.jsonl", jsonl({"id": "a", "prompt": "say 1"}, {"id": "b", "prompt": "say 11"}))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    args = [SOFTRL, "eval", "--model", str(tiny[0]), "--task", "myreward:reward", "--samples", "2",
+            "--max-new-tokens", "4", "--json"]
+    without = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert without.returncode in (1, 2) and "--task-option prompts=PATH" in " ".join(without.stderr.split())
+    given = subprocess.run(args + ["--task-option", f"prompts={tmp_path}/p.jsonl"], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert given.returncode == 0, given.stderr[-2000:]
+    assert json.loads(given.stdout.strip().splitlines()[-1])["problems"] == 2
 
 
 # --- what is skipped is said --------------------------------------------------------------------

@@ -108,8 +108,13 @@ def _make_sandbox(backend: str, unsafe: bool, timeout: float, memory_mb: int):
         fail(str(e))
 
 
+MAX_SANDBOX_INPUT = 16 * 2**20  # bytes of a program or of its stdin
+
+
 def _read_text(path: Path, what: str) -> str:
     try:
+        if path.stat().st_size > MAX_SANDBOX_INPUT:
+            fail(f"{what} {path} is {path.stat().st_size / 2**20:.0f} MiB, over the {MAX_SANDBOX_INPUT // 2**20} MiB limit")
         return path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         fail(f"cannot read {what} {path}: {e}")

@@ -11,8 +11,24 @@ from softrl.cli_common import DEVICE_OPT, JSON_OPT, STORE_OPT, err, fail, one_li
 from softrl.cli_data import open_store, report_problems
 
 
+def task_options(pairs: list[str] | None) -> dict:
+    """`--task-option KEY=VALUE` pairs as the task's keyword options (each value read as YAML)."""
+    import yaml
+
+    options = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"--task-option {pair!r} is not KEY=VALUE (e.g. prompts=prompts.jsonl)")
+        try:
+            options[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            options[key] = value
+    return options
+
+
 def reference_sampler(task: str, model: str, size: int, seed: int, max_new_tokens: int, temperature: float,
-                      source: str, dtype: str, device: str = "auto"):
+                      source: str, dtype: str, device: str = "auto", options: list[str] | None = None):
     """`assemble.sampler` for the command line: 0 means the task's default; errors as one line."""
     from softrl.assemble import sampler
     from softrl.config import ConfigError
@@ -22,7 +38,8 @@ def reference_sampler(task: str, model: str, size: int, seed: int, max_new_token
         with err.status(f"loading {model} for {task}" + (" (built on first use: softrl bootstrap)"
                                                           if model == "bootstrap" else "")):
             return sampler(task, model, size=size or None, seed=seed or None, max_new_tokens=max_new_tokens,
-                           temperature=temperature, source=source, dtype=dtype, device=device)
+                           temperature=temperature, source=source, dtype=dtype, device=device,
+                           options=task_options(options))
     except (ConfigError, ModelLoadError, ValueError, OSError) as e:
         fail(str(e))
 
@@ -32,6 +49,8 @@ SIZE_OPT = typer.Option(0, "--size", min=0, help="number of prompts of the task;
 TASK_SEED_OPT = typer.Option(0, "--task-seed", help="seed of the task's problems; 0 = its default")
 TOKENS_OPT = typer.Option(0, "--max-new-tokens", min=0, help="0 = the task's default")
 DTYPE_OPT = typer.Option("float32", "--dtype", help="float32 or bfloat16")
+TASK_OPTION_OPT = typer.Option(None, "--task-option", help="a task keyword option KEY=VALUE (repeatable), as "
+                               "task.options in a config, e.g. prompts=prompts.jsonl for a module:function reward")
 
 
 def q0(
@@ -41,7 +60,7 @@ def q0(
     model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
     temperature: float = typer.Option(1.0, help="sampling temperature of the reference"),
     seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
-    store: Path = STORE_OPT, as_json: bool = JSON_OPT,
+    store: Path = STORE_OPT, as_json: bool = JSON_OPT, task_option: list[str] = TASK_OPTION_OPT,
 ) -> None:
     """Estimate Q0_hat of every prompt from K reference samples; keep the samples (source=reference). Resumable."""
     import math
@@ -53,7 +72,8 @@ def q0(
     if not math.isfinite(beta) or beta <= 0:
         fail(f"--beta must be a positive number, got {beta}")
     target = open_store(store)
-    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype, device)
+    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype, device,
+                          task_option)
     with progress_bar(f"q0 {task} (K={k})") as update, one_line_errors():
         rows = estimate_q0(s.spec, s.task.prompts(), s.encode_prompt, target, k, beta, s.model_id, seed=seed,
                            progress=lambda done, total: update(done, total))
@@ -77,7 +97,7 @@ def pts(
     source: list[str] = typer.Option(None, "--source", help="only trajectories of these sources (repeatable)"),
     model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
     seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
-    store: Path = STORE_OPT, as_json: bool = JSON_OPT,
+    store: Path = STORE_OPT, as_json: bool = JSON_OPT, task_option: list[str] = TASK_OPTION_OPT,
 ) -> None:
     """Pivotal Token Search over the store's passed trajectories: MC targets, rollouts, pivotal tokens."""
     from softrl.annotate.pts import annotate_store, render
@@ -89,7 +109,7 @@ def pts(
     for missing in sorted(set(source or []) - present):
         err.print(f"warning: the store {target.root} has no trajectories of source {missing!r} "
                   f"(it has: {', '.join(sorted(present)) or 'none'})", highlight=False, soft_wrap=True)
-    s = reference_sampler(task, model, size, task_seed, max_new_tokens, 1.0, "pts", dtype, device)
+    s = reference_sampler(task, model, size, task_seed, max_new_tokens, 1.0, "pts", dtype, device, task_option)
     with progress_bar(f"pts {task} (K={k})") as update, one_line_errors():
         results = annotate_store(s.spec, target, s.encode_prompt, s.encode_response, s.model_id, k, threshold, seed=seed,
                                  limit=limit, force=force, sources=source or None,

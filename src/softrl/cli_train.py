@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from softrl.cli_annotate import TASK_OPTION_OPT
 from softrl.cli_common import DEVICE_OPT, JSON_OPT, err, fail, one_line_errors
 
 # the demo's embedded defaults: SPO with the terminal Q-loss (the paper's main variant), half online
@@ -132,6 +133,7 @@ def eval_command(
     dtype: str = typer.Option("float32", "--dtype"),
     device: str = DEVICE_OPT,
     as_json: bool = JSON_OPT,
+    task_option: list[str] = TASK_OPTION_OPT,
 ) -> None:
     """pass@1 and pass@10 (unbiased), per-sample success, distinct correct answers, token entropy, KL to a reference."""
     from softrl.cli_annotate import reference_sampler
@@ -140,7 +142,7 @@ def eval_command(
 
     if temperature <= 0 or not 0 < top_p <= 1:
         fail(f"--temperature must be > 0 and --top-p in (0, 1], got {temperature} and {top_p}")
-    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "eval", dtype, device)
+    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "eval", dtype, device, task_option)
     task_obj, spec, encode = s.task, s.spec, s.encode_prompt
     ref_model = None
     if reference is not None:

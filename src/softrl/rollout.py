@@ -29,6 +29,7 @@ class RolloutSpec:
     source: str = "reference"
     run_id: str = ""
     policy_version: int = 0
+    max_length: int = 0  # the model's positions (prompt + response); 0: not known
 
     @classmethod
     def for_model(cls, task: Task, model, tokenizer, max_new_tokens: int, backend: str = "hf",
@@ -39,8 +40,9 @@ class RolloutSpec:
         from softrl.models.loading import tokenizer_fingerprint
 
         generator = make_generator(model, tokenizer, backend, max_batch=options.get("max_per_call", 256))
+        positions = getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 0
         return cls(task, generator, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                   tokenizer_fingerprint(tokenizer), max_new_tokens, **options)
+                   tokenizer_fingerprint(tokenizer), max_new_tokens, max_length=int(positions), **options)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,14 @@ class Context:
 
 def rollouts(spec: RolloutSpec, contexts: list[Context], k: int, seed: int) -> list[Trajectory]:
     """k graded continuations of every context, grouped by context in order; each row's response is
-    the prefix followed by the continuation."""
+    the prefix followed by the continuation. A context that cannot fit the model's positions with
+    `max_new_tokens` after it is refused, naming its prompt (rather than run out of memory on it)."""
+    for c in contexts:
+        length = len(c.prompt_tokens) + len(c.prefix)
+        if spec.max_length and length + spec.max_new_tokens > spec.max_length:
+            raise ValueError(f"prompt {c.prompt.id!r} of task {spec.task.name!r}: {length} tokens and "
+                             f"max_new_tokens {spec.max_new_tokens} exceed the model's {spec.max_length} positions: "
+                             "shorten the prompt or lower sampling.max_new_tokens")
     per_call = max(1, spec.max_per_call // k)
     samples = []
     for call, start in enumerate(range(0, len(contexts), per_call)):

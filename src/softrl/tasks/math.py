@@ -66,7 +66,8 @@ class MathTask(Task):
         for where, record in read_records(path):
             question = record.get("problem", record.get("question"))
             if not isinstance(question, str):
-                raise RecordError(f"{where}: record {record.get('id', '?')!r}: field 'problem' (or 'question') is missing")
+                got = "is missing" if question is None else f"must be a string, got {type(question).__name__}"
+                raise RecordError(f"{where}: record {record.get('id', '?')!r}: field 'problem' (or 'question') {got}")
             answer = record.get("answer")
             solution = record.get("solution") or ""
             if answer is None:

@@ -32,6 +32,9 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
         try:
             with opener(path, "rt", encoding="utf-8") as f:
                 for number, line in enumerate(f, start=1):
+                    if len(line) > MAX_RECORD_CHARS:
+                        raise RecordError(f"{path}:{number}: a record of {len(line) / 2**20:.0f} MiB is over the "
+                                          f"{MAX_RECORD_CHARS // 2**20} MiB limit")
                     if line.strip():
                         yield f"{path}:{number}", _json_object(line, f"{path}:{number}")
         except (UnicodeDecodeError, OSError, EOFError) as e:  # binary, not gzip, a truncated gzip stream
@@ -47,6 +50,9 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
             yield f"{path}#{i}", _as_record(record, f"{path}#{i}")
     else:
         raise RecordError(f"{path}: unknown dataset format (use .jsonl, .jsonl.gz, .json, .parquet or a datasets dir)")
+
+
+MAX_RECORD_CHARS = 16 * 2**20  # one JSONL record: a prompt that long would not fit any model's context
 
 
 def _reason(error: Exception) -> str:

@@ -66,7 +66,8 @@ def _from_import_path(module: str, name: str, config: dict[str, Any]) -> Task:
         return target(**config)
     if callable(target):
         if "prompts" not in config:
-            raise ValueError(f"reward function {module}:{name} needs prompts=PATH (JSONL of {{'id', 'prompt'}})")
+            raise ValueError(f"reward function {module}:{name} needs prompts=PATH (JSONL of {{'id', 'prompt'}}): "
+                             "task.options.prompts in a config, --task-option prompts=PATH on the command line")
         return RewardFunctionTask(target, config["prompts"])
     raise ValueError(f"{module}:{name} is neither a Task subclass nor a reward function")
 
