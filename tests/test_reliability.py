@@ -124,6 +124,9 @@ CASES = [
     # --- limits ---
     ("import-record-over-limit", ["data", "import", "{d}/big.jsonl", "--store", "{d}/store"],
      {"big.jsonl": jsonl({**GOOD, "prompt": "x" * (17 * 2**20)})}, "big.jsonl:1"),
+    ("import-exported-row-wrong-type", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
+     {"rows.jsonl": jsonl({"prompt_id": "p", "response_text": "r", "reward": 1.0, "response_tokens": [1.5]})},
+     "response_tokens"),
     ("task-field-wrong-type", ["eval", "--model", "bootstrap", "--task", "math:{d}/m.jsonl"],
      {"m.jsonl": jsonl({"id": "a", "problem": 7, "answer": "7"})}, "must be a string, got int"),
     # --- q0, pts, eval, plot ---
@@ -326,6 +329,55 @@ def test_eval_passes_a_reward_function_its_prompts(tmp_path, tiny):
                            env=env, timeout=300)
     assert given.returncode == 0, given.stderr[-2000:]
     assert json.loads(given.stdout.strip().splitlines()[-1])["problems"] == 2
+
+
+WRONG_TYPES = [7, 1.5, True, None, [], ["x"], {}, {"a": 1}, "s"]
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("kind", ["codecontests", "taco", "humaneval", "mbpp", "math", "import", "exported"])
+def test_a_field_of_any_wrong_type_is_a_record_error(tmp_path, kind):
+    """Every field of a good record of each dataset shape, replaced in turn by values of every JSON
+    type: reading it either succeeds or raises RecordError (the CLI's one line naming file and
+    line), never another exception. Exported rows must also convert to the store's column types."""
+    from softrl.data.io import read_trajectories
+    from softrl.data.schema import Trajectory
+    from softrl.tasks.records import RecordError
+    from softrl.tasks.registry import load_task
+
+    if kind == "import":
+        good, read = dict(GOOD, passed=True, prompt_id="p", task="t"), lambda p: read_trajectories(p, None)
+    elif kind == "exported":
+        row = Trajectory("p", "r", 1.0, True, prompt_text="q", response_tokens=[1, 2], policy_version=2,
+                         behavior_logprobs=[-0.5, -0.1]).to_row()
+        good = {k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in row.items()}
+        read = lambda p: read_trajectories(p, None)  # noqa: E731
+    else:
+        good = json.loads((FIXTURES / f"{kind}.jsonl").read_text().splitlines()[0])
+        read = lambda p: load_task(f"{kind}:{p}").prompts()  # noqa: E731
+    read(write(tmp_path / "good.jsonl", jsonl(good)))
+    escaped = []
+    for key in good:
+        for value in WRONG_TYPES:
+            path = write(tmp_path / "bad.jsonl", jsonl({**good, key: value}))
+            try:
+                read(path)
+            except RecordError as e:
+                assert str(path) in str(e)
+            except Exception as e:  # noqa: BLE001 - what the test is looking for
+                escaped.append((key, value, f"{type(e).__name__}: {e}"))
+    assert not escaped, escaped
+
+
+def test_an_exported_row_with_a_truncating_type_is_refused(tmp_path):
+    """Arrow would store policy_version 1.5 as 1 and token 2.5 as 2 without a word."""
+    from softrl.data.io import read_trajectories
+    from softrl.tasks.records import RecordError
+
+    for key, value in (("policy_version", 1.5), ("response_tokens", [1, 2.5])):
+        path = write(tmp_path / "rows.jsonl", jsonl({"prompt_id": "p", "response_text": "r", "reward": 1.0, key: value}))
+        with pytest.raises(RecordError, match=key):
+            read_trajectories(path, None)
 
 
 # --- what is skipped is said --------------------------------------------------------------------

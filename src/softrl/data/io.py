@@ -38,7 +38,11 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
         field(row, "prompt_id", where)
         row.pop("id", None)  # recomputed from the content, so an edited row cannot keep a stale id
         if isinstance(row.get("created_at"), str):  # from JSONL
-            row["created_at"] = datetime.fromisoformat(row["created_at"])
+            try:
+                row["created_at"] = datetime.fromisoformat(row["created_at"])
+            except ValueError as e:
+                raise RecordError(f"{where}: field 'created_at' is not an ISO date ({e})") from None
+        _check_types(row, where)
         row["reward"] = _reward(row.get("reward", 0.0), where)
         trajectory = Trajectory.from_row({"reward": 0.0, "passed": False, **row})
         if source:
@@ -54,6 +58,20 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
     passed = passed_given if passed_given is not None else reward >= 1
     return Trajectory(record.get("prompt_id") or prompt_id_of(prompt), response, reward, passed,
                       task=record.get("task") or task, prompt_text=prompt, source=source or "import", policy_version=-1)
+
+
+def _check_types(row: dict[str, Any], where: str) -> None:
+    """Each field of an exported row converts to its column's type, so no bad row reaches a store."""
+    for name, value in row.items():
+        wanted = TRAJECTORY_SCHEMA.field(name).type
+        try:
+            converted = pa.array([value], type=wanted).to_pylist()[0]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+            raise RecordError(f"{where}: field {name!r} must be {wanted}, got {type(value).__name__} "
+                              f"({str(e).splitlines()[0]})") from None
+        integral = pa.types.is_integer(wanted) or (pa.types.is_list(wanted) and pa.types.is_integer(wanted.value_type))
+        if integral and converted != value:  # Arrow truncates 1.5 to 1 without a word
+            raise RecordError(f"{where}: field {name!r} must be {wanted}, got {value!r}")
 
 
 def read_trajectories(path: str | Path, source: str | None, task: str = "") -> list[Trajectory]:

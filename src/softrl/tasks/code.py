@@ -60,8 +60,8 @@ def from_codecontests(record: dict, where: str) -> CodeProblem:
     name = field(record, "name", where)
     tests = []
     for key in ("public_tests", "private_tests", "generated_tests"):
-        group = record.get(key) or {}
-        inputs, outputs = group.get("input", []), group.get("output", [])
+        group = field(record, key, where, dict, {})
+        inputs, outputs = field(group, "input", f"{where} {key}", list, []), field(group, "output", f"{where} {key}", list, [])
         if len(inputs) != len(outputs):
             raise RecordError(f"{where}: record {name!r}: field {key!r} has {len(inputs)} inputs, {len(outputs)} outputs")
         tests += list(zip(inputs, outputs))
@@ -69,8 +69,9 @@ def from_codecontests(record: dict, where: str) -> CodeProblem:
         raise RecordError(f"{where}: record {name!r}: field 'public_tests' is missing (no tests)")
     limit = record.get("time_limit") or {}
     seconds = limit.get("seconds", 0) + limit.get("nanos", 0) / 1e9 if isinstance(limit, dict) else limit
-    sols = record.get("solutions") or {}
-    python = [s for lang, s in zip(sols.get("language", []), sols.get("solution", [])) if lang == PYTHON3]
+    sols = field(record, "solutions", where, dict, {})
+    python = [s for lang, s in zip(field(sols, "language", f"{where} solutions", list, []),
+                                   field(sols, "solution", f"{where} solutions", list, [])) if lang == PYTHON3]
     return CodeProblem(name, field(record, "description", where), tests=tests,
                        limits=_limits(where, seconds, record.get("memory_limit_bytes")), solutions=python)
 
@@ -110,9 +111,9 @@ def from_humaneval(record: dict, where: str) -> CodeProblem:
     entry = field(record, "entry_point", where)
     prompt = field(record, "prompt", where)
     checks = field(record, "test", where) + f"\ncheck({entry})\n"
-    solution = prompt + record.get("canonical_solution", "")
+    completion = field(record, "canonical_solution", where, str, "")
     return CodeProblem(field(record, "task_id", where), prompt, checks=checks, prefix=prompt, entry_point=entry,
-                       solutions=[solution] if record.get("canonical_solution") else [])
+                       solutions=[prompt + completion] if completion else [])
 
 
 def from_mbpp(record: dict, where: str) -> CodeProblem:
@@ -121,7 +122,7 @@ def from_mbpp(record: dict, where: str) -> CodeProblem:
         raise RecordError(f"{where}: record {record.get('task_id')!r}: field 'test_list' is empty")
     entry = _called_function(tests[0])
     statement = f"{field(record, 'text', where)}\nYour code should pass this test:\n{tests[0]}\n"
-    checks = (record.get("test_setup_code") or "") + "\n" + "\n".join(tests)
+    checks = field(record, "test_setup_code", where, str, "") + "\n" + "\n".join(tests)
     return CodeProblem(str(field(record, "task_id", where, (int, str))), statement, checks=checks, entry_point=entry,
                        solutions=[record["code"]] if record.get("code") else [])
 
@@ -163,7 +164,10 @@ class CodeTask(Task):
             raise ValueError(f"dataset shape {kind!r} needs a path")
         problems = []
         for where, record in read_records(source):
-            problems.append(FORMATS[kind](record, where))
+            try:
+                problems.append(FORMATS[kind](record, where))
+            except (TypeError, AttributeError, KeyError, SyntaxError) as e:  # a shape no field check named
+                raise RecordError(f"{where}: not a {kind} record ({type(e).__name__}: {e})") from e
             if limit and len(problems) >= limit:
                 break
         return cls(problems, name=kind, **kw)

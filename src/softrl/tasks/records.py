@@ -87,10 +87,17 @@ def _hf_dataset(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         yield f"{path}#{i}", dict(record)
 
 
-def field(record: dict[str, Any], name: str, where: str, kind: type | tuple[type, ...] = str) -> Any:
-    """`record[name]`, checked to be of `kind`; a RecordError naming record and field otherwise."""
+_REQUIRED = object()
+
+
+def field(record: dict[str, Any], name: str, where: str, kind: type | tuple[type, ...] = str,
+          default: Any = _REQUIRED) -> Any:
+    """`record[name]`, checked to be of `kind`; a RecordError naming record and field otherwise. With
+    a `default`, a missing (or null) field is that default instead of an error."""
     label = record.get("task_id", record.get("name", record.get("id", "?")))
     if name not in record or record[name] is None:
+        if default is not _REQUIRED:
+            return default
         raise RecordError(f"{where}: record {label!r}: field {name!r} is missing")
     value = record[name]
     if not isinstance(value, kind):
