@@ -18,7 +18,7 @@ LAYERS = [
     {"annotate", "eval", "train"},
     {"bootstrap", "assemble", "toy"},
     {"runtime"},
-    {"bench"},
+    {"bench", "api"},
     {"cli", "cli_common", "cli_data", "cli_annotate", "cli_train", "cli_bench", "__main__"},
 ]
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}

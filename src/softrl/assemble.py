@@ -23,8 +23,9 @@ from softrl.train.learner import Learner
 
 
 def model_directory(path: str, task: str) -> str:
-    """The model directory: as given, the task's bootstrap reference (built once, then cached), or a
-    pretrained model `softrl model prepare` knows."""
+    """The model directory: as given (or a hub id), the task's bootstrap reference ('bootstrap', or
+    'bootstrap:TASK' for another task's; built once, then cached), or a pretrained model `softrl
+    model prepare` knows."""
     from softrl.bootstrap import TASKS, bootstrap
     from softrl.models.prepare import KNOWN, prepare_model
 
@@ -33,10 +34,13 @@ def model_directory(path: str, task: str) -> str:
             return str(prepare_model(path))
         except ValueError as e:
             raise ConfigError(f"model.path: {e}") from e
+    if path.startswith("bootstrap:"):
+        path, task = "bootstrap", path.removeprefix("bootstrap:")
     if path != "bootstrap":
         return path
     if task not in TASKS:
-        raise ConfigError(f"model.path: no bootstrap model for task {task!r}; give a model directory")
+        raise ConfigError(f"model.path: no bootstrap model for task {task!r} (there is one for "
+                          f"{', '.join(TASKS)}: bootstrap:TASK); give a model directory or hub id")
     return str(bootstrap(task))
 
 
@@ -105,14 +109,15 @@ class Sampler:
         return encode_response(self.tokenizer, text)
 
 
-def sampler(task: str, model: str = "bootstrap", *, size: int | None = None, seed: int | None = None,
+def sampler(task: str | Task, model: str = "bootstrap", *, size: int | None = None, seed: int | None = None,
             max_new_tokens: int = 0, temperature: float = 1.0, top_p: float = 1.0, source: str = "reference",
             dtype: str = "float32", options: dict | None = None, device: str = "auto",
             backend: str = "auto") -> Sampler:
-    """`model` (a directory, 'bootstrap' or a prepared name) sampling `task` (`size` prompts from
-    `seed` where it generates them; None: the task's defaults), on `device` in `dtype`."""
-    task_obj = task_split(task, size, seed, options or {})
-    directory = model_directory(model, task)
+    """`model` (a directory, a hub id, 'bootstrap' or a prepared name) sampling `task` (a spec with
+    `size` prompts from `seed` where it generates them, None: the task's defaults; or a Task), on
+    `device` in `dtype`."""
+    task_obj = task if isinstance(task, Task) else task_split(task, size, seed, options or {})
+    directory = model_directory(model, task if isinstance(task, str) else task_obj.name)
     try:
         where = Placement.create(device, dtype, autocast="off")
     except ValueError as e:
@@ -121,7 +126,12 @@ def sampler(task: str, model: str = "bootstrap", *, size: int | None = None, see
     lm = where.place(lm)
     spec = RolloutSpec.for_model(task_obj, lm, tokenizer, max_new_tokens or task_obj.max_new_tokens, backend=backend,
                                  temperature=temperature, top_p=top_p, source=source)
-    return Sampler(task_obj, spec, lm, tokenizer, str(Path(directory).resolve()))
+    return Sampler(task_obj, spec, lm, tokenizer, model_id(directory))
+
+
+def model_id(directory: str) -> str:
+    """What Q0 rows and annotations are kept under: a local directory's full path, or the hub id."""
+    return str(Path(directory).resolve()) if Path(directory).exists() else directory
 
 
 class Run:
@@ -129,9 +139,11 @@ class Run:
     the value model where an objective needs one, tokenizer, tasks, store and learner. `rank`: the
     learner's place in a group of `runtime.learners` (runtime/group.py); only rank 0 opens the store."""
 
-    def __init__(self, config: RunConfig, rank: int = 0):
+    def __init__(self, config: RunConfig, rank: int = 0, tasks: tuple[Task, Task] | None = None):
+        """`tasks`: (training, evaluation) Task objects made in Python (`softrl.train`) instead of
+        `config.task`'s; a learner rank but 0 needs none."""
         self.config = config
-        self.train_task, self.eval_task = load_tasks(config)  # first: a bad task is named as such
+        self.train_task, self.eval_task = (tasks or load_tasks(config)) if rank == 0 else (None, None)
         self.placement = placement(config)
         self.model_path = resolve_model(config)
         self.policy = PolicyModel.load(self.model_path, config.model.dtype, config.model.lora)
@@ -169,7 +181,7 @@ class Run:
         c = self.config
         with self.placement.autocast():
             rows = estimate_q0(self.spec(self.reference.model, "reference"), self.train_task.prompts(), self.encode_prompt,
-                               self.store, c.q0.k, c.beta, str(Path(self.model_path).resolve()), seed=c.seed,
+                               self.store, c.q0.k, c.beta, model_id(self.model_path), seed=c.seed,
                                progress=progress)
         return soft_values(rows, c.beta)
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from softrl.cli_annotate import TASK_OPTION_OPT
@@ -30,25 +29,10 @@ DEMO = {
 
 def run_training(config, resume: bool, quiet: bool = False) -> dict:
     """Train with a progress bar (step, reward, KL, samples/s); errors as one line."""
-    from softrl.runtime import runtime_for
+    from softrl.api import run_with_progress
 
-    runtime = runtime_for(config)  # the same interface on local threads or Ray actors
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=err, transient=True, disable=quiet) as bar:
-        job = bar.add_task("setup", total=config.optim.steps, info="")
-
-        def on_phase(name: str, done: int, total: int) -> None:
-            bar.update(job, description=name, completed=done, total=total, info="")
-
-        def on_step(r: dict) -> None:
-            info = (f"reward {r.get('online_pass_rate', float('nan')):.3f}  KL {r.get('kl_ref', float('nan')):.3f}  "
-                    f"{r['samples_per_s']:.1f} samples/s")
-            bar.update(job, description="train", completed=r["step"], total=config.optim.steps, info=info)
-
-        with one_line_errors():
-            return runtime.train(config, resume=resume, on_step=on_step, on_phase=on_phase,
-                                 log=(lambda m: None) if quiet else (lambda m: err.print(m, highlight=False, soft_wrap=True)))
+    with one_line_errors():
+        return run_with_progress(config, resume, quiet=quiet, console=err)
 
 
 def train_command(

@@ -319,10 +319,12 @@ def read_settings(path: str | Path) -> dict[str, Any]:
 
 
 def config_from(settings: dict[str, Any]) -> RunConfig:
-    """A validated RunConfig from dotted keys and plain values, e.g. `{"optim.lr": 1e-4,
-    "data.mix": {"online": 1.0}}` (what code builds; `load_config` reads what people write)."""
+    """A validated RunConfig from dotted keys or sections and plain values, e.g. `{"optim.lr": 1e-4,
+    "data": {"mix": {"online": 1.0}}}` (what code builds; `load_config` reads what people write)."""
     data: dict = {}
     for key, value in settings.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"config key {key!r} must be a string such as 'optim' or 'optim.lr'")
         apply_override(data, key.split("."), copy.deepcopy(value))
     return load_config(None, [], base=data)
 

@@ -4,7 +4,6 @@ Parquet), rows exported by `softrl data export`, and a task's known solutions.""
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 from datetime import datetime
 from pathlib import Path
@@ -14,12 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from softrl.data.schema import TRAJECTORY_SCHEMA, Trajectory
-from softrl.tasks.base import RewardError, Task, check_reward
+from softrl.tasks.base import RewardError, Task, check_reward, prompt_id_of
 from softrl.tasks.records import RecordError, field, read_records
-
-
-def prompt_id_of(text: str) -> str:
-    return "prompt-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _reward(value: Any, where: str) -> float:
@@ -30,8 +25,8 @@ def _reward(value: Any, where: str) -> float:
 
 
 def record_to_trajectory(record: dict[str, Any], where: str, source: str | None, task: str) -> Trajectory:
-    """An exported store row (it has `response_text`) or a `{prompt, response, reward[, passed,
-    prompt_id, task]}` record."""
+    """An exported store row (it has `response_text`) or a `{prompt, response (or completion),
+    reward[, passed, prompt_id, task]}` record."""
     if "response_text" in record:
         known = {f.name for f in TRAJECTORY_SCHEMA}
         row = {k: v for k, v in record.items() if k in known}
@@ -42,12 +37,14 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
                 row["created_at"] = datetime.fromisoformat(row["created_at"])
             except ValueError as e:
                 raise RecordError(f"{where}: field 'created_at' is not an ISO date ({e})") from None
-        _check_types(row, where)
         row["reward"] = _reward(row.get("reward", 0.0), where)
+        _check_types(row, where)
         trajectory = Trajectory.from_row({"reward": 0.0, "passed": False, **row})
         if source:
             trajectory.source = source
         return trajectory
+    if "response" not in record and "completion" in record:  # TRL's name for it
+        record = {**record, "response": record["completion"]}
     prompt, response = field(record, "prompt", where), field(record, "response", where)
     if "reward" not in record and "passed" not in record:
         raise RecordError(f"{where}: record needs a 'reward' (in [0, 1]) or a 'passed' field")
@@ -72,6 +69,22 @@ def _check_types(row: dict[str, Any], where: str) -> None:
         integral = pa.types.is_integer(wanted) or (pa.types.is_list(wanted) and pa.types.is_integer(wanted.value_type))
         if integral and converted != value:  # Arrow truncates 1.5 to 1 without a word
             raise RecordError(f"{where}: field {name!r} must be {wanted}, got {value!r}")
+
+
+def offline_trajectories(records: list[tuple[str, dict[str, Any]]], task: Task, source: str) -> tuple[list[Trajectory], int]:
+    """`{prompt, completion (or response), reward or passed}` records (a prompt as text or chat
+    messages) as trajectories of `task`: a prompt the task has gets its id, so the run trains on it.
+    Returns (trajectories, how many have a prompt the task does not have)."""
+    from softrl.tasks.reward_functions import prompt_of
+
+    ids = {p.text: p.id for p in task.prompts()}
+    rows, unknown = [], 0
+    for where, record in records:
+        text = prompt_of(record, where)[0]
+        unknown += text not in ids
+        keyed = {**record, "prompt": text, "prompt_id": ids.get(text) or record.get("prompt_id"), "task": task.name}
+        rows.append(record_to_trajectory(keyed, where, source, task.name))
+    return rows, unknown
 
 
 def read_trajectories(path: str | Path, source: str | None, task: str = "") -> list[Trajectory]:

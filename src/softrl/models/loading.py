@@ -56,7 +56,8 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", pad_token: str | No
         config = AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read a model config at {path} ({str(e).splitlines()[0]}): "
-                             "point --model at a transformers model directory with config.json") from e
+                             "point --model (model.path) at a transformers model directory with config.json, "
+                             "or at a hub id the hub or its cache has") from e
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -72,10 +73,17 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", pad_token: str | No
 
 
 def apply_chat_template(tokenizer, text: str) -> str:
-    """The prompt as the tokenizer's chat template renders a single user turn, or unchanged."""
+    """The prompt as the tokenizer's chat template renders it: a conversation's messages
+    (`tasks.reward_functions.conversation_text`), else the text as a single user turn. Without a
+    template, the text unchanged, or a conversation's turns as `role: content` lines."""
+    from softrl.tasks.reward_functions import conversation_of
+
+    messages = conversation_of(text)
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+        return tokenizer.apply_chat_template(messages or [{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
+    if messages is not None:
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
     return text
 
 

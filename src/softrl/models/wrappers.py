@@ -41,7 +41,12 @@ class PolicyModel:
         checkpoint_activations(self.model)
 
     def save(self, directory: str | Path) -> None:
-        self.model.save_pretrained(str(directory))
+        """Whole weights and the tokenizer, a folder `AutoModelForCausalLM.from_pretrained` loads (LoRA
+        adapters merged into a copy, so the folder does not need PEFT or the base model)."""
+        model = self.model
+        if hasattr(model, "merge_and_unload"):
+            model = copy.deepcopy(model).merge_and_unload()
+        model.save_pretrained(str(directory))
         self.tokenizer.save_pretrained(str(directory))
 
 

@@ -105,10 +105,13 @@ class Generation:
 
 
 def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
-          on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print) -> dict:
+          on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print,
+          on_eval: Callable[[dict], None] | None = None, tasks=None) -> dict:
     """Run (or resume) training; returns the summary also written to RUN_DIR/summary.json. With
     `runtime.learners` > 1 the learner is a data-parallel group (runtime/group.py) and this process
-    its rank 0; a process torchrun started as another rank follows rank 0 instead."""
+    its rank 0; a process torchrun started as another rank follows rank 0 instead. `on_step` gets
+    every step's record, `on_eval` every evaluation's; `tasks`: (training, evaluation) Tasks made in
+    Python instead of config.task's."""
     rank = torchrun_rank()
     if rank not in (None, 0):
         return follow(config, rank, config.runtime.learners)
@@ -116,7 +119,8 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
     group = LearnerGroup(config) if config.runtime.learners > 1 or rank is not None else None
     generation, ok = None, False
     try:
-        session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total), group=group)
+        session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total), group=group,
+                          tasks=tasks, on_eval=on_eval)
         generation = Generation(session, config.runtime.mode, config.runtime.model_update_interval)
         started = time.time()
         while session.progress.step < config.optim.steps:

@@ -79,6 +79,7 @@ class _Learner(WeightSource):
         self.config, self.resume = RunConfig.model_validate(config), resume
         self.session = None  # built by setup()
         self.group = None  # with runtime.learners > 1: rank 0 of the learner group
+        self.evaluations: list[dict] = []  # made since the driver last asked: for its on_eval
 
     def rendezvous(self, local: bool) -> str:
         """Where the learner group meets: a port of this actor's node."""
@@ -97,9 +98,14 @@ class _Learner(WeightSource):
 
         if self.config.runtime.learners > 1:
             self.group = LearnerGroup(self.config, init_method)
-        self.session = s = Session(self.config, self.resume, log=lambda m: None, group=self.group)
+        self.session = s = Session(self.config, self.resume, log=lambda m: None, group=self.group,
+                                   on_eval=self.evaluations.append)
         return {"model_path": s.run.model_path, "step": s.progress.step, "version": s.learner.version,
                 "seconds": s.progress.seconds}
+
+    def new_evaluations(self) -> list[dict]:
+        made, self.evaluations[:] = list(self.evaluations), []
+        return made
 
     def trained(self):
         return self.session.policy.model
@@ -246,8 +252,15 @@ class ObjectStore:
 
 
 def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
-          on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print) -> dict:
-    """The Ray runtime's run; the same contract as `softrl.runtime.local.train`."""
+          on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print,
+          on_eval: Callable[[dict], None] | None = None, tasks=None) -> dict:
+    """The Ray runtime's run; the same contract as `softrl.runtime.local.train`, except that its
+    tasks come from `config.task` (the actors build them), so Python-made `tasks` are refused."""
+    from softrl.config import ConfigError
+
+    if tasks is not None:
+        raise ConfigError("runtime.kind: ray builds its tasks in its actors from task.name: put the reward "
+                          "function in a module and use task.name=module:function (or the local runtime)")
     rc = config.runtime
     ray = _ray(local=rc.ray_address is None)
     from ray.exceptions import ActorUnavailableError, RayActorError
@@ -269,6 +282,12 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
         members = [ray.remote(num_cpus=0)(_GroupMember).remote() for _ in range(1, rc.learners)]
         member_runs = [m.run.remote(data, rank, rc.learners, init_method) for rank, m in enumerate(members, 1)]
         info = ray.get(learner.setup.remote(init_method))
+
+        def evaluations() -> None:
+            for record in ray.get(learner.new_evaluations.remote()) if on_eval is not None else []:
+                on_eval(record)
+
+        evaluations()
         actor = ray.remote(num_cpus=0, max_restarts=-1)(Worker)
         workers = [actor.remote(data, info["model_path"]) for _ in range(rc.workers)]
         version, step = info["version"], info["step"]
@@ -332,8 +351,11 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
             record = {**record, "worker_restarts": restarts, "worker_pids": list(pids)}
             if on_step is not None:
                 on_step(record)
+            if any(k.startswith("eval/") for k in record):
+                evaluations()
         phase("evaluate (after)", 0, 1)
         summary = {**ray.get(learner.finish.remote()), "worker_restarts": restarts}
+        evaluations()
         ray.get(member_runs)
         members = []
         return summary

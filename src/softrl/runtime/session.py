@@ -14,6 +14,7 @@ import torch
 from softrl.assemble import Run
 from softrl.config import RunConfig
 from softrl.runtime.feed import DataFeed
+from softrl.runtime.model_card import write_model_card
 from softrl.runtime.runlog import Progress, RunLog, check_run_dir, checkpoints, optional_sinks, start_over
 
 
@@ -23,9 +24,11 @@ class Session:
     then is the run directory written, so bad input leaves none behind."""
 
     def __init__(self, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print,
-                 progress: Callable[[int, int], None] | None = None, group=None):
+                 progress: Callable[[int, int], None] | None = None, group=None, tasks=None,
+                 on_eval: Callable[[dict], None] | None = None):
         """`group`: with `runtime.learners` > 1, rank 0's LearnerGroup (runtime/group.py), which then
-        stands in for the run's learner."""
+        stands in for the run's learner; `tasks`: (training, evaluation) Tasks made in Python instead
+        of config.task's; `on_eval`: called with every evaluation's record (step and `eval/...`)."""
         if resume and not checkpoints(config.run_dir):  # killed before its first checkpoint was complete
             if config.run_dir.exists():
                 log(f"no complete checkpoint in {config.run_dir}: starting the run over from step 0")
@@ -34,7 +37,8 @@ class Session:
         check_run_dir(config, resume)
         optional_sinks(config)
         self.config = config
-        self.run = Run(config)
+        self.on_eval = on_eval or (lambda record: None)
+        self.run = Run(config, tasks=tasks)
         if group is not None:
             group.lead(self.run.learner)
             self.run.learner = group
@@ -49,7 +53,7 @@ class Session:
             torch.set_rng_state(state["rng"]["torch"])
             log(f"resumed from {name}")
         else:
-            self.runlog.write({"step": 0, "samples": 0, "time": 0.0, **self.evaluate()})
+            self.runlog.write(self.evaluated({"step": 0, "samples": 0, "time": 0.0}))
         self.runlog.eval_seconds = 0.0  # the run's clock starts after this
 
     @property
@@ -63,12 +67,15 @@ class Session:
     def generation_seed(self, step: int) -> int:
         return self.config.seed * 1_000_003 + step
 
-    def evaluate(self) -> dict:
-        """The policy on the held-out prompts, as `eval/...` numbers; its time is not training time."""
+    def evaluated(self, record: dict) -> dict:
+        """`record` (its step, samples, time) with the policy's evaluation on the held-out prompts as
+        `eval/...` numbers, also handed to `on_eval`; evaluation time is not training time."""
         started = time.time()
         result = self.run.evaluate(self.run.policy.model)
         self.runlog.eval_seconds += time.time() - started
-        return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float)) and v is not None}
+        record = {**record, **{f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float)) and v is not None}}
+        self.on_eval(record)
+        return record
 
     def learn(self, online: list[dict], elapsed: float, timings: dict[str, float] | None = None) -> dict:
         """One learner step on the online rows plus the other sources' share; logs the step,
@@ -87,7 +94,7 @@ class Session:
                   "online_pass_rate": sum(r["passed"] for r in online) / max(len(online), 1), **metrics,
                   **(timings or {})}
         if cfg.eval.every and p.step % cfg.eval.every == 0 and p.step < cfg.optim.steps:
-            record.update(self.evaluate())
+            record = self.evaluated(record)
         self.runlog.write(record)
         if p.step % cfg.log.checkpoint_every == 0 or p.step == cfg.optim.steps:
             self.runlog.checkpoint(p.step, self.run.policy.model, {
@@ -97,8 +104,11 @@ class Session:
 
     def finish(self) -> dict:
         """The evaluation after training, the final weights, plots and summary.json."""
-        after = self.evaluate()
         p = self.progress
-        self.runlog.write({"step": p.step, "samples": p.samples, "time": round(p.seconds, 2), **after})
-        self.run.policy.save(self.runlog.run_dir / "final")
-        return self.runlog.finish(p, after)
+        after = self.evaluated({"step": p.step, "samples": p.samples, "time": round(p.seconds, 2)})
+        self.runlog.write(after)
+        final = self.runlog.run_dir / "final"
+        self.run.policy.save(final)
+        summary = self.runlog.finish(p, after)
+        write_model_card(final, self.config, self.run.model_path, self.run.train_task.name, summary)
+        return summary

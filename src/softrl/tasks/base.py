@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -16,6 +17,12 @@ class Prompt:
     id: str
     text: str
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+def prompt_id_of(text: str) -> str:
+    """A prompt's id from its content, for prompts without one: the same prompt keeps its Q0 and its
+    stored rows across runs and imports."""
+    return "prompt-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class RewardError(ValueError):

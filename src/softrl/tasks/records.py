@@ -1,5 +1,7 @@
-"""Reading dataset records from JSONL (optionally gzipped), JSON lists, Parquet and local Hugging
-Face `datasets` directories. Every record comes with where it was found, for error messages."""
+"""Reading dataset records from JSONL (optionally gzipped), JSON lists, Parquet, local Hugging Face
+`datasets` directories, `hf:DATASET[:CONFIG][:SPLIT]` through `datasets.load_dataset`, and from
+Python (a list of dicts or a `datasets.Dataset`). Every record comes with where it was found, for
+error messages."""
 
 from __future__ import annotations
 
@@ -14,8 +16,21 @@ class RecordError(ValueError):
     """A dataset record is malformed: the message names the file, the record and the field."""
 
 
+def records_of(source: Any, what: str = "dataset") -> list[tuple[str, dict[str, Any]]]:
+    """`(where, record)` of a path or `hf:` spec (`read_records`), a list of dicts or a
+    `datasets.Dataset` (`where` is `what[i]`)."""
+    if isinstance(source, (str, Path)):
+        return list(read_records(source))
+    if isinstance(source, dict) or not hasattr(source, "__iter__"):
+        raise RecordError(f"{what} must be a list of dicts, a datasets.Dataset or a path, got {type(source).__name__}")
+    return [(f"{what}[{i}]", _as_record(record, f"{what}[{i}]")) for i, record in enumerate(source)]
+
+
 def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Yield `(where, record)`; `where` is `file:line` or `file#row`."""
+    if str(path).startswith("hf:"):
+        yield from _hub_dataset(str(path))
+        return
     path = Path(path)
     if not path.exists():
         raise RecordError(f"{path}: no such file or directory")
@@ -88,6 +103,25 @@ def _hf_dataset(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 _REQUIRED = object()
+
+
+def _hub_dataset(spec: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`hf:DATASET[:CONFIG][:SPLIT]` through `datasets.load_dataset` (a hub id where the hub is
+    reachable, or a local folder of data files); the split defaults to train."""
+    name, config, split = (spec.removeprefix("hf:").split(":") + ["", ""])[:3]
+    if not name:
+        raise RecordError(f"{spec}: name a dataset, hf:DATASET[:CONFIG][:SPLIT]")
+    try:
+        import datasets
+    except ImportError as e:
+        raise RecordError(f"{spec}: hf: datasets need `pip install softrl[datasets]`") from e
+    datasets.disable_progress_bars()  # softrl shows its own
+    try:
+        data = datasets.load_dataset(name, config or None, split=split or "train")
+    except Exception as e:  # noqa: BLE001 - datasets raises many types (not found, offline, bad split)
+        raise RecordError(f"{spec}: cannot load the dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+    for i, record in enumerate(data):
+        yield f"{spec}#{i}", dict(record)
 
 
 def field(record: dict[str, Any], name: str, where: str, kind: type | tuple[type, ...] = str,

@@ -6,8 +6,9 @@ import importlib
 import inspect
 from typing import Any
 
-from softrl.tasks.base import Grade, Prompt, Task
-from softrl.tasks.records import field, read_records
+from softrl.tasks.base import Task
+from softrl.tasks.records import records_of
+from softrl.tasks.reward_functions import RewardFunctionTask, reward_functions
 
 BUILTIN = ("countdown", "tinycode")
 DATASETS = ("codecontests", "taco", "humaneval", "mbpp", "math")
@@ -15,8 +16,9 @@ DATASETS = ("codecontests", "taco", "humaneval", "mbpp", "math")
 
 def load_task(spec: str, **config: Any) -> Task:
     """`countdown`, `tinycode`, `humaneval` (bundled), `KIND:PATH` for KIND in codecontests, taco,
-    humaneval, mbpp, math; `gym:NAME` (reasoning-gym); or `package.module:Name`, a Task subclass
-    or a reward function `f(prompt_text, response) -> float | bool` (prompts from `prompts=PATH`)."""
+    humaneval, mbpp, math; `gym:NAME` (reasoning-gym); `hf:DATASET[:CONFIG][:SPLIT]` graded by
+    `reward=module:function`; or `package.module:Name`, a Task subclass or a reward function
+    (tasks/reward_functions.py) over the records of `prompts=PATH` (or `prompts=hf:...`)."""
     kind, _, rest = spec.partition(":")
     if kind == "countdown" and not rest:
         from softrl.tasks.countdown import CountdownTask
@@ -30,6 +32,8 @@ def load_task(spec: str, **config: Any) -> Task:
         from softrl.tasks.gym import GymTask
 
         return GymTask(rest, **config)
+    if kind == "hf":
+        return _from_hub_dataset(spec, config)
     if kind == "math":
         from softrl.tasks.math import MathTask
 
@@ -41,7 +45,7 @@ def load_task(spec: str, **config: Any) -> Task:
     if rest:
         return _from_import_path(kind, rest, config)
     raise ValueError(f"unknown task {spec!r}: use {', '.join(BUILTIN)}, KIND:PATH ({', '.join(DATASETS)}), "
-                     "gym:NAME or module:Name")
+                     "gym:NAME, hf:DATASET or module:Name")
 
 
 def generated(spec: str) -> bool:
@@ -57,36 +61,31 @@ def load_split(spec: str, size: int | None = None, seed: int | None = None, **op
     return load_task(spec, **sized, **options)
 
 
-def _from_import_path(module: str, name: str, config: dict[str, Any]) -> Task:
+def _import(module: str, name: str) -> Any:
     try:
-        target = getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"cannot import task {module}:{name}: {e}") from e
+
+
+def _from_import_path(module: str, name: str, config: dict[str, Any]) -> Task:
+    target = _import(module, name)
     if inspect.isclass(target) and issubclass(target, Task):
         return target(**config)
     if callable(target):
         if "prompts" not in config:
-            raise ValueError(f"reward function {module}:{name} needs prompts=PATH (JSONL of {{'id', 'prompt'}}): "
-                             "task.options.prompts in a config, --task-option prompts=PATH on the command line")
-        return RewardFunctionTask(target, config["prompts"])
+            raise ValueError(f"reward function {module}:{name} needs prompts=PATH (records with 'prompt', or "
+                             "hf:DATASET): task.options.prompts in a config, --task-option prompts=PATH on the "
+                             "command line")
+        return RewardFunctionTask(reward_functions(target), records_of(config["prompts"]))
     raise ValueError(f"{module}:{name} is neither a Task subclass nor a reward function")
 
 
-class RewardFunctionTask(Task):
-    """A user's reward function over prompts read from a file (fields `prompt`, optional `id`)."""
-
-    def __init__(self, reward_fn, prompts_path: str):
-        self.reward_fn, self.name = reward_fn, getattr(reward_fn, "__name__", "reward")
-        self._prompts = [Prompt(str(r.get("id", where)), field(r, "prompt", where), r)
-                         for where, r in read_records(prompts_path)]
-
-    def prompts(self) -> list[Prompt]:
-        return list(self._prompts)
-
-    def grade(self, prompt: Prompt, response: str) -> Grade:
-        # checked here as well as in grade_many, so a direct grade() call cannot pass a bad reward on
-        value = self.reward_fn(prompt.text, response)
-        if isinstance(value, Grade):
-            return self.checked(prompt, value)
-        reward = self.checked(prompt, Grade(value, False)).reward
-        return Grade(reward, reward >= 1.0 if not isinstance(value, bool) else value)
+def _from_hub_dataset(spec: str, config: dict[str, Any]) -> Task:
+    """`hf:DATASET[:CONFIG][:SPLIT]` graded by `reward=module:function` (or a list of them)."""
+    reward = config.get("reward")
+    names = [reward] if isinstance(reward, str) else reward
+    if not names or not all(isinstance(n, str) and n.count(":") == 1 for n in names):
+        raise ValueError(f"{spec} needs reward=module:function (or a list of them): task.options.reward in a "
+                         "config, --task-option reward=module:function on the command line")
+    return RewardFunctionTask(reward_functions([_import(*n.split(":")) for n in names]), records_of(spec))
