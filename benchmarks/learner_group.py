@@ -37,7 +37,7 @@ def rank_main(rank, world, init, rows_file, model, steps, out):
     from softrl.bench.systems import peak_rss_mib, reset_peak_rss, rss_mib
     from softrl.config import config_from
     from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
-    from softrl.train.batch import make_batch
+    from softrl.training.batch import make_batch
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if world > 1:

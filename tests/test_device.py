@@ -15,14 +15,14 @@ pytest.importorskip("transformers")
 from softrl.config import ConfigError, load_config  # noqa: E402
 from softrl.models.device import CPU, Placement, resolve_device  # noqa: E402
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel  # noqa: E402
-from softrl.train import learner as learner_module  # noqa: E402
-from softrl.train.learner import Learner, micro_batches  # noqa: E402
+from softrl.training import learner as learner_module  # noqa: E402
+from softrl.training.learner import Learner, micro_batches  # noqa: E402
 from test_training import make_rows, seed_store, tiny_overrides  # noqa: E402
 
 
 def batch_of(tiny, n_prompts=4, n=3):
     from softrl.models.loading import encode_prompt
-    from softrl.train.batch import make_batch
+    from softrl.training.batch import make_batch
 
     rows, fingerprint, task = make_rows(tiny, n_prompts, n)
     tok = tiny[2]

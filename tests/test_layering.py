@@ -15,7 +15,7 @@ LAYERS = [
     {"tasks"},
     {"data", "models"},
     {"rollout"},
-    {"annotate", "eval", "train"},
+    {"annotate", "eval", "training"},
     {"bootstrap", "assemble", "toy"},
     {"runtime"},
     {"bench", "api"},

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("transformers")
 
 from softrl.models.wrappers import PolicyModel  # noqa: E402
-from softrl.train.data_parallel import my_rows  # noqa: E402
+from softrl.training.data_parallel import my_rows  # noqa: E402
 from test_training import SOFTRL, kill_mid_run, seed_store, tiny_overrides  # noqa: E402
 
 
@@ -134,7 +134,7 @@ def _sharded_steps(rank: int, world: int, init_method: str, directory: str, over
 
     from softrl.config import load_config
     from softrl.models.wrappers import ReferenceModel, ValueModel
-    from softrl.train.learner import Learner
+    from softrl.training.learner import Learner
 
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
@@ -164,7 +164,7 @@ def test_shards_hold_a_share_and_step_as_one_process(tmp_path, tiny, algorithm):
     from softrl.config import load_config
     from softrl.models.wrappers import ReferenceModel, ValueModel
     from softrl.runtime.group import rendezvous
-    from softrl.train.learner import Learner
+    from softrl.training.learner import Learner
     from test_device import batch_of
 
     overrides = [f"data.objective.algorithm={algorithm}", "sampling.samples_per_prompt=3", "data.mix={online: 1}",

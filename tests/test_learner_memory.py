@@ -22,8 +22,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from softrl.bench.systems import peak_rss_mib, reset_peak_rss, rss_mib
 from softrl.config import load_config
 from softrl.models.wrappers import PolicyModel, ReferenceModel
-from softrl.train.batch import make_batch
-from softrl.train.learner import Learner
+from softrl.training.batch import make_batch
+from softrl.training.learner import Learner
 
 rows_count, vocab, T, prompt = (int(a) for a in sys.argv[1:5])
 algorithm = sys.argv[5]

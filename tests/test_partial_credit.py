@@ -57,8 +57,8 @@ def test_learner_leaves_the_reference_alone_when_every_response_scores_half(tiny
     from softrl.rollout import RolloutSpec, RolloutWorker
     from softrl.models.generation import HFGenerator
     from softrl.tasks.registry import load_task
-    from softrl.train.batch import make_batch as make_model_batch
-    from softrl.train.learner import Learner
+    from softrl.training.batch import make_batch as make_model_batch
+    from softrl.training.learner import Learner
 
     directory, model, tokenizer = tiny
     task = load_task("countdown", size=3)

@@ -21,7 +21,7 @@ from softrl.data import ExperienceStore  # noqa: E402
 from softrl.data.io import task_solutions  # noqa: E402
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel  # noqa: E402
 from softrl.objectives import REGISTRY  # noqa: E402
-from softrl.train.learner import Learner, NonFiniteLossError  # noqa: E402
+from softrl.training.learner import Learner, NonFiniteLossError  # noqa: E402
 
 SOFTRL = shutil.which("softrl", path=os.path.dirname(sys.executable))
 
@@ -74,7 +74,7 @@ def make_rows(tiny, n_prompts=2, n=3):
 @pytest.mark.parametrize("algorithm", list(REGISTRY))
 def test_learner_steps_every_algorithm(tiny, algorithm):
     from softrl.models.loading import encode_prompt
-    from softrl.train.batch import make_batch
+    from softrl.training.batch import make_batch
 
     directory, _, _ = tiny
     config = load_config(None, [f"data.objective.algorithm={algorithm}", "sampling.samples_per_prompt=3",
@@ -100,8 +100,8 @@ def test_learner_steps_every_algorithm(tiny, algorithm):
 
 def test_nonfinite_loss_skips_then_stops(tiny, monkeypatch):
     from softrl.models.loading import encode_prompt
-    from softrl.train import learner as learner_module
-    from softrl.train.batch import make_batch
+    from softrl.training import learner as learner_module
+    from softrl.training.batch import make_batch
 
     directory, _, _ = tiny
     config = load_config(None, ["optim.max_nonfinite=2", "data.mix={online: 1}"])

@@ -19,7 +19,7 @@ from softrl.models.loading import encode_prompt, encode_response, load_causal_lm
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.rollout import RolloutSpec, RolloutWorker
 from softrl.tasks.base import Task
-from softrl.train.learner import Learner
+from softrl.training.learner import Learner
 
 
 def model_directory(path: str, task: str) -> str:

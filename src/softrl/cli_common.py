@@ -92,7 +92,7 @@ def run_errors() -> tuple[type[Exception], ...]:
     from softrl.runtime.group import LearnerGroupError
     from softrl.runtime.runlog import NonFiniteWeightsError
     from softrl.tasks.base import RewardError
-    from softrl.train.learner import NonFiniteLossError
+    from softrl.training.learner import NonFiniteLossError
 
     return (ConfigError, ModelLoadError, StoreError, NonFiniteLossError, RewardError, LearnerGroupError,
             NonFiniteWeightsError)

@@ -11,7 +11,7 @@ from softrl.config import ConfigError, RunConfig
 from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, TrajectoryPool
 from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.tasks.base import Prompt, Task
-from softrl.train.batch import Batch, make_batch
+from softrl.training.batch import Batch, make_batch
 
 
 class DataFeed:

@@ -4,7 +4,7 @@ softrl starts the other processes itself (on this machine), the Ray runtime star
 or `torchrun --nproc-per-node N -m softrl train ...` starts them all (then every process runs the same command and the group comes from
 torchrun's environment). Rank 0 runs the session: Q0, generation, the store, evaluation, the run log
 and checkpoints. Every rank holds a shard of the trained weights, of their gradients and of AdamW's
-state (FSDP2) and takes its share of whole groups of every batch (`train.data_parallel`); rank 0
+state (FSDP2) and takes its share of whole groups of every batch (`training.data_parallel`); rank 0
 hands each batch to the others, and keeps a whole copy of the policy for generation, evaluation and
 saving, refreshed after every step. Which backend (gloo on the CPU, NCCL on CUDA) and how
 many threads each process uses is decided here and nowhere else.

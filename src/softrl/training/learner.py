@@ -21,8 +21,8 @@ from softrl.config import RunConfig
 from softrl.models.device import CPU, Placement
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
 from softrl.objectives import LossInputs, objective_loss
-from softrl.train.batch import Batch
-from softrl.train.data_parallel import (Shards, groups_by_source, my_rows, same_as_rank_0, same_layout, sum_metrics,
+from softrl.training.batch import Batch
+from softrl.training.data_parallel import (Shards, groups_by_source, my_rows, same_as_rank_0, same_layout, sum_metrics,
                                        whole)
 
 
@@ -75,7 +75,7 @@ class Learner:
                  value: ValueModel | None = None, placement: Placement = CPU, rank: int = 0, world: int = 1):
         self.policy, self.reference, self.value, self.config = policy, reference, value, config
         self.placement = placement
-        self.rank, self.world = rank, world  # this learner's place in a data-parallel group (train.data_parallel)
+        self.rank, self.world = rank, world  # this learner's place in a data-parallel group (training.data_parallel)
         self.trained, self.shards = policy, None  # the policy the steps train
         if world > 1:  # FSDP2 shards of the trained models; rank 0 keeps `policy` whole, refreshed every step
             same_as_rank_0([policy.model, reference.model, value])

@@ -1,6 +1,6 @@
 """Training: batches of trajectories as tensors, the per-source objectives, and the Learner."""
 
-from softrl.train.batch import Batch, make_batch
-from softrl.train.learner import Learner, NonFiniteLossError
+from softrl.training.batch import Batch, make_batch
+from softrl.training.learner import Learner, NonFiniteLossError
 
 __all__ = ["Batch", "Learner", "NonFiniteLossError", "make_batch"]

@@ -1,0 +1,250 @@
+"""The Python API (softrl.train / softrl.evaluate) and what it stands on: reward functions that see
+the record (per-sample and TRL's batched form), records from Python, files, `hf:` datasets and hub
+ids from an offline cache, chat messages through the chat template, callbacks, the final folder and
+its model card, and bad use as one-line errors raised before training."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import softrl  # noqa: E402
+from softrl.config import ConfigError  # noqa: E402
+from softrl.tasks.base import RewardError  # noqa: E402
+from softrl.tasks.records import RecordError, records_of  # noqa: E402
+from softrl.tasks.reward_functions import RewardFunctionTask, conversation_text, reward_functions  # noqa: E402
+from test_training import SOFTRL  # noqa: E402
+
+RECORDS = [{"prompt": "1 2 -> 3\n", "answer": 3, "tests": ["a"]}, {"prompt": "2 2 -> 4\n", "answer": 4, "tests": []}]
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def task_of(reward, records=RECORDS):
+    return RewardFunctionTask(reward_functions(reward), records_of(records))
+
+
+def grades(task, completions):
+    return task.grade_many(list(zip(task.prompts(), completions)))
+
+
+def test_a_per_sample_reward_gets_the_fields_it_names_or_all_with_kwargs():
+    seen = []
+
+    def named(prompt, completion, answer):
+        seen.append(("named", prompt, completion, answer))
+        return completion.strip() == str(answer)
+
+    def everything(prompt, completion, **fields):
+        seen.append(("all", sorted(fields)))
+        return 0.0
+
+    assert [g.reward for g in grades(task_of(named), ["3", "5"])] == [1.0, 0.0]
+    assert seen == [("named", "1 2 -> 3\n", "3", 3), ("named", "2 2 -> 4\n", "5", 4)]
+    seen.clear()
+    grades(task_of(everything), ["x", "y"])
+    assert seen == [("all", ["answer", "tests"]), ("all", ["answer", "tests"])]
+
+
+def test_a_batched_reward_gets_every_field_as_a_list_in_one_call():
+    calls = []
+
+    def accuracy(prompts, completions, answer, **kwargs):
+        calls.append((prompts, completions, answer, kwargs))
+        return [float(c == str(a)) for c, a in zip(completions, answer)]
+
+    result = grades(task_of(accuracy), ["3", "4"])
+    assert [(g.reward, g.passed) for g in result] == [(1.0, True), (1.0, True)]
+    assert calls == [(["1 2 -> 3\n", "2 2 -> 4\n"], ["3", "4"], [3, 4], {"tests": [["a"], []]})]
+
+
+def test_several_rewards_are_a_weighted_sum():
+    def right(prompt, completion, answer):
+        return completion == str(answer)
+
+    def short(prompts, completions, **kwargs):
+        return [float(len(c) < 2) for c in completions]
+
+    even = grades(task_of([right, short]), ["3", "44"])
+    assert [g.reward for g in even] == [1.0, 0.0]  # 1/2 each: (1 + 1) / 2, (0 + 0) / 2
+    weighted = grades(task_of([(right, 0.75), (short, 0.25)]), ["33", "4"])
+    assert [g.reward for g in weighted] == [0.0, 1.0] and [g.passed for g in weighted] == [False, True]
+
+
+@pytest.mark.parametrize("reward,message", [
+    (lambda prompts, completions, **kw: [1.0], "batched reward function <lambda> returned 1 values for 2 completions"),
+    (lambda prompts, completions, **kw: "1", "batched reward function <lambda> must return a list of 2 numbers, got str"),
+    (lambda prompts, completions, **kw: {"a": 1}, "must return a list of 2 numbers, got dict"),
+    (lambda prompt, completion, **kw: None, "reward function <lambda> must return a finite number, got None"),
+    (lambda prompt, completion, **kw: "yes", "reward function <lambda> must return a finite number, got 'yes'"),
+    (lambda prompt, completion, **kw: 2.0, "reward must be a finite number in [0, 1], got 2"),
+])
+def test_a_reward_of_the_wrong_length_or_type_is_one_line(reward, message):
+    with pytest.raises(RewardError) as caught:
+        grades(task_of(reward), ["3", "4"])
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert str(caught.value).startswith("task <lambda>, prompt prompt-")
+
+
+def test_records_need_a_prompt_and_messages_are_a_conversation():
+    with pytest.raises(RecordError, match=r"dataset\[1\]: record has no field 'prompt'"):
+        task_of(lambda p, c: 1.0, [{"prompt": "a"}, {"question": "b"}])
+    with pytest.raises(RecordError, match=r"dataset\[0\]: field 'prompt' must be a string or a non-empty list"):
+        task_of(lambda p, c: 1.0, [{"prompt": [{"role": "user"}]}])
+    with pytest.raises(RecordError, match="dataset must be a list of dicts"):
+        records_of(7)
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
+    seen = []
+    task = task_of(lambda prompt, completion: seen.append(prompt) or 1.0,
+                   [{"messages": [*chat, {"role": "assistant", "content": "4"}]}])
+    (prompt,) = task.prompts()
+    assert prompt.text == conversation_text(chat) and task.reference_solutions(prompt) == ["4"]
+    grades(task, ["4"])
+    assert seen == [chat]  # the reward sees the messages, the model the template's rendering
+
+
+def test_a_conversation_goes_through_the_chat_template(tiny):
+    from softrl.models.loading import encode_prompt
+
+    _, _, tokenizer = tiny
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
+    plain = encode_prompt(tokenizer, conversation_text(chat))  # no template: role lines
+    assert tokenizer.decode(plain) == "system: be brief\nuser: 2+2?\nassistant: "
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}<assistant>{% endif %}")
+    try:
+        assert tokenizer.decode(encode_prompt(tokenizer, conversation_text(chat))) == \
+            "<system>be brief<user>2+2?<assistant>"
+        assert tokenizer.decode(encode_prompt(tokenizer, "hi")) == "<user>hi<assistant>"
+    finally:
+        tokenizer.chat_template = None
+
+
+def small(tiny, tmp_path, **extra):
+    return {"out_dir": str(tmp_path), "name": "api", "data.store": str(tmp_path / "store"), "model.path": str(tiny[0]),
+            "q0.k": 2, "sampling": {"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 4},
+            "optim.steps": 2, "eval.samples": 2, "log.checkpoint_every": 2, **extra}
+
+
+def answered(prompts, completions, answer, **kwargs):
+    return [float(str(a) in c) for c, a in zip(completions, answer)]
+
+
+class Recorder(softrl.Callback):
+    def __init__(self):
+        self.steps, self.evals = [], []
+
+    def on_step(self, metrics):
+        self.steps.append(metrics["step"])
+
+    def on_eval(self, result):
+        self.evals.append((result["step"], result["eval/pass@1"]))
+
+
+def test_train_returns_the_run_with_callbacks_offline_data_and_a_loadable_final_model(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from softrl.data import ExperienceStore
+
+    recorder = Recorder()
+    offline = [{"prompt": "1 2 -> 3\n", "completion": "3", "reward": 1.0},
+               {"prompt": "not in the dataset", "completion": "x", "reward": 0.0}]
+    run = softrl.train(small(tiny, tmp_path), dataset=RECORDS, reward=answered, offline=offline,
+                       callbacks=[recorder], progress=False)
+    assert recorder.steps == [1, 2] and [s for s, _ in recorder.evals] == [0, 2]
+    assert run.summary["pass@1_after"] == recorder.evals[-1][1] and run.summary["steps"] == 2
+    assert [m["step"] for m in run.metrics] == [0, 1, 2, 2]
+    assert "import:api" in run.config.data.offline_sources
+    stored = ExperienceStore(tmp_path / "store").trajectories(source="import:api").to_pylist()
+    assert sorted((r["prompt_id"].startswith("prompt-"), r["task"], r["reward"]) for r in stored) == \
+        [(True, "answered", 0.0), (True, "answered", 1.0)]
+    model = AutoModelForCausalLM.from_pretrained(run.final_model)
+    assert model.config.vocab_size == tiny[1].config.vocab_size
+    card = (run.final_model / "README.md").read_text()
+    assert "library_name: transformers" in card and "Soft Policy Optimization" in card and "`answered`" in card
+    result = softrl.evaluate(run.final_model, dataset=RECORDS, reward=answered, samples=2, max_new_tokens=4)
+    assert result["problems"] == 2 and 0 <= result["pass@1"] <= 1 and result["task"] == "answered"
+
+
+def test_bad_use_is_raised_before_training(tiny, tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'optim.lrr'"):
+        softrl.train({**small(tiny, tmp_path), "optim.lrr": 1}, dataset=RECORDS, reward=answered, progress=False)
+    with pytest.raises(ConfigError, match="unknown key 'sampling.temprature'"):
+        softrl.train({**small(tiny, tmp_path), "sampling": {"temprature": 1}}, dataset=RECORDS, reward=answered)
+    with pytest.raises(ConfigError, match="give dataset= and reward= together"):
+        softrl.train(small(tiny, tmp_path), dataset=RECORDS, progress=False)
+    with pytest.raises(RecordError, match=r"dataset\[0\]: record has no field 'prompt'"):
+        softrl.train(small(tiny, tmp_path), dataset=[{"text": "a"}], reward=answered, progress=False)
+    with pytest.raises(RewardError, match="returned 1 values for"):
+        softrl.train(small(tiny, tmp_path), dataset=RECORDS, reward=lambda prompts, completions, **kw: [0.0],
+                     progress=False)
+    assert not (tmp_path / "api").exists()  # nothing trained, no run directory
+
+
+def test_a_model_loads_by_hub_id_from_an_offline_cache(tiny, tmp_path):
+    """The hub's cache layout (models--ORG--NAME/snapshots/REVISION, refs/main), HF_HUB_OFFLINE=1:
+    `model.path` / `--model` take the hub id."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--softrl-test--tiny"
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for f in Path(tiny[0]).iterdir():
+        (snapshot / f.name).write_bytes(f.read_bytes())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    env = {**OFFLINE, "HF_HUB_CACHE": str(tmp_path / "hub")}
+    out = subprocess.run([SOFTRL, "eval", "--model", "softrl-test/tiny", "--size", "2", "--samples", "2",
+                          "--max-new-tokens", "4", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1])["model"] == "softrl-test/tiny"
+    missing = subprocess.run([SOFTRL, "eval", "--model", "softrl-test/none", "--size", "2"], capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert missing.returncode in (1, 2) and "softrl-test/none" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_an_hf_dataset_from_a_local_directory_with_a_module_reward(tiny, tmp_path):
+    """`--task hf:DIR` (datasets.load_dataset on a folder of data files) graded by
+    `--task-option reward=module:function`, which sees the records' fields."""
+    data = tmp_path / "arith"
+    data.mkdir()
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    (tmp_path / "arith_reward.py").write_text(
+        "def answered(prompts, completions, answer, **kwargs):\n"
+        "    return [float(str(a) in c) for c, a in zip(completions, answer)]\n")
+    env = {**OFFLINE, "PYTHONPATH": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}
+    args = [SOFTRL, "eval", "--model", str(tiny[0]), "--task", f"hf:{data}", "--samples", "2", "--max-new-tokens", "4",
+            "--json"]
+    out = subprocess.run(args + ["--task-option", "reward=arith_reward:answered"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1])["problems"] == 2
+    without = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert without.returncode in (1, 2) and "reward=module:function" in without.stderr
+    split = subprocess.run(args[:5] + [f"hf:{data}::test"] + args[6:] + ["--task-option", "reward=arith_reward:answered"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert split.returncode in (1, 2) and "Unknown split" in split.stderr and "Traceback" not in split.stderr
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+TINY_RUN = ["--records", "8", "optim.steps=2", "q0.k=2", "eval.samples=2", "sampling.prompts_per_step=2"]
+
+
+def test_the_examples_run(tmp_path):
+    """examples/: a TRL-style batched reward, online plus offline completions, and evaluating the
+    saved model (on the countdown bootstrap, a few steps each)."""
+    def run(script, *args):
+        out = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True,
+                             cwd=tmp_path, env=OFFLINE, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
+    assert "pass@1" in run("trl_style_reward.py", *TINY_RUN)
+    assert "rows trained on" in run("online_plus_offline.py", *TINY_RUN)
+    final = tmp_path / "runs" / "trl-style-reward" / "final"
+    assert (final / "README.md").is_file()
+    evaluated = run("evaluate_saved_model.py", str(final), "--records", "4", "--samples", "2")
+    assert f"{final}: pass@1" in evaluated and "bootstrap:countdown: pass@1" in evaluated
