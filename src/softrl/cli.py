@@ -15,12 +15,13 @@ from rich.table import Table
 from softrl.cli_common import DEBUG_ENV, JSON_OPT, err, fail, finite_floats, one_line
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="softrl: RL post-training of language models from any data (SPO, AGRO).")
+                  help="softrl: RL post-training of language models from any data: SPO (Soft Policy Optimization, Cohen et al. 2025) and AGRO (Any-Generation Reward Optimization).")
 
 
 @app.callback()
 def main() -> None:
-    """softrl: RL post-training of language models from any data (SPO, AGRO)."""
+    """softrl: RL post-training of language models from any data: SPO (Soft Policy Optimization, Cohen et
+    al. 2025) and AGRO (Any-Generation Reward Optimization)."""
 
 
 @app.command()

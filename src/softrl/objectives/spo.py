@@ -32,5 +32,5 @@ def spo_loss(o: SPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
                         mc_positions=x.mc_positions, mc_target_prob=mc_prob, mc_mask=x.mc_mask, weights=x.weights)
 
 
-register(Objective("spo", SPOOptions, spo_loss, "Soft Policy Optimization: Q-regression through the "
+register(Objective("spo", SPOOptions, spo_loss, "Soft Policy Optimization (Cohen et al. 2025): Q-regression through the "
                    "cumulative Q-parameterisation; any data, no value model"))
