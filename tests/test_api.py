@@ -248,3 +248,21 @@ def test_the_examples_run(tmp_path):
     assert (final / "README.md").is_file()
     evaluated = run("evaluate_saved_model.py", str(final), "--records", "4", "--samples", "2")
     assert f"{final}: pass@1" in evaluated and "bootstrap:countdown: pass@1" in evaluated
+
+
+def test_a_lora_run_saves_whole_merged_weights(tiny, tmp_path):
+    """With model.lora the final folder holds the adapters merged into whole weights: it loads
+    without PEFT's adapter files and differs from the reference only where LoRA trained."""
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    config = small(tiny, tmp_path, **{"model.lora": {"r": 4, "alpha": 8}, "optim.lr": 1e-2})
+    odd_length = lambda prompt, completion: len(completion) % 2  # noqa: E731 - rewards that vary: a gradient
+    run = softrl.train(config, dataset=RECORDS, reward=odd_length, progress=False)
+    assert all(m["grad_norm"] > 0 for m in run.metrics if "grad_norm" in m)
+    assert not (run.final_model / "adapter_config.json").exists()
+    final = AutoModelForCausalLM.from_pretrained(run.final_model).state_dict()
+    reference = tiny[1].state_dict()
+    assert set(final) == set(reference)
+    changed = {k for k in final if not (final[k] == reference[k]).all()}
+    assert changed and all("q_proj" in k or "v_proj" in k for k in changed), changed
