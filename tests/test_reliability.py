@@ -129,6 +129,35 @@ CASES = [
      "response_tokens"),
     ("task-field-wrong-type", ["eval", "--model", "bootstrap", "--task", "math:{d}/m.jsonl"],
      {"m.jsonl": jsonl({"id": "a", "problem": 7, "answer": "7"})}, "must be a string, got int"),
+    # --- inputs that never end, or would fill the memory ---
+    ("sandbox-stdin-endless", ["sandbox", "run", "{d}/p.py", "--stdin", "/dev/zero"], {"p.py": "print(1)"}, "/dev/zero"),
+    ("sandbox-program-endless", ["sandbox", "run", "/dev/zero"], {}, "/dev/zero"),
+    ("import-endless", ["data", "import", "/dev/zero", "--store", "{d}/store"], {}, "not a regular file"),
+    ("config-endless", ["train", "/dev/zero"], {}, "not a regular file"),
+    ("config-nested-too-deeply", ["train", "{d}/deep.yaml"], {"deep.yaml": "optim: " + "[" * 5000 + "]" * 5000},
+     "nested too deeply"),
+    ("override-huge-integer", ["train", "task.size=" + "9" * 5000], {}, "task.size"),
+    ("config-billion-laughs", ["train", "{d}/laughs.yaml"], {"laughs.yaml": "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\na1: &a1 [*a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0]\na2: &a2 [*a1, *a1, *a1, *a1, *a1, *a1, *a1, *a1, *a1, *a1]\na3: &a3 [*a2, *a2, *a2, *a2, *a2, *a2, *a2, *a2, *a2, *a2]\na4: &a4 [*a3, *a3, *a3, *a3, *a3, *a3, *a3, *a3, *a3, *a3]\noptim: {lr: *a4}\n"}, "optim.lr"),
+    ("task-size-absurd", ["train", "task.size=99999999999999"], {}, "task.size"),
+    ("toy-too-many-sequences", ["toy", "--steps", "1", "--vocab", "100", "--length", "10"], {}, "--length"),
+    ("sandbox-timeout-overflow", ["sandbox", "run", "{d}/p.py", "--timeout", "1e7"], {"p.py": "print(1)"}, "--timeout"),
+    ("lora-rank-zero", ["train", "model.lora={r: 0}"], {}, "model.lora"),
+    ("lora-modules-not-a-list", ["train", "model.lora={target_modules: 5}"], {}, "model.lora"),
+    ("import-negative-token", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
+     {"rows.jsonl": jsonl({"prompt_id": "p", "response_text": "r", "reward": 1.0, "response_tokens": [-5]})},
+     "response_tokens"),
+    ("import-mc-target-empty", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
+     {"rows.jsonl": jsonl({"prompt_id": "p", "response_text": "r", "reward": 1.0, "mc_targets": [{"a": 1}]})},
+     "mc_targets"),
+    ("import-logprobs-not-finite", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
+     {"rows.jsonl": '{"prompt_id": "p", "response_text": "r", "reward": 1, "response_tokens": [3], "behavior_logprobs": [NaN]}\n'},
+     "behavior_logprobs"),
+    ("import-prompt-id-not-text", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
+     {"rows.jsonl": jsonl({**GOOD, "prompt_id": 5})}, "prompt_id"),
+    ("import-lone-surrogate", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
+     {"rows.jsonl": '{"prompt": "p", "response": "r\\ud800", "reward": 1}\n'}, "rows.jsonl:1"),
+    ("plot-record-without-step", ["plot", "{d}/run"], {"run/metrics.jsonl": '{"loss": 1}\n'}, "metrics.jsonl, line 1"),
+    ("q0-seed-negative", ["q0", "countdown", "--seed", "-1", "--store", "{d}/store"], {}, "--seed"),
     # --- q0, pts, eval, plot ---
     ("q0-temperature-zero", ["q0", "countdown", "--size", "2", "--k", "2", "--temperature", "0", "--store", "{d}/store"],
      {}, "temperature"),
@@ -169,6 +198,7 @@ def test_bad_input_is_one_line_and_the_store_is_unchanged(tmp_path, args, files,
     text = out.stdout + out.stderr
     assert out.returncode in (1, 2), text[-1500:]
     assert "Traceback" not in text, text[-3000:]
+    assert len(out.stderr) < 2000, out.stderr[:500]  # short, however large the bad value (YAML aliases)
     expected = names.replace("{d}", str(tmp_path)).lower()
     assert any(expected in line.lower() for line in out.stderr.splitlines()), out.stderr[-1500:]
     assert snapshot(store) == before

@@ -89,8 +89,9 @@ def _tasks(config: RunConfig, dataset, reward, eval_dataset) -> tuple[Task, Task
 def _import_offline(config: RunConfig, offline: Any, task: Task, log: Callable[[str], None]) -> RunConfig:
     """`offline` as one more source of the run's offline pool: a store source name, or records
     `{prompt, completion, reward}` imported into the store as source `import:NAME` first."""
-    if isinstance(offline, str) and not offline.startswith("hf:") and not Path(offline).exists():
-        source = offline
+    if isinstance(offline, str) and not offline.startswith("hf:") and "/" not in offline and \
+            not offline.endswith((".jsonl", ".gz", ".json", ".parquet")) and not Path(offline).exists():
+        source = offline  # a source name; a path that is not there is named by read_records
     else:
         from softrl.data import ExperienceStore
         from softrl.data.io import offline_trajectories

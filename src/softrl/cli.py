@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from softrl.cli_common import DEBUG_ENV, JSON_OPT, err, fail, finite_floats, one_line
+from softrl.limits import MAX_SANDBOX_INPUT, MAX_SEED, MAX_TIMEOUT, MAX_TOY_SEQUENCES
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="softrl: RL post-training of language models from any data: SPO (Soft Policy Optimization, Cohen et al. 2025) and AGRO (Any-Generation Reward Optimization).")
@@ -28,15 +30,15 @@ def main() -> None:
 def toy(
     steps: int = typer.Option(600, min=1, help="optimizer steps per method"),
     lr: float = typer.Option(0.3, min=0.0, help="Adam learning rate (cosine-decayed to 1%)"),
-    samples: int = typer.Option(0, min=0, help="sequences sampled per step; 0 = exact expectations"),
+    samples: int = typer.Option(0, min=0, max=2**20, help="sequences sampled per step; 0 = exact expectations"),
     max_grad_norm: float = typer.Option(0.0, min=0.0, help="clip the gradient norm to this; 0 = no clipping"),
     vocab: int = typer.Option(2, min=2, help="vocabulary size V"),
     length: int = typer.Option(5, min=1, help="sequence length L (V**L sequences)"),
     success_rate: float = typer.Option(0.25, help="success rate of the reference policy"),
     beta: float = typer.Option(0.0, help="regularisation strength; 0 = the SPO paper's 1/ln(1e5)"),
     methods: str = typer.Option("all", help="comma-separated method names, or 'all'"),
-    seed: int = typer.Option(0, help="seed of the problem and of the sampling"),
-    workers: int = typer.Option(0, min=0, help="processes; 0 = one per CPU core"),
+    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="seed of the problem and of the sampling"),
+    workers: int = typer.Option(0, min=0, max=256, help="processes; 0 = one per CPU core"),
     out: Path = typer.Option(Path("runs/toy"), help="directory for the plot and results.json"),
     as_json: bool = typer.Option(False, "--json", help="print the table as JSON on stdout"),
 ) -> None:
@@ -44,6 +46,9 @@ def toy(
     from softrl.tabular import SPO_BETA, TabularProblem
     from softrl.toy import METHODS, plot_runs, run_all
 
+    if length * math.log(vocab) > math.log(MAX_TOY_SEQUENCES):  # every sequence is enumerated
+        fail(f"--vocab {vocab} --length {length} make {vocab}**{length} sequences, over the "
+             f"{MAX_TOY_SEQUENCES:,} the exact problem enumerates: lower --vocab or --length")
     names = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [n for n in names if n not in METHODS]
     if unknown or not names:
@@ -95,8 +100,9 @@ def _make_sandbox(backend: str, unsafe: bool, timeout: float, memory_mb: int):
 
     from softrl.rewards.sandbox import Limits, Sandbox, SandboxError
 
-    if not timeout > 0 or not memory_mb > 0:  # named as the options, not as the Limits fields they fill
-        fail(f"--timeout and --memory-mb must be > 0, got --timeout {timeout}, --memory-mb {memory_mb}")
+    if not 0 < timeout <= MAX_TIMEOUT or not memory_mb > 0:  # named as the options, not as the Limits fields
+        fail(f"--timeout must be in (0, {MAX_TIMEOUT}] seconds and --memory-mb > 0, got --timeout {timeout}, "
+             f"--memory-mb {memory_mb}")
     try:
         limits = Limits(wall_s=timeout, memory_mb=memory_mb)
         with warnings.catch_warnings(record=True) as caught:
@@ -109,14 +115,14 @@ def _make_sandbox(backend: str, unsafe: bool, timeout: float, memory_mb: int):
         fail(str(e))
 
 
-MAX_SANDBOX_INPUT = 16 * 2**20  # bytes of a program or of its stdin
-
-
 def _read_text(path: Path, what: str) -> str:
+    """The file's text, read no further than the limit (a device such as /dev/zero never ends)."""
     try:
-        if path.stat().st_size > MAX_SANDBOX_INPUT:
-            fail(f"{what} {path} is {path.stat().st_size / 2**20:.0f} MiB, over the {MAX_SANDBOX_INPUT // 2**20} MiB limit")
-        return path.read_text()
+        with path.open("rb") as f:
+            data = f.read(MAX_SANDBOX_INPUT + 1)
+        if len(data) > MAX_SANDBOX_INPUT:
+            fail(f"{what} {path} is over the {MAX_SANDBOX_INPUT // 2**20} MiB limit")
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         fail(f"cannot read {what} {path}: {e}")
 
@@ -168,8 +174,10 @@ def sandbox_test(
             continue
         try:
             record = json.loads(line)
-            cases.append((str(record["input"]), str(record["output"])))
-        except (ValueError, KeyError, TypeError) as e:
+            if not isinstance(record.get("input"), str) or not isinstance(record.get("output"), str):
+                raise TypeError("input or output is not a string")
+            cases.append((record["input"], record["output"]))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             fail(f"{tests}:{number}: a test needs string fields 'input' and 'output' ({type(e).__name__}: {e})")
     if not cases:
         fail(f"{tests}: no tests")
@@ -207,7 +215,7 @@ def sandbox_probe(as_json: bool = typer.Option(False, "--json", help="print JSON
 @app.command()
 def bootstrap(
     task: str = typer.Argument("countdown", help="the task whose reference model to build"),
-    seed: int = typer.Option(0, help="seed of data, initialisation and evaluation"),
+    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="seed of data, initialisation and evaluation"),
     steps: int = typer.Option(0, min=0, help="SFT steps; 0 = the default"),
     force: bool = typer.Option(False, "--force", help="rebuild even if cached"),
     as_json: bool = JSON_OPT,

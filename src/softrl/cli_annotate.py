@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from softrl.cli_common import DEVICE_OPT, JSON_OPT, STORE_OPT, err, fail, one_line_errors, progress_bar
+from softrl.limits import MAX_PROMPTS, MAX_SEED
 from softrl.cli_data import open_store, report_problems
 
 
@@ -45,8 +46,9 @@ def reference_sampler(task: str, model: str, size: int, seed: int, max_new_token
 
 
 MODEL_OPT = typer.Option("bootstrap", "--model", help="reference model directory; 'bootstrap' = the task's built-in one")
-SIZE_OPT = typer.Option(0, "--size", min=0, help="number of prompts of the task; 0 = its default")
-TASK_SEED_OPT = typer.Option(0, "--task-seed", help="seed of the task's problems; 0 = its default")
+SIZE_OPT = typer.Option(0, "--size", min=0, max=MAX_PROMPTS, help="number of prompts of the task; 0 = its default")
+TASK_SEED_OPT = typer.Option(0, "--task-seed", min=0, max=MAX_SEED, help="seed of the task's problems; 0 = its default")
+SEED_OPT = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="sampling seed")
 TOKENS_OPT = typer.Option(0, "--max-new-tokens", min=0, help="0 = the task's default")
 DTYPE_OPT = typer.Option("float32", "--dtype", help="float32 or bfloat16")
 TASK_OPTION_OPT = typer.Option(None, "--task-option", help="a task keyword option KEY=VALUE (repeatable), as "
@@ -59,7 +61,7 @@ def q0(
     beta: float = typer.Option(0.0, "--beta", help="beta of the stored q0_hat; 0 = 1/ln(1e5) (runs at any beta use the stored rewards)"),
     model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
     temperature: float = typer.Option(1.0, help="sampling temperature of the reference"),
-    seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
+    seed: int = SEED_OPT, dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
     store: Path = STORE_OPT, as_json: bool = JSON_OPT, task_option: list[str] = TASK_OPTION_OPT,
 ) -> None:
     """Estimate Q0_hat of every prompt from K reference samples; keep the samples (source=reference). Resumable."""
@@ -96,7 +98,7 @@ def pts(
     force: bool = typer.Option(False, "--force", help="annotate again trajectories that have MC targets"),
     source: list[str] = typer.Option(None, "--source", help="only trajectories of these sources (repeatable)"),
     model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
-    seed: int = typer.Option(0, help="sampling seed"), dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
+    seed: int = SEED_OPT, dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
     store: Path = STORE_OPT, as_json: bool = JSON_OPT, task_option: list[str] = TASK_OPTION_OPT,
 ) -> None:
     """Pivotal Token Search over the store's passed trajectories: MC targets, rollouts, pivotal tokens."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from softrl.cli_common import JSON_OPT, STORE_OPT, default_store, err, fail
+from softrl.cli_common import JSON_OPT, STORE_OPT, default_store, err, fail, one_line
 
 data_app = typer.Typer(no_args_is_help=True, help="The experience store: import, export, stats, dedupe.")
 
@@ -70,8 +70,8 @@ def data_export(
     report_problems(target)
     try:
         n = export(table, out)
-    except (ValueError, OSError) as e:
-        fail(str(e))
+    except (ValueError, OSError) as e:  # a write error from a file object names no path: this one is it
+        fail(str(e) if str(out) in str(e) else f"{out}: {one_line(e)}")
     err.print(f"exported {n} trajectories to {out}")
 
 

@@ -9,8 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from softrl.cli_annotate import TASK_OPTION_OPT
+from softrl.cli_annotate import SEED_OPT, TASK_OPTION_OPT
 from softrl.cli_common import DEVICE_OPT, JSON_OPT, err, fail, one_line_errors
+from softrl.limits import MAX_PROMPTS, MAX_SEED
 
 # the demo's embedded defaults: SPO with the terminal Q-loss (the paper's main variant), half online
 # and half offline (passed reference samples from Q0 estimation), on the countdown bootstrap model
@@ -55,7 +56,7 @@ def train_command(
 
 def demo(
     steps: int = typer.Option(DEMO["optim"]["steps"], min=1, help="learner steps"),
-    seed: int = typer.Option(0, help="seed of sampling and batches"),
+    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="seed of sampling and batches"),
     mode: str = typer.Option("sync", help="local runtime mode: sync or async"),
     out: Path = typer.Option(Path("runs"), help="parent of the run directory"),
     device: str = DEVICE_OPT,
@@ -106,14 +107,15 @@ def plot(run_dir: Path = typer.Argument(..., help="a run directory (holds metric
 def eval_command(
     model: str = typer.Option(..., "--model", help="model directory (or 'bootstrap' for the task's reference)"),
     task: str = typer.Option("countdown", "--task", help="task spec"),
-    size: int = typer.Option(100, "--size", min=0, help="prompts (built-in tasks; 0 = the task's default)"),
-    task_seed: int = typer.Option(1, "--task-seed", help="seed of the prompts (1: the held-out split softrl train evaluates on)"),
+    size: int = typer.Option(100, "--size", min=0, max=MAX_PROMPTS, help="prompts (built-in tasks; 0 = the task's default)"),
+    task_seed: int = typer.Option(1, "--task-seed", min=0, max=MAX_SEED,
+                                  help="seed of the prompts (1: the held-out split softrl train evaluates on)"),
     samples: int = typer.Option(20, "--samples", min=1, help="samples per prompt (SPO's protocol: 20)"),
     temperature: float = typer.Option(0.4, "--temperature", min=0.0, help="SPO's protocol: 0.4"),
     top_p: float = typer.Option(0.95, "--top-p", help="SPO's protocol: 0.95"),
     reference: str = typer.Option(None, "--reference", help="reference model directory, for KL(pi || pi0)"),
     max_new_tokens: int = typer.Option(0, "--max-new-tokens", min=0, help="0 = the task's default"),
-    seed: int = typer.Option(0, help="sampling seed"),
+    seed: int = SEED_OPT,
     dtype: str = typer.Option("float32", "--dtype"),
     device: str = DEVICE_OPT,
     as_json: bool = JSON_OPT,

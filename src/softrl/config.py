@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -18,6 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
 
 import softrl.objectives as registry
 from softrl.algorithms.common import SPO_BETA
+from softrl.limits import MAX_PROMPTS, MAX_SEED
 
 SOURCES = ("online", "offline", "mc")
 
@@ -31,7 +33,6 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-MAX_SEED = 2**32 - 1  # numpy's bound; torch's and Python's are wider
 
 
 DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
@@ -55,6 +56,15 @@ class ModelConfig(Section):
         unknown = sorted(set(value or {}) - set(LORA_KEYS))
         if unknown:
             raise ValueError(f"unknown LoRA option {unknown[0]!r} (use {', '.join(LORA_KEYS)})")
+        checks = {"r": (lambda v: type(v) is int and v >= 1, "an integer >= 1"),
+                  "alpha": (lambda v: type(v) in (int, float) and math.isfinite(v) and v > 0, "a number > 0"),
+                  "dropout": (lambda v: type(v) in (int, float) and 0 <= v < 1, "a number in [0, 1)"),
+                  "target_modules": (lambda v: isinstance(v, list) and v and all(isinstance(m, str) for m in v),
+                                     "a list of module names")}
+        for key, given in (value or {}).items():
+            ok, wanted = checks[key]
+            if not ok(given):
+                raise ValueError(f"LoRA option {key!r} must be {wanted}, got {given!r}")
         return value
 
     @field_validator("device")
@@ -67,9 +77,9 @@ class ModelConfig(Section):
 
 class TaskConfig(Section):
     name: str = Field("countdown", description="task spec: countdown, tinycode, KIND:PATH, gym:NAME, module:Name")
-    size: int = Field(200, ge=1, description="training prompts")
+    size: int = Field(200, ge=1, le=MAX_PROMPTS, description="training prompts")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the training prompts")
-    eval_size: int = Field(100, ge=1, description="held-out prompts for evaluation")
+    eval_size: int = Field(100, ge=1, le=MAX_PROMPTS, description="held-out prompts for evaluation")
     eval_seed: int = Field(1, ge=0, le=MAX_SEED, description="seed of the held-out prompts (differs from `seed`)")
     options: dict[str, Any] = Field(default_factory=dict,
                                     description="task keyword options, e.g. a gym dataset's keys or prompt_suffix")
@@ -262,8 +272,12 @@ def _one_line(e: ValidationError) -> str:
     got = error.get("input")
     if error["type"] == "unknown_algorithm" and isinstance(got, dict):
         where, got = f"{where}.algorithm", got.get("algorithm")
-    shown = "" if isinstance(got, dict) else f", got {got!r}"
+    shown = "" if isinstance(got, dict) else f", got {SHORT.repr(got)}"
     return f"{where}: {message}{shown}" if where else f"{message}"
+
+
+SHORT = reprlib.Repr()  # an echoed value stays short, however large (YAML aliases can make it huge)
+SHORT.maxlevel, SHORT.maxlist, SHORT.maxtuple, SHORT.maxdict, SHORT.maxstring, SHORT.maxlong = 2, 4, 4, 4, 60, 40
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -275,6 +289,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         parsed = yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
+    except (RecursionError, ValueError) as e:  # nested too deeply; an integer of thousands of digits
+        raise ConfigError(f"{key.strip()}: {_unreadable(e)}") from None
     return key.strip().split("."), parsed
 
 
@@ -300,22 +316,34 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
         return RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_one_line(e)) from None
+    except RecursionError:
+        raise ConfigError("the config holds a value nested too deeply") from None
 
 
 def read_settings(path: str | Path) -> dict[str, Any]:
     """A YAML config file as dotted keys (`task: {options: ...}` -> `task.options`), not yet validated."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} is not a regular file")
     try:
         loaded = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    except (RecursionError, ValueError) as e:
+        raise ConfigError(f"{path}: {_unreadable(e)}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a config is a YAML file") from e
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return {".".join(key): value for key, value in flatten(loaded)}
+
+
+def _unreadable(error: Exception) -> str:
+    if isinstance(error, RecursionError):
+        return "a value nested too deeply"
+    return f"not a value this config takes ({str(error).splitlines()[0][:80]})"
 
 
 def config_from(settings: dict[str, Any]) -> RunConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 PANELS = [
@@ -24,11 +25,16 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
             if number == len(lines):  # torn by a crash mid-write: the run resumes before it
                 break
             raise ValueError(f"{path}, line {number}: not a JSON record") from None
+        step = record.get("step") if isinstance(record, dict) else None
+        if type(step) is not int or step < 0:
+            raise ValueError(f"{path}, line {number}: a record needs a 'step' (an integer >= 0)")
+        # what is drawn is a number; anything else a record holds is kept but never plotted
+        records.append(record)
     return records
 
 
@@ -43,7 +49,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for ax, (title, series) in zip(axes.flat, PANELS):
         for key, label in series:
-            points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+            points = [(r["step"], r[key]) for r in records
+                      if type(r.get(key)) in (int, float) and math.isfinite(r[key])]
             if points:
                 ax.plot(*zip(*points), marker="o" if key.startswith("eval/") else None, label=label)
         ax.set_title(title)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
                 raise RecordError(f"{where}: field 'created_at' is not an ISO date ({e})") from None
         row["reward"] = _reward(row.get("reward", 0.0), where)
         _check_types(row, where)
+        _check_values(row, where)
         trajectory = Trajectory.from_row({"reward": 0.0, "passed": False, **row})
         if source:
             trajectory.source = source
@@ -53,8 +55,9 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
         raise RecordError(f"{where}: field 'passed' must be true or false, got {passed_given!r}")
     reward = _reward(record.get("reward", float(bool(passed_given))), where)
     passed = passed_given if passed_given is not None else reward >= 1
-    return Trajectory(record.get("prompt_id") or prompt_id_of(prompt), response, reward, passed,
-                      task=record.get("task") or task, prompt_text=prompt, source=source or "import", policy_version=-1)
+    return Trajectory(field(record, "prompt_id", where, str, "") or prompt_id_of(prompt), response, reward, passed,
+                      task=field(record, "task", where, str, "") or task, prompt_text=prompt,
+                      source=source or "import", policy_version=-1)
 
 
 def _check_types(row: dict[str, Any], where: str) -> None:
@@ -85,6 +88,31 @@ def offline_trajectories(records: list[tuple[str, dict[str, Any]]], task: Task, 
         keyed = {**record, "prompt": text, "prompt_id": ids.get(text) or record.get("prompt_id"), "task": task.name}
         rows.append(record_to_trajectory(keyed, where, source, task.name))
     return rows, unknown
+
+
+def _check_values(row: dict[str, Any], where: str) -> None:
+    """What the column types allow but a learner cannot use: negative token ids, log-probs that are
+    not finite and <= 0 or not one per response token, Monte-Carlo targets outside the response."""
+    def bad(name: str, why: str) -> RecordError:
+        return RecordError(f"{where}: field {name!r} {why}")
+
+    for name in ("prompt_tokens", "response_tokens"):
+        if any(t < 0 for t in row.get(name) or []):
+            raise bad(name, "holds a negative token id")
+    tokens, logprobs = row.get("response_tokens") or [], row.get("behavior_logprobs")
+    if logprobs is not None:
+        if not all(math.isfinite(v) and v <= 0 for v in logprobs):
+            raise bad("behavior_logprobs", "must be finite log-probabilities (<= 0)")
+        if len(logprobs) != len(tokens):
+            raise bad("behavior_logprobs", f"has {len(logprobs)} values for {len(tokens)} response tokens")
+    for target in row.get("mc_targets") or []:
+        t, success, k = (target or {}).get("t"), (target or {}).get("success"), (target or {}).get("k")
+        if t is None or success is None or k is None or not 0 <= t <= max(len(tokens), 1) or not 0 <= success <= 1 \
+                or k < 1:
+            raise bad("mc_targets", f"needs {{t: a prefix length of the response, success: in [0, 1], k: >= 1}}, "
+                      f"got {target!r}")
+    if not isinstance(row.get("created_at"), (datetime, type(None))):
+        raise bad("created_at", f"must be an ISO date, got {row['created_at']!r}")
 
 
 def read_trajectories(path: str | Path, source: str | None, task: str = "") -> list[Trajectory]:

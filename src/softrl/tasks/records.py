@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from softrl.limits import MAX_RECORD_CHARS
+
 
 class RecordError(ValueError):
     """A dataset record is malformed: the message names the file, the record and the field."""
@@ -34,6 +36,8 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
     path = Path(path)
     if not path.exists():
         raise RecordError(f"{path}: no such file or directory")
+    if not path.is_dir() and not path.is_file():  # a device or a pipe: /dev/zero would never end
+        raise RecordError(f"{path}: not a regular file")
     if path.is_dir():
         yield from _hf_dataset(path)
     elif path.suffix == ".parquet":
@@ -46,10 +50,10 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
         number = 0
         try:
             with opener(path, "rt", encoding="utf-8") as f:
-                for number, line in enumerate(f, start=1):
+                # read no line further than the limit: one endless line must not fill the memory
+                for number, line in enumerate(iter(lambda: f.readline(MAX_RECORD_CHARS + 1), ""), start=1):
                     if len(line) > MAX_RECORD_CHARS:
-                        raise RecordError(f"{path}:{number}: a record of {len(line) / 2**20:.0f} MiB is over the "
-                                          f"{MAX_RECORD_CHARS // 2**20} MiB limit")
+                        raise RecordError(f"{path}:{number}: a record over the {MAX_RECORD_CHARS // 2**20} MiB limit")
                     if line.strip():
                         yield f"{path}:{number}", _json_object(line, f"{path}:{number}")
         except (UnicodeDecodeError, OSError, EOFError) as e:  # binary, not gzip, a truncated gzip stream
@@ -59,15 +63,14 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise RecordError(f"{path}: not a UTF-8 JSON file ({_reason(e)})") from e
+        except RecursionError as e:
+            raise RecordError(f"{path}: nested too deeply") from e
         if not isinstance(data, list):
             raise RecordError(f"{path}: a .json dataset must be a list of records")
         for i, record in enumerate(data):
-            yield f"{path}#{i}", _as_record(record, f"{path}#{i}")
+            yield f"{path}#{i}", _json_object(json.dumps(record), f"{path}#{i}")
     else:
         raise RecordError(f"{path}: unknown dataset format (use .jsonl, .jsonl.gz, .json, .parquet or a datasets dir)")
-
-
-MAX_RECORD_CHARS = 16 * 2**20  # one JSONL record: a prompt that long would not fit any model's context
 
 
 def _reason(error: Exception) -> str:
@@ -78,9 +81,15 @@ def _reason(error: Exception) -> str:
 
 def _json_object(line: str, where: str) -> dict[str, Any]:
     try:
-        return _as_record(json.loads(line), where)
+        record = _as_record(json.loads(line), where)
+        json.dumps(record, ensure_ascii=False).encode("utf-8")  # JSON lets a lone surrogate (\\ud800) through
     except json.JSONDecodeError as e:
         raise RecordError(f"{where}: not valid JSON ({e.msg})") from e
+    except RecursionError as e:
+        raise RecordError(f"{where}: nested too deeply") from e
+    except UnicodeEncodeError as e:
+        raise RecordError(f"{where}: a string holds {e.object[e.start:e.end]!a}, which is not a character") from e
+    return record
 
 
 def _as_record(value: Any, where: str) -> dict[str, Any]:
