@@ -62,6 +62,9 @@ def task_split(spec: str, size: int | None, seed: int | None, options: dict) -> 
     """`tasks.registry.load_split`, its errors as a ConfigError naming the task settings."""
     from softrl.tasks.registry import load_split
 
+    twice = sorted({"size", "seed"} & set(options))
+    if twice:
+        raise ConfigError(f"task.options.{twice[0]}: give it as task.{twice[0]} (--{twice[0]} on the command line)")
     try:
         return load_split(spec, size, seed, **options)
     except (ValueError, TypeError) as e:

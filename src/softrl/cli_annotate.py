@@ -73,9 +73,9 @@ def q0(
     beta = beta or SPO_BETA
     if not math.isfinite(beta) or beta <= 0:
         fail(f"--beta must be a positive number, got {beta}")
-    target = open_store(store)
     s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype, device,
                           task_option)
+    target = open_store(store)  # after every option is checked: a refused command leaves no store behind
     with progress_bar(f"q0 {task} (K={k})") as update, one_line_errors():
         rows = estimate_q0(s.spec, s.task.prompts(), s.encode_prompt, target, k, beta, s.model_id, seed=seed,
                            progress=lambda done, total: update(done, total))

@@ -33,6 +33,8 @@ class Session:
             if config.run_dir.exists():
                 log(f"no complete checkpoint in {config.run_dir}: starting the run over from step 0")
                 start_over(config.run_dir)
+            else:
+                log(f"nothing to resume: {config.run_dir} does not exist; starting a new run")
             resume = False
         check_run_dir(config, resume)
         optional_sinks(config)

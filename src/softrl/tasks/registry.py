@@ -34,6 +34,8 @@ def load_task(spec: str, **config: Any) -> Task:
         return GymTask(rest, **config)
     if kind == "hf":
         return _from_hub_dataset(spec, config)
+    if kind in ("math", "codecontests", "taco", "mbpp") and not rest:
+        raise ValueError(f"task {spec!r} needs a dataset path: {kind}:PATH")
     if kind == "math":
         from softrl.tasks.math import MathTask
 
