@@ -16,7 +16,8 @@ import yaml
 
 pytest.importorskip("transformers")
 
-from softrl.config import ConfigError, config_reference, load_config  # noqa: E402
+from softrl.config import ConfigError, load_config  # noqa: E402
+from softrl.config_reference import config_reference  # noqa: E402
 from softrl.data import ExperienceStore  # noqa: E402
 from softrl.data.io import task_solutions  # noqa: E402
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel  # noqa: E402
@@ -231,12 +232,12 @@ def test_ray_runtime_survives_a_killed_worker(tiny, tmp_path, weight_sync, learn
 def test_usage_configuration_reference_is_current(tmp_path):
     from pathlib import Path
 
-    from softrl.config import write_reference
+    from softrl.config_reference import write_reference
 
     doc = Path(__file__).parent.parent / "docs" / "USAGE.md"
     copy = tmp_path / "USAGE.md"
     copy.write_text(doc.read_text())
-    assert not write_reference(copy), "docs/USAGE.md is stale: run python -m softrl.config docs/USAGE.md"
+    assert not write_reference(copy), "docs/USAGE.md is stale: run python -m softrl.config_reference docs/USAGE.md"
 
 
 def test_optional_sinks_need_their_package():
