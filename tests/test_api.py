@@ -17,7 +17,8 @@ import softrl  # noqa: E402
 from softrl.config import ConfigError  # noqa: E402
 from softrl.tasks.base import RewardError  # noqa: E402
 from softrl.tasks.records import RecordError, records_of  # noqa: E402
-from softrl.tasks.reward_functions import RewardFunctionTask, conversation_text, reward_functions  # noqa: E402
+from softrl.tasks.records import conversation_text  # noqa: E402
+from softrl.tasks.reward_functions import RewardFunctionTask, reward_functions  # noqa: E402
 from test_training import SOFTRL  # noqa: E402
 
 RECORDS = [{"prompt": "1 2 -> 3\n", "answer": 3, "tests": ["a"]}, {"prompt": "2 2 -> 4\n", "answer": 4, "tests": []}]
@@ -62,6 +63,26 @@ def test_a_batched_reward_gets_every_field_as_a_list_in_one_call():
     assert calls == [(["1 2 -> 3\n", "2 2 -> 4\n"], ["3", "4"], [3, 4], {"tests": [["a"], []]})]
 
 
+def test_trl_signatures_are_called_by_keyword():
+    """TRL calls reward functions by keyword: `f(completions, **kwargs)` and `f(completions, solution,
+    **kwargs)` are its own library's forms; a per-sample function's second parameter may share a
+    field's name (`response`) without being passed twice."""
+    def completions_only(completions, **kwargs):
+        assert "prompts" in kwargs and kwargs["answer"] == [3, 4]
+        return [1.0 for _ in completions]
+
+    def with_solution(completions, answer, **kwargs):
+        return [float(c == str(a)) for c, a in zip(completions, answer)]
+
+    def old_form(prompt, response):
+        return response == "3"
+
+    assert [g.reward for g in grades(task_of(completions_only), ["x", "y"])] == [1.0, 1.0]
+    assert [g.reward for g in grades(task_of(with_solution), ["3", "5"])] == [1.0, 0.0]
+    records = [{**r, "response": "ignored"} for r in RECORDS]
+    assert [g.reward for g in grades(task_of(old_form, records), ["3", "4"])] == [1.0, 0.0]
+
+
 def test_several_rewards_are_a_weighted_sum():
     def right(prompt, completion, answer):
         return completion == str(answer)
@@ -73,6 +94,10 @@ def test_several_rewards_are_a_weighted_sum():
     assert [g.reward for g in even] == [1.0, 0.0]  # 1/2 each: (1 + 1) / 2, (0 + 0) / 2
     weighted = grades(task_of([(right, 0.75), (short, 0.25)]), ["33", "4"])
     assert [g.reward for g in weighted] == [0.0, 1.0] and [g.passed for g in weighted] == [False, True]
+    rest = reward_functions([(right, 0.8), short])  # an unweighted one gets what the given weights leave
+    assert [f.weight for f in rest] == [0.8, pytest.approx(0.2)]
+    with pytest.raises(RewardError, match="sum to 1.5"):
+        reward_functions([(right, 1.5), short])
 
 
 @pytest.mark.parametrize("reward,message", [
@@ -170,11 +195,30 @@ def test_train_returns_the_run_with_callbacks_offline_data_and_a_loadable_final_
     assert result["problems"] == 2 and 0 <= result["pass@1"] <= 1 and result["task"] == "answered"
 
 
+def test_a_config_dict_mixes_sections_and_dotted_keys():
+    config = softrl.api.run_config({"model.path": "m", "model": {"dtype": "bfloat16"}, "optim": {"lr": 0.5}})
+    assert (config.model.path, config.model.dtype, config.optim.lr) == ("m", "bfloat16", 0.5)
+
+
+def test_prompt_ids_carry_the_task_so_q0_is_not_shared_across_rewards():
+    def one(prompt, completion):
+        return 1.0
+
+    def other(prompt, completion):
+        return 0.0
+
+    ids = lambda fn, records: [p.id for p in task_of(fn, records).prompts()]  # noqa: E731
+    assert not set(ids(one, RECORDS)) & set(ids(other, RECORDS))
+    assert ids(one, [{"id": 7, "prompt": "a"}]) == ["one:7"]
+
+
 def test_bad_use_is_raised_before_training(tiny, tmp_path):
     with pytest.raises(ConfigError, match="unknown key 'optim.lrr'"):
         softrl.train({**small(tiny, tmp_path), "optim.lrr": 1}, dataset=RECORDS, reward=answered, progress=False)
     with pytest.raises(ConfigError, match="unknown key 'sampling.temprature'"):
         softrl.train({**small(tiny, tmp_path), "sampling": {"temprature": 1}}, dataset=RECORDS, reward=answered)
+    with pytest.raises(ConfigError, match="model.path: give the model to train"):
+        softrl.train({**small(tiny, tmp_path), "model.path": "bootstrap"}, dataset=RECORDS, reward=answered)
     with pytest.raises(ConfigError, match="give dataset= and reward= together"):
         softrl.train(small(tiny, tmp_path), dataset=RECORDS, progress=False)
     with pytest.raises(RecordError, match=r"dataset\[0\]: record has no field 'prompt'"):

@@ -193,7 +193,7 @@ def test_user_task_and_reward_function_by_import_path(tmp_path, monkeypatch):
     assert task.grade(task.prompts()[0], "yo").passed and not task.grade(task.prompts()[0], "no").passed
     fn_task = load_task("my_tasks:longer_is_better", prompts=str(tmp_path / "prompts.jsonl"))
     prompt = fn_task.prompts()[0]
-    assert prompt.id == "p1" and fn_task.grade(prompt, "x" * 20).passed and fn_task.grade(prompt, "xy").reward == 0.2
+    assert prompt.id == "longer_is_better:p1" and fn_task.grade(prompt, "x" * 20).passed and fn_task.grade(prompt, "xy").reward == 0.2
     with pytest.raises(ValueError, match="needs prompts=PATH"):
         load_task("my_tasks:longer_is_better")
     with pytest.raises(ValueError, match="cannot import task my_tasks:Missing"):

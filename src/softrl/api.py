@@ -81,14 +81,18 @@ def _tasks(config: RunConfig, dataset, reward, eval_dataset) -> tuple[Task, Task
         return None
     if dataset is None or reward is None:
         raise ConfigError("give dataset= and reward= together (or neither, and set task.name in the config)")
+    if config.model.path == "bootstrap":  # the default would be the countdown task's tiny model
+        raise ConfigError("model.path: give the model to train (a directory, a hub id, or bootstrap:TASK for a "
+                          "built-in task's tiny reference)")
     train_task = reward_task(dataset, reward)
     return train_task, reward_task(eval_dataset, reward, "eval_dataset", train_task.name) if eval_dataset is not None \
         else train_task
 
 
-def _import_offline(config: RunConfig, offline: Any, task: Task, log: Callable[[str], None]) -> RunConfig:
+def _import_offline(config: RunConfig, offline: Any, task: Task | None, log: Callable[[str], None]) -> RunConfig:
     """`offline` as one more source of the run's offline pool: a store source name, or records
-    `{prompt, completion, reward}` imported into the store as source `import:NAME` first."""
+    `{prompt, completion, reward}` imported into the store as source `import:NAME` first (unless
+    `task` is None: a resumed run, or a rank other than 0, finds them there)."""
     if isinstance(offline, str) and not offline.startswith("hf:") and "/" not in offline and \
             not offline.endswith((".jsonl", ".gz", ".json", ".parquet")) and not Path(offline).exists():
         source = offline  # a source name; a path that is not there is named by read_records
@@ -98,10 +102,16 @@ def _import_offline(config: RunConfig, offline: Any, task: Task, log: Callable[[
         from softrl.tasks.records import records_of
 
         source = f"import:{config.name}"
+        if task is None:
+            return _with_source(config, source)
         rows, unknown = offline_trajectories(records_of(offline, "offline"), task, source)
         written = ExperienceStore(config.data.store).append(rows)
         log(f"offline: {written} trajectories into {config.data.store} as source {source}"
             + (f"; {unknown} have a prompt the dataset lacks (kept, not trained on)" if unknown else ""))
+    return _with_source(config, source)
+
+
+def _with_source(config: RunConfig, source: str) -> RunConfig:
     if source in config.data.offline_sources:
         return config
     return config.model_copy(update={"data": config.data.model_copy(
@@ -162,25 +172,37 @@ def train(config: RunConfig | dict | str | Path | None = None, *, dataset: Any =
     `on_step(metrics)` and/or `on_eval(result)` (see `Callback`)."""
     from rich.console import Console
 
+    from softrl.runtime.group import torchrun_rank
+    from softrl.runtime.runlog import check_run_dir
+
     cfg = run_config(config)
     tasks = _tasks(cfg, dataset, reward, eval_dataset)
+    if tasks is not None and cfg.runtime.kind == "ray":  # refused before the store is written
+        from softrl.runtime.ray_runtime import PYTHON_TASKS_REFUSED
+
+        raise ConfigError(PYTHON_TASKS_REFUSED)
+    check_run_dir(cfg, resume)  # before the store is written: a run that cannot start imports nothing
     if offline is not None:
         from softrl.assemble import load_tasks
 
         log = (lambda m: None) if not progress else (lambda m: Console(stderr=True).print(m, highlight=False))
-        cfg = _import_offline(cfg, offline, tasks[0] if tasks else load_tasks(cfg)[0], log)
+        importing = not resume and torchrun_rank() in (None, 0)  # once, by rank 0 of a new run
+        cfg = _import_offline(cfg, offline, (tasks[0] if tasks else load_tasks(cfg)[0]) if importing else None, log)
     summary = run_with_progress(cfg, resume, tasks, callbacks, quiet=not progress)
     return Run(Path(summary["run_dir"]), Path(summary["run_dir"]) / "final", summary, cfg)
 
 
 def evaluate(model: str | Path, *, dataset: Any = None, reward: Any = None, task: str | None = None,
-             samples: int = 20, temperature: float = 0.4, top_p: float = 0.95, max_new_tokens: int = 0,
+             size: int = 100, task_seed: int = 1, options: dict | None = None, samples: int = 20,
+             temperature: float = 0.4, top_p: float = 0.95, max_new_tokens: int = 0,
              reference: str | Path | None = None, seed: int = 0, device: str = "auto",
              dtype: str = "float32") -> dict:
     """The evaluation protocol of `softrl eval` (pass@1 and pass@10, unbiased; per-sample success;
     distinct correct answers; token entropy; KL to `reference` when given) of `model` (a directory,
-    a hub id, or 'bootstrap:TASK') on `dataset` graded by `reward`, or on a task spec `task`."""
-    from softrl.assemble import sampler
+    a hub id, or 'bootstrap:TASK') on `dataset` graded by `reward`, or on a task spec `task` (`size`
+    prompts from `task_seed` where it generates them: by default the held-out split `softrl train`
+    evaluates on; `options` its keyword options)."""
+    from softrl.assemble import model_directory, sampler
     from softrl.eval.protocol import evaluate as protocol
     from softrl.models.loading import load_causal_lm
 
@@ -189,10 +211,12 @@ def evaluate(model: str | Path, *, dataset: Any = None, reward: Any = None, task
     if not (temperature > 0 and 0 < top_p <= 1 and samples >= 1):
         raise ConfigError(f"temperature must be > 0, top_p in (0, 1] and samples >= 1, got {temperature}, "
                           f"{top_p}, {samples}")
-    s = sampler(reward_task(dataset, reward) if dataset is not None else task, str(model),
-                max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, source="eval", dtype=dtype,
-                device=device)
-    ref = load_causal_lm(str(reference), dtype)[0].to(s.model.device) if reference is not None else None
+    s = sampler(reward_task(dataset, reward) if dataset is not None else task, str(model), size=size or None,
+                seed=task_seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, source="eval",
+                dtype=dtype, options=options, device=device)
+    ref = None
+    if reference is not None:
+        ref = load_causal_lm(model_directory(str(reference), s.task.name), dtype)[0].to(s.model.device)
     result = protocol(s.spec, s.task.prompts(), s.encode_prompt, samples, temperature, top_p, seed, stats=True,
                       reference=ref)
     return {**result, "task": s.task.name, "model": s.model_id}

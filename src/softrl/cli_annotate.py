@@ -13,18 +13,16 @@ from softrl.cli_data import open_store, report_problems
 
 
 def task_options(pairs: list[str] | None) -> dict:
-    """`--task-option KEY=VALUE` pairs as the task's keyword options (each value read as YAML)."""
-    import yaml
+    """`--task-option KEY=VALUE` pairs as the task's keyword options (each value read as YAML, as a
+    config override's is)."""
+    from softrl.config import ConfigError, parse_override
 
     options = {}
     for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            fail(f"--task-option {pair!r} is not KEY=VALUE (e.g. prompts=prompts.jsonl)")
         try:
-            options[key] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            options[key] = value
+            _, options[pair.partition("=")[0].strip()] = parse_override(pair)
+        except ConfigError as e:
+            fail(f"--task-option {e}")
     return options
 
 

@@ -122,23 +122,16 @@ def eval_command(
     task_option: list[str] = TASK_OPTION_OPT,
 ) -> None:
     """pass@1 and pass@10 (unbiased), per-sample success, distinct correct answers, token entropy, KL to a reference."""
-    from softrl.cli_annotate import reference_sampler
-    from softrl.eval.protocol import evaluate
-    from softrl.models.loading import ModelLoadError, load_causal_lm
+    from softrl.api import evaluate
+    from softrl.cli_annotate import task_options
 
     if temperature <= 0 or not 0 < top_p <= 1:
         fail(f"--temperature must be > 0 and --top-p in (0, 1], got {temperature} and {top_p}")
-    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "eval", dtype, device, task_option)
-    task_obj, spec, encode = s.task, s.spec, s.encode_prompt
-    ref_model = None
-    if reference is not None:
-        try:
-            ref_model = load_causal_lm(reference, dtype)[0].to(s.model.device)
-        except ModelLoadError as e:
-            fail(str(e))
-    with err.status(f"sampling {samples} responses for each of {len(task_obj.prompts())} prompts"), one_line_errors():
-        result = {**evaluate(spec, task_obj.prompts(), encode, samples, temperature, top_p, seed, stats=True,
-                             reference=ref_model), "task": task, "model": model}
+    options = task_options(task_option)
+    with err.status(f"evaluating {model} on {task}: {samples} samples per prompt"), one_line_errors():
+        result = {**evaluate(model, task=task, size=size, task_seed=task_seed, options=options, samples=samples,
+                             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, reference=reference,
+                             seed=seed, device=device, dtype=dtype), "task": task, "model": model}
     if as_json:
         typer.echo(json.dumps(result))
         return

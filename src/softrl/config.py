@@ -41,8 +41,9 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 class ModelConfig(Section):
-    path: str = Field("bootstrap", description="model directory, 'bootstrap' for the task's built-in reference, "
-                      "or a name `softrl model prepare` knows (smollm2-135m)")
+    path: str = Field("bootstrap", description="model directory, a hub id, 'bootstrap' for the task's built-in "
+                      "reference (bootstrap:TASK for another task's), or a name `softrl model prepare` knows "
+                      "(smollm2-135m)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the trained weights (and so of "
                                                   "their gradients and AdamW state)")
     device: str = Field("auto", description="auto (CUDA when available), cpu, cuda or cuda:N")
@@ -76,7 +77,8 @@ class ModelConfig(Section):
 
 
 class TaskConfig(Section):
-    name: str = Field("countdown", description="task spec: countdown, tinycode, KIND:PATH, gym:NAME, module:Name")
+    name: str = Field("countdown", description="task spec: countdown, tinycode, KIND:PATH, gym:NAME, "
+                      "hf:DATASET[:CONFIG][:SPLIT] (with options.reward), module:Name")
     size: int = Field(200, ge=1, le=MAX_PROMPTS, description="training prompts")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the training prompts")
     eval_size: int = Field(100, ge=1, le=MAX_PROMPTS, description="held-out prompts for evaluation")
@@ -350,10 +352,11 @@ def config_from(settings: dict[str, Any]) -> RunConfig:
     """A validated RunConfig from dotted keys or sections and plain values, e.g. `{"optim.lr": 1e-4,
     "data": {"mix": {"online": 1.0}}}` (what code builds; `load_config` reads what people write)."""
     data: dict = {}
-    for key, value in settings.items():
-        if not isinstance(key, str):
-            raise ConfigError(f"config key {key!r} must be a string such as 'optim' or 'optim.lr'")
-        apply_override(data, key.split("."), copy.deepcopy(value))
+    bad = next((key for key in settings if not isinstance(key, str)), None)
+    if bad is not None:
+        raise ConfigError(f"config key {bad!r} must be a string such as 'optim' or 'optim.lr'")
+    for path, value in flatten(settings):  # a section's keys one by one: {"model": {...}} keeps "model.path"
+        apply_override(data, ".".join(path).split("."), copy.deepcopy(value))
     return load_config(None, [], base=data)
 
 

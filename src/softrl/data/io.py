@@ -78,7 +78,7 @@ def offline_trajectories(records: list[tuple[str, dict[str, Any]]], task: Task, 
     """`{prompt, completion (or response), reward or passed}` records (a prompt as text or chat
     messages) as trajectories of `task`: a prompt the task has gets its id, so the run trains on it.
     Returns (trajectories, how many have a prompt the task does not have)."""
-    from softrl.tasks.reward_functions import prompt_of
+    from softrl.tasks.records import prompt_of
 
     ids = {p.text: p.id for p in task.prompts()}
     rows, unknown = [], 0

@@ -74,9 +74,9 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", pad_token: str | No
 
 def apply_chat_template(tokenizer, text: str) -> str:
     """The prompt as the tokenizer's chat template renders it: a conversation's messages
-    (`tasks.reward_functions.conversation_text`), else the text as a single user turn. Without a
+    (`tasks.records.conversation_text`), else the text as a single user turn. Without a
     template, the text unchanged, or a conversation's turns as `role: content` lines."""
-    from softrl.tasks.reward_functions import conversation_of
+    from softrl.tasks.records import conversation_of
 
     messages = conversation_of(text)
     if getattr(tokenizer, "chat_template", None):

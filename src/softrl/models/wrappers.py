@@ -40,13 +40,13 @@ class PolicyModel:
         """Recompute each layer's activations in backward instead of keeping them."""
         checkpoint_activations(self.model)
 
-    def save(self, directory: str | Path) -> None:
-        """Whole weights and the tokenizer, a folder `AutoModelForCausalLM.from_pretrained` loads (LoRA
-        adapters merged into a copy, so the folder does not need PEFT or the base model)."""
-        model = self.model
-        if hasattr(model, "merge_and_unload"):
-            model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(str(directory))
+    def save_final(self, directory: str | Path) -> None:
+        """Whole weights and the tokenizer, a folder `AutoModelForCausalLM.from_pretrained` loads. LoRA
+        adapters are merged into the weights in place (no copy: LoRA is used where memory is short),
+        so call this once training is over; the folder then needs neither PEFT nor the base model."""
+        if hasattr(self.model, "merge_and_unload"):
+            self.model = self.model.merge_and_unload()
+        self.model.save_pretrained(str(directory))
         self.tokenizer.save_pretrained(str(directory))
 
 

@@ -12,7 +12,10 @@ import softrl.objectives as registry
 from softrl.config import RunConfig
 
 
-def write_model_card(directory: Path, config: RunConfig, base_model: str, task: str, summary: dict) -> Path:
+def write_model_card(directory: Path, config: RunConfig, base_model: str, task: str, summary: dict,
+                     held_out: bool) -> Path:
+    """`held_out`: whether the evaluation prompts were others than the training prompts."""
+    settings = config.model_dump(mode="json")
     objectives = {source: config.data.objective_for(source) for source in config.data.mix}
     algorithms = sorted({o.algorithm for o in objectives.values()})
     header = {"library_name": "transformers", "tags": ["softrl", "reinforcement-learning", *algorithms]}
@@ -35,7 +38,8 @@ def write_model_card(directory: Path, config: RunConfig, base_model: str, task: 
         "", f"KL-regularisation beta {config.beta:.4g}, learning rate {config.optim.lr:g}, "
         f"{config.sampling.samples_per_prompt} samples per prompt, seed {config.seed}.", "",
         "## Evaluation", "",
-        f"Held-out prompts, {config.eval.samples} samples each at temperature {config.eval.temperature:g}, "
+        f"{'Held-out prompts' if held_out else 'The training prompts (no held-out set was given)'}, "
+        f"{config.eval.samples} samples each at temperature {config.eval.temperature:g}, "
         f"top-p {config.eval.top_p:g}:", "",
         "| | pass@1 | pass@10 |", "|---|---|---|",
         f"| before training | {score('pass@1_before')} | {score('pass@10_before')} |",
@@ -44,7 +48,7 @@ def write_model_card(directory: Path, config: RunConfig, base_model: str, task: 
         f'model = AutoModelForCausalLM.from_pretrained("{directory}")',
         f'tokenizer = AutoTokenizer.from_pretrained("{directory}")', "```", "",
         "## The run's configuration", "", "```yaml",
-        yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False).strip(), "```", "",
+        yaml.safe_dump({**settings, "task": {**settings["task"], "name": task}}, sort_keys=False).strip(), "```", "",
     ]
     path = directory / "README.md"
     path.write_text("\n".join(lines))

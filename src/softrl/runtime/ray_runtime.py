@@ -251,16 +251,17 @@ class ObjectStore:
                 pass
 
 
+PYTHON_TASKS_REFUSED = ("runtime.kind: ray builds its tasks in its actors from task.name: put the reward function "
+                        "in a module and use task.name=module:function (or the local runtime)")
+
+
 def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
           on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print,
           on_eval: Callable[[dict], None] | None = None, tasks=None) -> dict:
     """The Ray runtime's run; the same contract as `softrl.runtime.local.train`, except that its
     tasks come from `config.task` (the actors build them), so Python-made `tasks` are refused."""
-    from softrl.config import ConfigError
-
     if tasks is not None:
-        raise ConfigError("runtime.kind: ray builds its tasks in its actors from task.name: put the reward "
-                          "function in a module and use task.name=module:function (or the local runtime)")
+        raise ConfigError(PYTHON_TASKS_REFUSED)
     rc = config.runtime
     ray = _ray(local=rc.ray_address is None)
     from ray.exceptions import ActorUnavailableError, RayActorError

@@ -110,7 +110,8 @@ class Session:
         after = self.evaluated({"step": p.step, "samples": p.samples, "time": round(p.seconds, 2)})
         self.runlog.write(after)
         final = self.runlog.run_dir / "final"
-        self.run.policy.save(final)
+        self.run.policy.save_final(final)
         summary = self.runlog.finish(p, after)
-        write_model_card(final, self.config, self.run.model_path, self.run.train_task.name, summary)
+        write_model_card(final, self.config, self.run.model_path, self.run.train_task.name, summary,
+                         held_out=self.run.eval_task is not self.run.train_task)
         return summary

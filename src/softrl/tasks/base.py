@@ -33,19 +33,29 @@ def check_reward(value: Any, where: str, name: str = "reward") -> float:
     """`value` as a float in [0, 1] (a bool counts as 0 or 1); anything else (NaN, inf, out of range,
     not a number) is a RewardError `"{where}: {name} must be a finite number in [0, 1], got {value}"`.
     The one check every reward passes on its way in: `Task.grade_many` and the store's writes."""
+    reward = finite_float(value)
+    if reward is None or not 0.0 <= reward <= 1.0:
+        raise RewardError(f"{where}: {name} must be a finite number in [0, 1], got {shown(value)}")
+    return reward
+
+
+def finite_float(value: Any) -> float | None:
+    """`value` as a finite float (a bool as 0 or 1), or None when it is not a finite number."""
     if isinstance(value, bool):
         return float(value)
-    reward = None
-    if not isinstance(value, (str, bytes)) and hasattr(type(value), "__float__"):
-        try:
-            reward = float(value)
-        except (TypeError, ValueError, OverflowError):
-            reward = None
-    if reward is None or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
-        shown = " ".join(repr(value).split())
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise RewardError(f"{where}: {name} must be a finite number in [0, 1], got {shown}")
-    return reward
+    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown(value: Any) -> str:
+    """A value as an error message quotes it: on one line, at most 80 characters."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,6 @@ def _hub_dataset(spec: str) -> Iterator[tuple[str, dict[str, Any]]]:
         import datasets
     except ImportError as e:
         raise RecordError(f"{spec}: hf: datasets need `pip install softrl[datasets]`") from e
-    datasets.disable_progress_bars()  # softrl shows its own
     try:
         data = datasets.load_dataset(name, config or None, split=split or "train")
     except Exception as e:  # noqa: BLE001 - datasets raises many types (not found, offline, bad split)
@@ -147,3 +146,46 @@ def field(record: dict[str, Any], name: str, where: str, kind: type | tuple[type
         wanted = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise RecordError(f"{where}: record {label!r}: field {name!r} must be {wanted}, got {type(value).__name__}")
     return value
+
+
+# --- a record's prompt: a string, or chat messages kept as one text -----------------------------
+def conversation_text(messages: list[dict[str, str]]) -> str:
+    """A conversation as one prompt text: what the store keeps and `apply_chat_template` renders."""
+    return json.dumps({"messages": messages}, ensure_ascii=False)
+
+
+def conversation_of(text: str) -> list[dict[str, str]] | None:
+    """The messages of a text `conversation_text` made, else None (a plain prompt, also one that only
+    looks like a conversation)."""
+    if not text.startswith('{"messages": ['):
+        return None
+    try:
+        value = json.loads(text)
+        return _messages(value["messages"], "", "") if isinstance(value, dict) and list(value) == ["messages"] else None
+    except (json.JSONDecodeError, RecordError):
+        return None
+
+
+def _messages(value: Any, where: str, name: str) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
+        raise RecordError(f"{where}: field {name!r} must be a string or a non-empty list of "
+                          "{'role': ..., 'content': ...} messages")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def prompt_of(record: dict[str, Any], where: str) -> tuple[str, Any, list[str]]:
+    """(prompt text, the prompt as the reward function sees it, known solutions) of a record."""
+    if "prompt" in record and record["prompt"] is not None:
+        value = record["prompt"]
+        if isinstance(value, str):
+            return value, value, []
+        messages = _messages(value, where, "prompt")
+        return conversation_text(messages), messages, []
+    if "messages" in record and record["messages"] is not None:
+        messages = _messages(record["messages"], where, "messages")
+        solutions = []
+        if messages[-1]["role"] == "assistant" and len(messages) > 1:
+            solutions, messages = [messages[-1]["content"]], messages[:-1]
+        return conversation_text(messages), messages, solutions
+    raise RecordError(f"{where}: record has no field 'prompt' (a string or chat messages) or 'messages'")

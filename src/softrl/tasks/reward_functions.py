@@ -6,66 +6,25 @@ assistant turn is its known solution), and any other fields. A reward function s
 - per-sample: `f(prompt, completion, **fields) -> float | bool | Grade`;
 - batched, TRL's form: `f(prompts, completions, **fields) -> list[float]`, every field a list with one
   entry per completion.
-The form is read from the signature: first two parameters named `prompts` and `completions` (or an
-attribute `f.batched = True`) make it batched. A function gets the fields its signature names, or all
-of them when it takes `**kwargs`. Several functions are summed with weights (default 1/n each, so
-that rewards in [0, 1] stay in [0, 1], softrl's range: 1 = solved).
+The form is read from the signature: a parameter named `completions` (or an attribute
+`f.batched = True`) makes it batched, called by keyword as TRL calls it (`prompts=` only where the
+signature takes it); a per-sample function gets the prompt and the completion as its first two
+arguments. Completions are always strings. A function gets the fields its signature names, or all of
+them when it takes `**kwargs`. Several functions are summed with weights: unweighted ones share what
+the given weights leave of 1 (1/n each when none is given), so rewards in [0, 1] stay in [0, 1],
+softrl's range: 1 = solved.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from softrl.tasks.base import Grade, Prompt, RewardError, Task, prompt_id_of
-from softrl.tasks.records import RecordError
+from softrl.tasks.base import Grade, Prompt, RewardError, Task, finite_float, prompt_id_of, shown
+from softrl.tasks.records import RecordError, prompt_of
 
-BATCHED = ("prompts", "completions")
-RESERVED = ("prompt", "completion", "prompts", "completions")  # passed positionally, never as fields
-
-
-def conversation_text(messages: list[dict[str, str]]) -> str:
-    """A conversation as one prompt text: what the store keeps and `apply_chat_template` renders."""
-    return json.dumps({"messages": messages}, ensure_ascii=False)
-
-
-def conversation_of(text: str) -> list[dict[str, str]] | None:
-    """The messages of a text `conversation_text` made, else None (a plain prompt)."""
-    if not text.startswith('{"messages": ['):
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return value["messages"] if isinstance(value, dict) and list(value) == ["messages"] else None
-
-
-def _messages(value: Any, where: str, name: str) -> list[dict[str, str]]:
-    if not isinstance(value, list) or not value or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
-        raise RecordError(f"{where}: field {name!r} must be a string or a non-empty list of "
-                          "{'role': ..., 'content': ...} messages")
-    return [{"role": m["role"], "content": m["content"]} for m in value]
-
-
-def prompt_of(record: dict[str, Any], where: str) -> tuple[str, Any, list[str]]:
-    """(prompt text, the prompt as the reward function sees it, known solutions) of a record."""
-    if "prompt" in record and record["prompt"] is not None:
-        value = record["prompt"]
-        if isinstance(value, str):
-            return value, value, []
-        messages = _messages(value, where, "prompt")
-        return conversation_text(messages), messages, []
-    if "messages" in record and record["messages"] is not None:
-        messages = _messages(record["messages"], where, "messages")
-        solutions = []
-        if messages[-1]["role"] == "assistant" and len(messages) > 1:
-            solutions, messages = [messages[-1]["content"]], messages[:-1]
-        return conversation_text(messages), messages, solutions
-    raise RecordError(f"{where}: record has no field 'prompt' (a string or chat messages) or 'messages'")
 
 
 class RewardFunction:
@@ -83,13 +42,17 @@ class RewardFunction:
             parameters = list(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError):  # a builtin without a signature: the plain per-sample form
             parameters = []
-        positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        self.batched = bool(getattr(fn, "batched", False)) or tuple(positional[:2]) == BATCHED
+        names = [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        self.batched = bool(getattr(fn, "batched", False)) or "completions" in names
         self.all_fields = any(p.kind == p.VAR_KEYWORD for p in parameters)
-        self.fields = {p.name for p in parameters[2:] if p.kind != p.VAR_POSITIONAL} - set(RESERVED)
+        self.takes_prompts = "prompts" in names or self.all_fields
+        # what is passed as the prompt and completion is never also passed as a field of that name
+        passed = {"prompts", "completions", "prompt"} if self.batched else set(names[:2])
+        self.fields = set(names) - passed
+        self.excluded = passed
 
     def _wanted(self, record: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in record.items() if k not in RESERVED and (self.all_fields or k in self.fields)}
+        return {k: v for k, v in record.items() if k not in self.excluded and (self.all_fields or k in self.fields)}
 
     def __call__(self, prompts: list[Any], completions: list[str], records: list[dict[str, Any]],
                  where: Callable[[int], str]) -> list[float | Grade]:
@@ -97,7 +60,8 @@ class RewardFunction:
         if not self.batched:
             return [self.fn(p, c, **self._wanted(r)) for p, c, r in zip(prompts, completions, records)]
         keys = dict.fromkeys(k for r in records for k in self._wanted(r))
-        values = self.fn(prompts, completions, **{k: [r.get(k) for r in records] for k in keys})
+        fields = {k: [r.get(k) for r in records] for k in keys}
+        values = self.fn(completions=completions, **({"prompts": prompts} if self.takes_prompts else {}), **fields)
         if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
             raise RewardError(f"{where(0)}: batched reward function {self.name} must return a list of "
                               f"{len(completions)} numbers, got {type(values).__name__}")
@@ -110,26 +74,25 @@ class RewardFunction:
 
 def _number(value: Any, where: str, name: str) -> float:
     """A function's value as a finite float (True/False as 1/0); a RewardError naming it otherwise."""
-    if isinstance(value, Grade):
-        value = value.reward
-    if isinstance(value, bool):
-        return float(value)
-    if value is not None and not isinstance(value, (str, bytes)) and hasattr(type(value), "__float__"):
-        number = float(value)
-        if math.isfinite(number):
-            return number
-    shown = " ".join(repr(value).split())
-    raise RewardError(f"{where}: reward function {name} must return a finite number, got "
-                      f"{shown if len(shown) <= 80 else shown[:77] + '...'}")
+    value = value.reward if isinstance(value, Grade) else value
+    number = finite_float(value)
+    if number is None:
+        raise RewardError(f"{where}: reward function {name} must return a finite number, got {shown(value)}")
+    return number
 
 
 def reward_functions(reward: Any) -> list[RewardFunction]:
-    """`f`, `[f, g, ...]` or `[(f, weight), ...]` as RewardFunctions; unweighted ones share 1/n."""
+    """`f`, `[f, g, ...]` or `[(f, weight), ...]` as RewardFunctions; unweighted ones share what the
+    given weights leave of 1."""
     items = list(reward) if isinstance(reward, (list, tuple)) and not _is_pair(reward) else [reward]
     if not items:
         raise RewardError("reward: give at least one reward function")
-    default = 1.0 / len(items)
-    return [RewardFunction(*item) if _is_pair(item) else RewardFunction(item, default) for item in items]
+    given = [item[1] for item in items if _is_pair(item)]
+    rest = len(items) - len(given)
+    left = 1.0 - sum(w for w in given if isinstance(w, (int, float)))
+    if rest and left < 0:
+        raise RewardError(f"reward: the given weights sum to {1 - left:g}, leaving nothing for the unweighted functions")
+    return [RewardFunction(*item) if _is_pair(item) else RewardFunction(item, left / rest) for item in items]
 
 
 def _is_pair(item: Any) -> bool:
@@ -139,8 +102,6 @@ def _is_pair(item: Any) -> bool:
 class RewardFunctionTask(Task):
     """Prompts from records, graded by the sum of the reward functions over each record's fields."""
 
-    parallel_grading = False
-
     def __init__(self, rewards: list[RewardFunction], records: Iterable[tuple[str, dict[str, Any]]],
                  name: str | None = None):
         self.rewards = rewards
@@ -148,8 +109,10 @@ class RewardFunctionTask(Task):
         self._prompts, self._solutions, seen = [], {}, {}
         for where, record in records:
             text, shown, solutions = prompt_of(record, where)
+            # ids carry the task's name: Q0 is the soft value under this reward, not another's
             key = record.get("id")
-            key = str(key) if isinstance(key, (str, int)) and not isinstance(key, bool) else prompt_id_of(text)
+            key = f"{self.name}:{key}" if isinstance(key, (str, int)) and not isinstance(key, bool) \
+                else prompt_id_of(f"{self.name}\0{text}")
             if key in seen:  # the same prompt twice (or a repeated id): each stays its own prompt
                 seen[key] += 1
                 key = f"{key}#{seen[key]}"
