@@ -132,6 +132,19 @@ def test_records_need_a_prompt_and_messages_are_a_conversation():
     assert seen == [chat]  # the reward sees the messages, the model the template's rendering
 
 
+def test_data_import_takes_chat_prompts(tmp_path):
+    """`softrl data import` reads a prompt given as chat messages (or `messages`) as the same text
+    the chat template renders and the API's datasets store."""
+    from softrl.data.io import read_trajectories
+
+    chat = [{"role": "user", "content": "2+2?"}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"prompt": chat, "completion": "4", "reward": 1}) + "\n"
+                    + json.dumps({"messages": chat, "response": "5", "reward": 0}) + "\n")
+    rows = read_trajectories(path, "human")
+    assert [r.prompt_text for r in rows] == [conversation_text(chat)] * 2 and [r.reward for r in rows] == [1.0, 0.0]
+
+
 def test_a_conversation_goes_through_the_chat_template(tiny):
     from softrl.models.loading import encode_prompt
 

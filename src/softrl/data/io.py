@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from softrl.data.schema import TRAJECTORY_SCHEMA, Trajectory
 from softrl.tasks.base import RewardError, Task, check_reward, prompt_id_of
-from softrl.tasks.records import RecordError, field, read_records
+from softrl.tasks.records import RecordError, field, prompt_of, read_records
 
 
 def _reward(value: Any, where: str) -> float:
@@ -26,8 +26,8 @@ def _reward(value: Any, where: str) -> float:
 
 
 def record_to_trajectory(record: dict[str, Any], where: str, source: str | None, task: str) -> Trajectory:
-    """An exported store row (it has `response_text`) or a `{prompt, response (or completion),
-    reward[, passed, prompt_id, task]}` record."""
+    """An exported store row (it has `response_text`) or a `{prompt (a text or chat messages),
+    response (or completion), reward[, passed, prompt_id, task]}` record."""
     if "response_text" in record:
         known = {f.name for f in TRAJECTORY_SCHEMA}
         row = {k: v for k, v in record.items() if k in known}
@@ -47,7 +47,7 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
         return trajectory
     if "response" not in record and "completion" in record:  # TRL's name for it
         record = {**record, "response": record["completion"]}
-    prompt, response = field(record, "prompt", where), field(record, "response", where)
+    prompt, response = prompt_of(record, where)[0], field(record, "response", where)  # a text or chat messages
     if "reward" not in record and "passed" not in record:
         raise RecordError(f"{where}: record needs a 'reward' (in [0, 1]) or a 'passed' field")
     passed_given = record.get("passed")
@@ -78,14 +78,13 @@ def offline_trajectories(records: list[tuple[str, dict[str, Any]]], task: Task, 
     """`{prompt, completion (or response), reward or passed}` records (a prompt as text or chat
     messages) as trajectories of `task`: a prompt the task has gets its id, so the run trains on it.
     Returns (trajectories, how many have a prompt the task does not have)."""
-    from softrl.tasks.records import prompt_of
-
     ids = {p.text: p.id for p in task.prompts()}
     rows, unknown = [], 0
     for where, record in records:
         text = prompt_of(record, where)[0]
         unknown += text not in ids
         keyed = {**record, "prompt": text, "prompt_id": ids.get(text) or record.get("prompt_id"), "task": task.name}
+        keyed.pop("messages", None)  # the conversation is the prompt text now
         rows.append(record_to_trajectory(keyed, where, source, task.name))
     return rows, unknown
 
