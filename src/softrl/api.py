@@ -162,9 +162,10 @@ def train(config: RunConfig | dict | str | Path | None = None, *, dataset: Any =
     `config`: a RunConfig, a dict with the YAML's keys, or a YAML path. `dataset`: records with
     `prompt` (a string or chat messages) or `messages`, and any other fields: a list of dicts, a
     `datasets.Dataset`, a path `read_records` takes, or `hf:DATASET[:CONFIG][:SPLIT]`; with `reward`,
-    one function or a list (`f` or `(f, weight)`; unweighted ones share 1/n), each per-sample
-    `f(prompt, completion, **fields)` or batched `f(prompts, completions, **fields) -> list` (TRL's
-    form, told by its first two parameter names). Without them, `config.task` says the task.
+    one function or a list (`f` or `(f, weight)`; unweighted ones share what the given weights leave
+    of 1), each per-sample `f(prompt, completion, **fields)` or batched, TRL's form, when a parameter
+    is named `completions` (called by keyword: `f(completions=..., prompts=..., **fields) -> list`).
+    Without them, `config.task` says the task; `model.path` must then name the model to train.
     `eval_dataset`: held-out records (else the dataset's own prompts are evaluated). `offline`:
     trajectories to learn from besides the online samples, records `{prompt, completion, reward}` in
     any form `dataset` takes, or the name of a source already in the store; they join
@@ -175,6 +176,7 @@ def train(config: RunConfig | dict | str | Path | None = None, *, dataset: Any =
     from softrl.runtime.group import torchrun_rank
     from softrl.runtime.runlog import check_run_dir
 
+    console = Console(stderr=True)
     cfg = run_config(config)
     tasks = _tasks(cfg, dataset, reward, eval_dataset)
     if tasks is not None and cfg.runtime.kind == "ray":  # refused before the store is written
@@ -185,10 +187,10 @@ def train(config: RunConfig | dict | str | Path | None = None, *, dataset: Any =
     if offline is not None:
         from softrl.assemble import load_tasks
 
-        log = (lambda m: None) if not progress else (lambda m: Console(stderr=True).print(m, highlight=False))
+        log = (lambda m: None) if not progress else (lambda m: console.print(m, highlight=False))
         importing = not resume and torchrun_rank() in (None, 0)  # once, by rank 0 of a new run
         cfg = _import_offline(cfg, offline, (tasks[0] if tasks else load_tasks(cfg)[0]) if importing else None, log)
-    summary = run_with_progress(cfg, resume, tasks, callbacks, quiet=not progress)
+    summary = run_with_progress(cfg, resume, tasks, callbacks, quiet=not progress, console=console)
     return Run(Path(summary["run_dir"]), Path(summary["run_dir"]) / "final", summary, cfg)
 
 

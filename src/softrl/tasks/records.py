@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,15 +61,17 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
             raise RecordError(f"{path}:{number + 1}: not readable as UTF-8 JSON lines ({_reason(e)})") from e
     elif path.suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            data = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise RecordError(f"{path}: not a UTF-8 JSON file ({_reason(e)})") from e
         except RecursionError as e:
             raise RecordError(f"{path}: nested too deeply") from e
         if not isinstance(data, list):
             raise RecordError(f"{path}: a .json dataset must be a list of records")
+        escapes_surrogates = bool(_SURROGATE_ESCAPE.search(text))
         for i, record in enumerate(data):
-            yield f"{path}#{i}", _json_object(json.dumps(record), f"{path}#{i}")
+            yield f"{path}#{i}", _text_record(record, f"{path}#{i}", escapes_surrogates)
     else:
         raise RecordError(f"{path}: unknown dataset format (use .jsonl, .jsonl.gz, .json, .parquet or a datasets dir)")
 
@@ -81,14 +84,26 @@ def _reason(error: Exception) -> str:
 
 def _json_object(line: str, where: str) -> dict[str, Any]:
     try:
-        record = _as_record(json.loads(line), where)
-        json.dumps(record, ensure_ascii=False).encode("utf-8")  # JSON lets a lone surrogate (\\ud800) through
+        value = json.loads(line)
     except json.JSONDecodeError as e:
         raise RecordError(f"{where}: not valid JSON ({e.msg})") from e
     except RecursionError as e:
         raise RecordError(f"{where}: nested too deeply") from e
-    except UnicodeEncodeError as e:
-        raise RecordError(f"{where}: a string holds {e.object[e.start:e.end]!a}, which is not a character") from e
+    return _text_record(value, where, bool(_SURROGATE_ESCAPE.search(line)))
+
+
+# JSON lets a lone surrogate (\ud800) through, which no UTF-8 file can hold; only such an escape
+# in the text can put one in a decoded string, so only then is the record encoded to find it
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _text_record(value: Any, where: str, escapes_surrogates: bool) -> dict[str, Any]:
+    record = _as_record(value, where)
+    if escapes_surrogates:
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise RecordError(f"{where}: a string holds {e.object[e.start:e.end]!a}, which is not a character") from e
     return record
 
 

@@ -33,10 +33,11 @@ class RewardFunction:
     def __init__(self, fn: Callable, weight: float = 1.0):
         if not callable(fn):
             raise RewardError(f"a reward must be a function, got {type(fn).__name__}")
-        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
+        number = finite_float(weight)
+        if number is None or number < 0:
             raise RewardError(f"the weight of reward function {getattr(fn, '__name__', fn)!r} must be a finite "
-                              f"number >= 0, got {weight!r}")
-        self.fn, self.weight = fn, float(weight)
+                              f"number >= 0, got {shown(weight)}")
+        self.fn, self.weight = fn, number
         self.name = getattr(fn, "__name__", type(fn).__name__)
         try:
             parameters = list(inspect.signature(fn).parameters.values())
@@ -108,7 +109,7 @@ class RewardFunctionTask(Task):
         self.name = name or "+".join(r.name for r in rewards)
         self._prompts, self._solutions, seen = [], {}, {}
         for where, record in records:
-            text, shown, solutions = prompt_of(record, where)
+            text, as_given, solutions = prompt_of(record, where)
             # ids carry the task's name: Q0 is the soft value under this reward, not another's
             key = record.get("id")
             key = f"{self.name}:{key}" if isinstance(key, (str, int)) and not isinstance(key, bool) \
@@ -118,7 +119,7 @@ class RewardFunctionTask(Task):
                 key = f"{key}#{seen[key]}"
             else:
                 seen[key] = 0
-            self._prompts.append(Prompt(key, text, {"record": record, "prompt": shown}))
+            self._prompts.append(Prompt(key, text, {"record": record, "prompt": as_given}))
             self._solutions[key] = solutions
         if not self._prompts:
             raise RecordError(f"task {self.name}: the dataset has no records")
@@ -137,14 +138,14 @@ class RewardFunctionTask(Task):
         checked to be a finite number in [0, 1]."""
         if not pairs:
             return []
-        shown = [p.meta.get("prompt", p.text) for p, _ in pairs]
+        as_given = [p.meta.get("prompt", p.text) for p, _ in pairs]
         completions = [r for _, r in pairs]
         records = [p.meta.get("record", {}) for p, _ in pairs]
         where = lambda i: f"task {self.name}, prompt {pairs[i][0].id}"  # noqa: E731
         total = [0.0] * len(pairs)
         own: list[Grade | bool | None] = [None] * len(pairs)  # a lone function's own verdict, if it gave one
         for fn in self.rewards:
-            for i, value in enumerate(fn(shown, completions, records, where)):
+            for i, value in enumerate(fn(as_given, completions, records, where)):
                 total[i] += fn.weight * _number(value, where(i), fn.name)
                 if len(self.rewards) == 1 and isinstance(value, (bool, Grade)):
                     own[i] = value
