@@ -29,7 +29,7 @@ def expected_gradient(problem: TabularProblem, options: dict, q0: float, data: s
     old = problem.token_logp(problem.ref_logits).detach()  # [N, T]
     mu = old.sum(-1).exp() if data == "pi0" else torch.full((old.shape[0],), 1 / old.shape[0], dtype=old.dtype)
     index, weights = exact_groups(mu, 1)
-    b = make_batch(problem, policy, index, old, torch.zeros_like(old), 1, weights)
+    b = make_batch(problem, policy, index, old, old, torch.zeros_like(old), 1, weights)
     inputs = LossInputs(b.logp, b.ref_logp, b.old_logp, b.mask, torch.full_like(b.reward, 0.5),
                         torch.full_like(b.q0, q0), b.beta, weights=b.weights)
     loss, _ = objective_loss(registry.get("spo").options(**options), inputs)

@@ -239,6 +239,13 @@ class RunConfig(Section):
                                  f"{objective.name} (it needs a group of responses per prompt)")
             if objective.data == "online" and source != "online":
                 raise ValueError(f"data.objectives.{source}: {objective.name} learns from online rollouts only")
+            s = self.sampling
+            if source == "online" and objective.behavior(options) and (
+                    s.temperature != 1 or s.top_p != 1 or s.temperature_range is not None):
+                key = f"data.objectives.{source}" if source in self.data.objectives else "data.objective"
+                how = f" with is_correction={options.is_correction}" if hasattr(options, "is_correction") else ""
+                raise ValueError(f"{key}: {objective.name}{how} weighs rows by pi/mu, and online samples have mu's "
+                                 "log-probs only at sampling.temperature=1 and top_p=1 without temperature_range")
         if self.runtime.learners > 1 and self.model.device.startswith("cuda:"):
             raise ValueError(f"model.device: {self.model.device} with runtime.learners > 1: use cuda or auto "
                              "(each learner process takes its own GPU, rank r the r-th)")

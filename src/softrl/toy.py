@@ -27,7 +27,8 @@ def loss_inputs(b: TabularBatch) -> LossInputs:
     """The tabular problem's rewards are 0 (success) and -1 (failure), SPO's `r - 1`: the registry takes
     the task's units, so both the reward and the soft value `V* = Q0` move up by 1."""
     return LossInputs(b.logp, b.ref_logp, b.old_logp, b.mask, b.reward + 1, b.q0 + 1, b.beta, b.group_size,
-                      token_kl=b.token_kl, values=b.values, old_values=b.old_values, weights=b.weights)
+                      token_kl=b.token_kl, values=b.values, old_values=b.old_values, weights=b.weights,
+                      behavior_logp=b.behavior_logp, has_behavior=torch.ones_like(b.reward, dtype=torch.bool))
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,11 @@ VARIANTS = [
     ToyMethod("kl-pg", "kl-pg", {"kl": "sequence"}, group_size=2),
     ToyMethod("kl-pg-token", "kl-pg", {"kl": "token"}, group_size=2),
     ToyMethod("grpo", "grpo", group_size=3, data=ON_POLICY),
+    # truncated importance sampling makes GRPO usable on other policies' rows: off-policy here too
+    *[ToyMethod(f"grpo-tis-{how.replace('_truncate', '').replace('_', '-')}", "grpo", {"is_correction": how},
+                group_size=3) for how in ("token_truncate", "sequence_truncate", "sequence_mask")],
+    ToyMethod("rloo", "rloo", group_size=2),
+    ToyMethod("rloo-tis-sequence", "rloo", {"is_correction": "sequence_truncate"}, group_size=2),
 ]
 METHODS: dict[str, ToyMethod] = {m.name: m for m in VARIANTS}
 METHODS.update({o.name: default_method(o) for o in registry.REGISTRY.values()

@@ -34,13 +34,18 @@ def grpo_loss(
     clip: float = 0.2,
     token_reduction: str = "mean",
     weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per token `-min(rho A, clip(rho) A) + beta * k3`, averaged over each response's tokens
-    (`token_reduction='mean'`, as in the GRPO paper), then over trajectories. advantages `[B]`."""
+    """Per token `w_t * (-min(rho A, clip(rho) A) + beta * k3)`, averaged over each response's tokens
+    (`token_reduction='mean'`, as in the GRPO paper), then over trajectories. advantages `[B]`;
+    `is_weights` `[B, T]`: detached importance weights for rows of another policy (default 1)."""
     if beta < 0:
         raise ValueError(f"beta must be >= 0 for GRPO, got beta={beta!r}")
     check_tokens(mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
     kl = k3_kl(logp, ref_logp)
     per_token = clipped_surrogate(logp, old_logp, advantages[:, None].expand_as(logp), clip) + beta * kl
+    if is_weights is not None:
+        check_tokens(mask, is_weights=is_weights)
+        per_token = per_token * is_weights
     metrics = {"grpo/k3_kl": reduce(reduce_tokens(kl, mask, "sum").detach(), weights).detach()}
     return reduce(reduce_tokens(per_token, mask, token_reduction), weights), metrics

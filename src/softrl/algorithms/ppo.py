@@ -64,12 +64,18 @@ def ppo_loss(
     value_coef: float = 0.5,
     token_reduction: str = "sum",
     weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped surrogate with ratio `pi / pi_old` (also the importance weight for stale rollouts)
-    plus the clipped value loss `1/2 max((V - G)^2, (clip(V, V_old +- c) - G)^2)`."""
+    """Clipped surrogate with ratio `pi / pi_old`, times the detached importance weights `is_weights`
+    `[B, T]` of rows sampled by another policy (default 1), plus the clipped value loss
+    `1/2 max((V - G)^2, (clip(V, V_old +- c) - G)^2)`."""
     check_tokens(mask, logp=logp, old_logp=old_logp, values=values, old_values=old_values,
                  advantages=advantages, returns=returns)
-    policy = reduce_tokens(clipped_surrogate(logp, old_logp, advantages, clip), mask, token_reduction)
+    surrogate = clipped_surrogate(logp, old_logp, advantages, clip)
+    if is_weights is not None:
+        check_tokens(mask, is_weights=is_weights)
+        surrogate = surrogate * is_weights
+    policy = reduce_tokens(surrogate, mask, token_reduction)
     clipped_v = old_values + (values - old_values).clamp(-value_clip, value_clip)
     value = 0.5 * torch.maximum((values - returns) ** 2, (clipped_v - returns) ** 2)
     value = reduce_tokens(value, mask, token_reduction)

@@ -26,9 +26,14 @@ def rloo_loss(
     beta: float,
     group_size: int,
     weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """REINFORCE leave-one-out: surrogate `-stopgrad(A_i) * log pi(y_i)` per trajectory, reduced."""
+    """REINFORCE leave-one-out: surrogate `-stopgrad(A_i) * sum_t w_t log pi(y_it)` per trajectory,
+    reduced; `is_weights` `[B, T]`: detached importance weights for rows of another policy (default 1)."""
     check_tokens(mask, logp=logp, ref_logp=ref_logp)
     log_ratio = masked_sum(logp - ref_logp, mask).detach()  # [B]
     adv = rloo_advantages(reward.detach(), log_ratio, beta, group_size)  # [B]
+    if is_weights is not None:
+        check_tokens(mask, is_weights=is_weights)
+        logp = logp * is_weights
     return reduce(-adv * masked_sum(logp, mask), weights), {"rloo/adv_abs": adv.abs().mean().detach()}

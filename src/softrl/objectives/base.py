@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
@@ -25,7 +26,7 @@ class LossInputs:
 
     logp: Tensor  # [B, T] log pi(y_t | y_<t), with gradients
     ref_logp: Tensor  # [B, T] log pi0, frozen
-    old_logp: Tensor  # [B, T] the policy that sampled the rows, for ratios (detached)
+    old_logp: Tensor  # [B, T] the trained policy when the batch was made (detached): PPO's ratio denominator
     mask: Tensor  # [B, T] 1 on real response tokens
     reward: Tensor  # [B] the task's reward, in [0, 1]
     q0: Tensor  # [B] beta * log mean_k exp(r_k / beta) over reference samples of the row's prompt
@@ -38,6 +39,15 @@ class LossInputs:
     mc_success: Tensor | None = None  # [B, M] success rate of rollouts from that prefix
     mc_mask: Tensor | None = None  # [B, M] 1 on real annotations
     weights: Tensor | None = None  # [B] replaces the mean over rows (exact expectations)
+    behavior_logp: Tensor | None = None  # [B, T] log mu, the policy that sampled each row (0 where unknown)
+    has_behavior: Tensor | None = None  # [B] bool: mu's log-probs are known (sampled at temperature 1, top-p 1)
+
+    def behavior(self) -> tuple[Tensor, Tensor]:
+        """(log mu `[B, T]`, known `[B]`): without them every row counts as of unknown origin."""
+        if self.behavior_logp is None or self.has_behavior is None:
+            return torch.zeros_like(self.logp).detach(), torch.zeros(self.logp.shape[0], dtype=torch.bool,
+                                                                     device=self.logp.device)
+        return self.behavior_logp, self.has_behavior
 
 
 class Options(BaseModel):
@@ -63,7 +73,9 @@ class Objective:
     data: Data = "any"
     min_group: int = 0  # responses per prompt it needs in a group (0: no groups)
     value_model: bool = False
-    behavior_logp: bool = False  # uses old_logp for ratios
+    # whether these options weigh rows by pi / mu: rows without mu's log-probs are then skipped (a run
+    # whose online samples cannot have them, or whose offline pool has none, is refused)
+    behavior: Callable[[Options], bool] = lambda options: False
     distributions: Callable[[Options], bool] = lambda options: False  # needs token_kl ([B, T, V] passes)
 
     def group_size(self, samples_per_prompt: int) -> int:

@@ -11,7 +11,7 @@ from softrl.config import ConfigError, RunConfig
 from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, TrajectoryPool
 from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.tasks.base import Prompt, Task
-from softrl.training.batch import Batch, make_batch
+from softrl.training.batch import Batch, knows_behavior, make_batch
 
 
 class DataFeed:
@@ -42,6 +42,7 @@ class DataFeed:
             else:  # mc: rows annotated by `softrl pts`
                 table = self.store.trajectories(task=self.task.name)
             rows = [r for r in table.to_pylist() if r["prompt_id"] in self.q0 and (source != "mc" or r["mc_targets"])]
+            self._check_behavior(source, rows)
             pool = TrajectoryPool(rows)
             if registry.get(cfg.objective_for(source).algorithm).min_group:
                 pool = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
@@ -55,6 +56,21 @@ class DataFeed:
             self.log(f"warning: no trajectories for {where}; training on online samples only")
             return None
         return MixtureSampler(sources, wanted, seed=self.config.seed)
+
+    def _check_behavior(self, source: str, rows: list[dict]) -> None:
+        """An objective that weighs rows by pi/mu skips rows without mu's log-probs: said, and refused
+        when that is every row of the pool."""
+        options = self.config.data.objective_for(source)
+        if not rows or not registry.get(options.algorithm).behavior(options):
+            return
+        unknown = sum(not knows_behavior(r) for r in rows)
+        if unknown == len(rows):
+            other = ", or is_correction=none" if hasattr(options, "is_correction") else ""
+            raise ConfigError(f"data.mix: {options.algorithm} weighs {source} rows by pi/mu and none of the {len(rows)} "
+                              f"{source} rows has its sampler's log-probs at temperature 1 (human or imported data): "
+                              f"use spo, agro-off or topr{other}")
+        if unknown:
+            self.log(f"{source} pool: {options.algorithm} skips the {unknown} rows without their sampler's log-probs")
 
     def next_prompts(self) -> list[Prompt]:
         return self.prompt_rng.sample(self.prompts, min(self.config.sampling.prompts_per_step, len(self.prompts)))

@@ -29,7 +29,8 @@ class TabularBatch:
     index: Tensor  # [B] sequence ids
     logp: Tensor  # [B, T] log pi(y_t|y_<t), differentiable
     ref_logp: Tensor  # [B, T] log pi0
-    old_logp: Tensor  # [B, T] log mu, the behaviour policy at batch creation (detached)
+    old_logp: Tensor  # [B, T] log pi at batch creation (detached): PPO's ratio denominator
+    behavior_logp: Tensor  # [B, T] log mu, the policy the batch was sampled from (detached)
     token_kl: Tensor  # [B, T] exact KL(pi || pi0) at each prefix, differentiable
     values: Tensor  # [B, T] value table V(y_<t), differentiable (PPO)
     old_values: Tensor  # [B, T] values at batch creation (detached)
@@ -79,6 +80,7 @@ def make_batch(
     policy: TabularPolicy,
     index: Tensor,
     old_logp: Tensor,
+    behavior_logp: Tensor,
     old_values: Tensor,
     group_size: int,
     weights: Tensor | None,
@@ -97,6 +99,7 @@ def make_batch(
         logp=logp[index],
         ref_logp=ref_logp[index],
         old_logp=old_logp[index],
+        behavior_logp=behavior_logp[index],
         token_kl=token_kl[index],
         values=values[index],
         old_values=old_values[index],
@@ -148,17 +151,17 @@ def train(
     gen = torch.Generator().manual_seed(seed)
     result = TrainResult(policy)
     for step in range(steps):
-        mu_logits = [x.detach() for x in policy.policy_parameters()] if data == "on-policy" else behaviour
-        old_logp = problem.token_logp(mu_logits).detach()  # [N, T]
+        old_logp = problem.token_logp([x.detach() for x in policy.policy_parameters()]).detach()  # [N, T]
+        mu_logp = old_logp if data == "on-policy" else problem.token_logp(behaviour).detach()  # [N, T]
         old_values = value_table(problem, policy).detach()  # [N, T]
-        probs = old_logp.sum(-1).exp()  # [N]
+        probs = mu_logp.sum(-1).exp()  # [N]
         if samples is None:
             index, weights = exact_groups(probs, group_size)
         else:
             index, weights = torch.multinomial(probs, samples, replacement=True, generator=gen), None
         result.kl.append(problem.kl_to_optimal(policy.policy_parameters()))
         for _ in range(epochs):
-            loss = loss_fn(make_batch(problem, policy, index, old_logp, old_values, group_size, weights))
+            loss = loss_fn(make_batch(problem, policy, index, old_logp, mu_logp, old_values, group_size, weights))
             optimizer.zero_grad()
             if not torch.isfinite(loss):
                 result.skipped_steps += 1

@@ -56,6 +56,14 @@ class Batch:
                      [self.sources[i] for i in index], self.pad_id)
 
 
+def knows_behavior(row: dict, response_length: int | None = None) -> bool:
+    """Whether the row carries its sampler's log-probs, one per response token, at temperature 1 and
+    top-p 1 (only then are they the log-probs of the distribution it was drawn from)."""
+    lp, decoding = row.get("behavior_logprobs"), row.get("decoding") or {}
+    return bool(lp) and (response_length is None or len(lp) == response_length) \
+        and decoding.get("temperature") == 1.0 and decoding.get("top_p") == 1.0
+
+
 def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: Callable[[str], list[int]],
                encode_response: Callable[[str], list[int]], q0: dict[str, float]) -> Batch:
     """Tensors for `rows` (each with a `mix_source` tag, else counted as online). `fingerprint`: the
@@ -75,9 +83,8 @@ def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: C
     behavior = torch.zeros(len(rows), width)
     has_behavior = torch.zeros(len(rows), dtype=torch.bool)
     for i, row in enumerate(rows):
-        lp = row.get("behavior_logprobs")
-        decoding = row.get("decoding") or {}
-        if lp and len(lp) == len(responses[i]) and decoding.get("temperature") == 1.0 and decoding.get("top_p") == 1.0:
+        if knows_behavior(row, len(responses[i])):
+            lp = row["behavior_logprobs"]
             behavior[i, : len(lp)] = torch.tensor(lp)
             has_behavior[i] = True
     m = max([len(r.get("mc_targets") or []) for r in rows] + [1])

@@ -26,13 +26,6 @@ from softrl.training.data_parallel import (Shards, groups_by_source, my_rows, sa
                                        whole)
 
 
-def old_logp(logp: Tensor, part: Batch) -> Tensor:
-    """pi_old for ratios `[B, T]`: the behaviour log-probs where the sample was drawn at temperature 1
-    (stale rollouts get their importance weight), else the current policy (one update per rollout)."""
-    current = logp.detach()
-    return current.where(~part.has_behavior[:, None], part.behavior_logp[:, : current.shape[1]])
-
-
 def _add(metrics: dict[str, Tensor], key: str, value: Tensor) -> None:
     """Accumulate a metric as a detached tensor (read once, at the end of the step)."""
     value = value.detach().float()
@@ -107,11 +100,12 @@ class Learner:
             policy = self.trained.stats(part.padded, entropy=True)
             ref_logp = self.reference.stats(part.padded).logp
         values = self.value.values(part.padded) if self.value is not None else None
-        old = old_logp(policy.logp, part) if objective.behavior_logp else policy.logp.detach()
+        # one update per batch: PPO's pi_old is the policy now; a row's own sampler mu is behavior_logp
         return LossInputs(
-            policy.logp, ref_logp, old, policy.mask, part.reward, part.q0, self.config.beta, group_size,
-            token_kl=policy.kl, values=values, old_values=None if values is None else values.detach(),
-            mc_positions=part.mc_positions, mc_success=part.mc_success, mc_mask=part.mc_mask), policy.entropy
+            policy.logp, ref_logp, policy.logp.detach(), policy.mask, part.reward, part.q0, self.config.beta,
+            group_size, token_kl=policy.kl, values=values, old_values=None if values is None else values.detach(),
+            mc_positions=part.mc_positions, mc_success=part.mc_success, mc_mask=part.mc_mask,
+            behavior_logp=part.behavior_logp[:, : policy.logp.shape[1]], has_behavior=part.has_behavior), policy.entropy
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch` (skipped when the loss is not finite); returns metrics.
