@@ -1,4 +1,4 @@
-"""`softrl bench learning` and `softrl bench systems`."""
+"""`softrl bench learning`, `softrl bench anydata` and `softrl bench systems`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 from softrl.bench.learning import METHODS
 from softrl.cli_common import DEVICE_OPT, err, fail, one_line_errors, progress_bar
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the papers' claims) and systems (speed, memory).")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the papers' claims), anydata (stale, mixed and fixed data) and systems (speed, memory).")
 
 
 def _csv(text: str) -> list[str]:
@@ -63,6 +63,69 @@ def learning(
         return
     typer.echo(table)
     typer.echo(f"plot: {png}")
+
+
+@bench_app.command("anydata")
+def anydata(
+    task: str = typer.Option("countdown", help="built-in task: countdown or tinycode"),
+    settings: str = typer.Option("stale,half,offline", help="comma-separated: stale, half, offline"),
+    methods: str = typer.Option(None, help="only these methods (comma-separated; default: every one a setting can use)"),
+    seeds: int = typer.Option(3, min=1, help="seeds 0..N-1"),
+    steps: int = typer.Option(100, min=1, help="learner steps of every run"),
+    earlier_steps: int = typer.Option(50, min=1, help="learner steps of the earlier run whose rollouts join the pool"),
+    lr: float = typer.Option(1e-4, min=0.0, help="learning rate of every method"),
+    prompts: int = typer.Option(16, min=1, help="prompts per step (x samples per prompt = the batch)"),
+    eval_size: int = typer.Option(100, min=1, help="held-out prompts per evaluation"),
+    eval_every: int = typer.Option(25, min=1, help="learner steps between evaluations"),
+    base: Path = typer.Option(None, help="YAML of run settings under every run's (model, task options, ...)"),
+    runs: Path = typer.Option(Path("runs/anydata"), help="where the runs and their stores go; finished runs are reused"),
+    report: Path = typer.Option(Path("runs/anydata/report"), help="where the tables, JSON and PNGs go"),
+) -> None:
+    """Learning from stale, mixed and fixed data: SPO and AGRO against GRPO with and without TIS, CISPO,
+    TOPR and KL-PG, N seeds, from the same reference at the same batch and steps."""
+    from softrl.bench.anydata import SETTINGS, comparisons, plan, prepare_pool
+    from softrl.bench.learning import aggregate, collect, run_all, slug
+    from softrl.bench.report import markdown, plot_intervals, plot_learning
+    from softrl.config import ConfigError, read_settings
+
+    try:
+        extra = read_settings(base) if base is not None else None
+        chosen = _csv(settings)
+        configs = plan(task, chosen, seeds, runs, steps, lr, prompts, 4, eval_size, eval_every, extra,
+                       _csv(methods) if methods else None)
+    except (ValueError, ConfigError) as e:
+        fail(str(e))
+    every = [c for setting in chosen for c in configs[setting]]
+    total = len(every) * steps + (earlier_steps if any(SETTINGS[s].pool for s in chosen) else 0)
+    with progress_bar("setup", total=total) as update, one_line_errors():
+        done = 0
+        if any(SETTINGS[s].pool for s in chosen):
+            pool = prepare_pool(task, runs, earlier_steps, lr, prompts, 4, extra, on_step=lambda _, __, r: update(
+                r["step"], description="earlier run (the pool's rollouts)"))
+            err.print(f"pool: {', '.join(f'{n} {k}' for k, n in pool.items())} rows")
+            done = earlier_steps
+        for i, config in enumerate(every):
+            run_all([config], lambda _, c, record, i=i: update(done + i * steps + record["step"],
+                                                               description=f"{c.out_dir.rsplit('/', 1)[-1]}/{c.name} "
+                                                               f"({i + 1}/{len(every)})"))
+    report.mkdir(parents=True, exist_ok=True)
+    for name in chosen:
+        setting, runs_by = SETTINGS[name], collect(configs[name])
+        agg, claims = aggregate(runs_by), comparisons(SETTINGS[name], runs_by)
+        stem = report / f"anydata-{slug(task)}-{name}"
+        stem.with_suffix(".md").write_text(markdown(agg, claims, seeds))
+        stem.with_suffix(".json").write_text(json.dumps({"curves": agg, "comparisons": claims, "runs": runs_by},
+                                                        indent=1, default=str))
+        title = f"{task}, {name}: {steps} steps x {prompts * 4} rows, lr {lr}, {seeds} seed(s)"
+        if len(setting.intervals) > 1:  # the curves of one interval per plot, and the finals against the interval
+            plot_intervals(agg, setting.intervals, stem.with_suffix(".png"), title)
+            for k in setting.intervals:
+                plot_learning({m: v for m, v in agg.items() if m.endswith(f"-i{k}")},
+                              report / f"{stem.name}-i{k}.png", f"{title}, weights updated every {k} steps")
+        else:
+            plot_learning(agg, stem.with_suffix(".png"), title)
+        typer.echo(f"## {name}\n\n{stem.with_suffix('.md').read_text()}")
+    typer.echo(f"reports: {report}/anydata-{slug(task)}-*")
 
 
 @bench_app.command("systems")

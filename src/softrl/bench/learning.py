@@ -51,6 +51,20 @@ def slug(task: str) -> str:
     return task.replace(":", "-").replace("/", "-")
 
 
+def base_overrides(task: str, seed: int, steps: int, lr: float, prompts: int, samples_per_prompt: int,
+                   eval_size: int, eval_every: int, eval_samples: int, extra: dict | None) -> dict:
+    """What every benchmark run of `task` shares: the task's base, batch, optimiser and evaluation."""
+    if task not in TASK_BASES and not extra:
+        raise ValueError(f"--task: no built-in base for {task!r} (use {', '.join(TASK_BASES)}, or give --base FILE)")
+    return {
+        "seed": seed, "task.name": task, "task.eval_size": eval_size, **TASK_BASES.get(task, {}),
+        "sampling.prompts_per_step": prompts, "sampling.samples_per_prompt": samples_per_prompt,
+        "optim.steps": steps, "optim.lr": lr, "optim.warmup_steps": max(1, steps // 20),
+        "eval.every": eval_every, "eval.samples": eval_samples, "eval.stats": True,
+        "log.checkpoint_every": steps, "log.keep_checkpoints": 1,
+    }
+
+
 def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr: float = 1e-4,
                   prompts: int = 16, samples_per_prompt: int = 4, eval_size: int = 100, eval_every: int = 25,
                   eval_samples: int = 20, extra: dict | None = None) -> RunConfig:
@@ -58,17 +72,10 @@ def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr:
     come last (e.g. `model.path`)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r} (use {', '.join(METHODS)})")
-    if task not in TASK_BASES and not extra:
-        raise ValueError(f"--task: no built-in base for {task!r} (use {', '.join(TASK_BASES)}, or give --base FILE)")
-    overrides = {
-        "name": f"{method}-s{seed}", "out_dir": str(runs / slug(task)), "seed": seed,
-        "data.store": str(runs / slug(task) / "store"),
-        "task.name": task, "task.eval_size": eval_size, **TASK_BASES.get(task, {}),
-        "sampling.prompts_per_step": prompts, "sampling.samples_per_prompt": samples_per_prompt,
-        "optim.steps": steps, "optim.lr": lr, "optim.warmup_steps": max(1, steps // 20),
-        "eval.every": eval_every, "eval.samples": eval_samples, "eval.stats": True,
-        "log.checkpoint_every": steps, "log.keep_checkpoints": 1,
-    }
+    overrides = base_overrides(task, seed, steps, lr, prompts, samples_per_prompt, eval_size, eval_every, eval_samples,
+                               extra)
+    overrides.update({"name": f"{method}-s{seed}", "out_dir": str(runs / slug(task)),
+                      "data.store": str(runs / slug(task) / "store")})
     overrides.update(METHODS[method])
     if method in HALF_ONLINE:
         overrides["sampling.prompts_per_step"] = max(1, prompts // 2)

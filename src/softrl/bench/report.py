@@ -63,7 +63,8 @@ def plot_learning(agg: dict[str, list[dict]], out: Path, title: str) -> Path:
     if not has_kl:
         panels.pop()  # the KL-efficiency panel
     fixed_methods = {m for m, points in agg.items() if all(p["samples"] == 0 for p in points)}
-    colors = dict(zip(agg, plt.get_cmap("tab10").colors))
+    palette = plt.get_cmap("tab10" if len(agg) <= 10 else "tab20").colors
+    colors = {method: palette[i % len(palette)] for i, method in enumerate(agg)}
     for method, points in agg.items():
         fixed = method in fixed_methods
         for ax, x, y, xlabel in panels:
@@ -154,3 +155,35 @@ def systems_markdown(result: dict) -> str:
         lines += ["", "Ratios (`systems.json` \"ratios\"):"]
         lines += [f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in ratios.items()]
     return "\n".join(lines) + "\n"
+
+
+def plot_intervals(agg: dict[str, list[dict]], intervals: tuple[int, ...], out: Path, title: str) -> Path:
+    """Final pass@1 and pass@10 (mean ± sd over seeds) against the weight-update interval, one line per
+    method; `agg`'s keys are `METHOD-iK`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(name.rsplit("-i", 1)[0] for name in agg))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key in zip(axes, ("pass@1", "pass@10")):
+        for method in methods:
+            ks = [k for k in intervals if f"{method}-i{k}" in agg]
+            last = [agg[f"{method}-i{k}"][-1] for k in ks]
+            ax.errorbar(ks, [p[key] for p in last], yerr=[p[f"{key}_sd"] for p in last], marker="o", capsize=3,
+                        label=method, linestyle="-" if method.startswith(("spo", "agro")) else "--")
+        if agg:
+            reference = next(iter(agg.values()))[0][key]
+            ax.axhline(reference, color="grey", linewidth=0.8, linestyle=":", label="reference")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(intervals), [str(k) for k in intervals])
+        ax.set_xlabel("learner steps between weight updates to generation")
+        ax.set_ylabel(f"final {key}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
