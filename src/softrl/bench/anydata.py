@@ -107,8 +107,8 @@ def build_pool(earlier: RunConfig, pool_dir: Path) -> dict:
 
 
 def comparisons(setting: Setting, runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
-    """SPO and off-policy AGRO against every other method of the setting (and interval): final pass@1 and
-    pass@10, paired over seeds; the claims' table format of `bench.report.markdown`."""
+    """SPO and off-policy AGRO against every other method of the setting (and interval) that ran: final
+    pass@1 and pass@10, paired over seeds; the claims' table format of `bench.report.markdown`."""
     out = []
     for interval in setting.intervals:
         for ours in ("spo", "agro-off"):
@@ -116,6 +116,8 @@ def comparisons(setting: Setting, runs: dict[str, dict[int, list[dict]]]) -> lis
                 if other in ("spo", ours):
                     continue
                 a, b = label(ours, interval, setting), label(other, interval, setting)
+                if a not in runs or b not in runs:  # left out by --methods, or not finished
+                    continue
                 for key in ("pass@1", "pass@10"):
                     result = paired(runs, a, b, final(key))
                     holds = None if result["verdict"] == "not run" else result["verdict"] in ("higher", "within 2 SE")
