@@ -31,11 +31,12 @@ FIXED_DATA_METHODS = {
     "agro-off": {**FIXED_DATA, "data.objective": {"algorithm": "agro-off"}},
     "kl-pg": {**FIXED_DATA, "data.objective": {"algorithm": "kl-pg"}},
 }
+OFF_POLICY_BASELINES = {"cispo", "topr"}  # compared where they belong, on stale and mixed data: bench anydata
 METHODS: dict[str, dict] = {
     "spo-online": {"data.mix": ONLINE, "data.objective": SPO},
     "spo-half": {"data.mix": {"online": 0.5, "offline": 0.5}, "data.objective": SPO},
     **{name: {"data.mix": ONLINE, "data.objective": {"algorithm": name}} for name in registry.REGISTRY
-       if name != "spo" and name not in FIXED_DATA_METHODS},
+       if name != "spo" and name not in FIXED_DATA_METHODS and name not in OFF_POLICY_BASELINES},
     **FIXED_DATA_METHODS,
 }
 HALF_ONLINE = {"spo-half"}  # the same batch size, half of it generated: half the prompts per step
