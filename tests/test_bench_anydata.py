@@ -57,7 +57,7 @@ def test_bench_anydata_end_to_end(tiny, tmp_path):
     assert (report / "anydata-countdown-half.png").stat().st_size > 10_000
     assert "| spo | " in (report / "anydata-countdown-offline.md").read_text()
     metrics = (tmp_path / "runs/countdown/half/cispo-s0/metrics.jsonl").read_text()
-    assert "cispo/skipped_rows" in metrics
+    assert "cispo/skipped_fraction" in metrics
     again = CliRunner().invoke(app, args)  # finished runs and the pool are reused
     assert again.exit_code == 0 and json.loads((tmp_path / "runs/countdown/pool/pool.json").read_text()) == counts
 

@@ -197,7 +197,7 @@ def test_toy_fixed_points():
                        ("grpo-tis-sequence", "on-policy"), ("grpo", "on-policy")]}
     # no KL term: on its own samples TOPR piles onto the solved sequences, far from the regularised pi*;
     # from the reference's samples its positives are SFT on pi0's solutions: pi0 given success, ~ pi*
-    assert kl["topr", "off-policy"] < 0.01 < 0.5 < kl["topr", "on-policy"]
+    assert kl["topr", "off-policy"] < 0.01 and kl["topr", "on-policy"] > 0.5
     assert kl["cispo", "off-policy"] > 0.5
     # on-policy every weight is 1: GRPO with TIS is GRPO
     assert kl["grpo-tis-sequence", "on-policy"] == pytest.approx(kl["grpo", "on-policy"], rel=1e-6)
@@ -217,11 +217,14 @@ def test_toy_fixed_points():
     (["data.objective.algorithm=grpo", "data.objective.is_cap=0"], "data.objective.is_cap: Input should be greater than 0"),
     (["data.objective.algorithm=cispo", "data.objective.is_correction=token_truncate"],
      "unknown key 'data.objective.is_correction': not an option of cispo"),
+    # TOPR's negatives need mu: online at another temperature it would be supervised learning on positives
+    (["data.objective.algorithm=topr", "sampling.temperature=0.7"], "data.objective: topr weighs rows by pi/mu"),
 ])
 def test_configs_that_cannot_work_are_refused(overrides, message):
     from softrl.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
         load_config(None, overrides)
-    # TOPR skips only negative rows without mu: it runs at any temperature
-    assert load_config(None, ["data.objective.algorithm=topr", "sampling.temperature=0.7"]).data.objective.baseline == 0.5
+    # offline rows are checked when the pool is read: the config alone cannot know them
+    assert load_config(None, ["data.objective.algorithm=cispo", "data.mix={offline: 1}",
+                              "sampling.temperature=0.7"]).data.objective.cap == 2

@@ -23,13 +23,15 @@ CORRECTIONS: tuple[str, ...] = Correction.__args__
 
 def importance_weights(logp: Tensor, behavior_logp: Tensor, mask: Tensor, has_behavior: Tensor,
                        how: str, cap: float) -> Tensor:
-    """Detached weights `[B, T]` of Yao et al. (2025) for rows sampled by mu and trained as if by pi:
+    """Detached weights `[B, T]` for rows sampled by mu and trained as if by pi (`logp`: pi's, or PPO's
+    pi_old where the loss has a ratio of its own):
 
-        token_truncate:     w_t = min(pi(y_t|y_<t) / mu(y_t|y_<t), C)
+        token_truncate:     w_t = min(pi(y_t|y_<t) / mu(y_t|y_<t), C)      (Yao et al. 2025)
         sequence_truncate:  w_t = min(pi(y) / mu(y), C)          (the same for every token of a row)
         sequence_mask:      w_t = pi(y) / mu(y) * 1[pi(y) / mu(y) <= C]
-        none:               w_t = 1
-    and w = 0 on a row without mu (`has_behavior` `[B]` False). pi is the policy being trained."""
+        none:               w_t = 1 (no correction: every row, mu known or not)
+    the sequence variants as TRL and verl ship them; otherwise w = 0 on a row without mu
+    (`has_behavior` `[B]` False)."""
     check_tokens(mask, logp=logp, behavior_logp=behavior_logp)
     check_shape("has_behavior", has_behavior, mask.shape[:1])
     if how not in CORRECTIONS:
@@ -60,16 +62,13 @@ def cispo_loss(logp: Tensor, behavior_logp: Tensor, advantages: Tensor, mask: Te
     a token whose ratio is beyond C still gets its gradient, only at weight C. advantages `[B]`."""
     check_tokens(mask, logp=logp, behavior_logp=behavior_logp)
     check_shape("advantages", advantages, mask.shape[:1])
-    if not cap > 0 or not math.isfinite(cap):
-        raise ValueError(f"cap must be a finite number > 0, got {cap!r}")
     w = importance_weights(logp, behavior_logp, mask, has_behavior, "token_truncate", cap)  # [B, T]
     per_token = -w * advantages[:, None].detach() * logp  # [B, T]
-    tokens = reduce(mask.sum(-1).to(logp.dtype), weights).clamp_min(1e-12)  # mean tokens per row
+    real = mask * has_behavior[:, None]  # [B, T]: the tokens that count, skipped rows left out
+    tokens = reduce(real.sum(-1).to(logp.dtype), weights).clamp_min(1e-12)  # mean counted tokens per row
     loss = reduce(masked_sum(per_token, mask), weights) / tokens
-    ratio = ((logp.detach() - behavior_logp) * mask).exp()
-    real = mask * has_behavior[:, None]
-    metrics = {"cispo/clipped_fraction": ((ratio > cap) * real).sum() / real.sum().clamp_min(1),
-               "cispo/skipped_rows": (~has_behavior).sum().to(logp.dtype)}
+    metrics = {"cispo/clipped_fraction": ((w >= cap) * real).sum() / real.sum().clamp_min(1),
+               "cispo/skipped_fraction": (~has_behavior).to(logp.dtype).mean()}
     return loss, metrics
 
 
@@ -88,6 +87,7 @@ def topr_loss(logp: Tensor, behavior_logp: Tensor, reward: Tensor, mask: Tensor,
     taper = log_ratio.clamp(max=0).exp() * has_behavior.to(logp.dtype)  # min(pi / mu, 1), 0 without mu
     positive = advantage >= 0
     w = torch.where(positive, torch.ones_like(taper), taper)  # [B]
-    metrics = {"topr/negative_weight": (w * ~positive).sum() / (~positive).sum().clamp_min(1),
-               "topr/skipped_rows": (~positive & ~has_behavior).sum().to(logp.dtype)}
+    weighed = ~positive & has_behavior  # negative rows with mu
+    metrics = {"topr/negative_weight": (w * weighed).sum() / weighed.sum().clamp_min(1),
+               "topr/skipped_fraction": (~positive & ~has_behavior).to(logp.dtype).mean()}
     return reduce(-w * advantage * seq_logp, weights), metrics

@@ -76,6 +76,7 @@ class Objective:
     # whether these options weigh rows by pi / mu: rows without mu's log-probs are then skipped (a run
     # whose online samples cannot have them, or whose offline pool has none, is refused)
     behavior: Callable[[Options], bool] = lambda options: False
+    behavior_every_row: bool = True  # False: only some rows need mu (TOPR's negatives), a pool without any is usable
     distributions: Callable[[Options], bool] = lambda options: False  # needs token_kl ([B, T, V] passes)
 
     def group_size(self, samples_per_prompt: int) -> int:

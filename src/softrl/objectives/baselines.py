@@ -30,8 +30,8 @@ def is_weights(o: ISCorrection, x: LossInputs) -> Tensor | None:
     """The detached weights `[B, T]` the options ask for, or None (no correction)."""
     if o.is_correction == "none":
         return None
-    behavior_logp, known = x.behavior()
-    return importance_weights(x.logp, behavior_logp, x.mask, known, o.is_correction, o.is_cap)
+    behavior_logp, known = x.behavior()  # pi_old / mu: the loss's own ratio pi / pi_old does the rest
+    return importance_weights(x.old_logp, behavior_logp, x.mask, known, o.is_correction, o.is_cap)
 
 
 def corrected(o: ISCorrection) -> bool:

@@ -40,4 +40,5 @@ register(Objective("cispo", CISPOOptions, cispo, "CISPO (MiniMax-M1): REINFORCE 
                    "and a clipped, detached token weight pi/mu; rows without mu are skipped", min_group=2,
                    behavior=lambda o: True))
 register(Objective("topr", TOPROptions, topr, "TOPR (Le Roux et al.): REINFORCE on any rows, positives without "
-                   "importance weights, negatives tapered by min(pi/mu, 1) (skipped without mu)"))
+                   "importance weights, negatives tapered by min(pi/mu, 1) (skipped without mu)",
+                   behavior=lambda o: True, behavior_every_row=False))

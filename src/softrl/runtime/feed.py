@@ -63,14 +63,17 @@ class DataFeed:
         options = self.config.data.objective_for(source)
         if not rows or not registry.get(options.algorithm).behavior(options):
             return
+        objective = registry.get(options.algorithm)
         unknown = sum(not knows_behavior(r) for r in rows)
-        if unknown == len(rows):
+        if unknown == len(rows) and objective.behavior_every_row:
             other = ", or is_correction=none" if hasattr(options, "is_correction") else ""
             raise ConfigError(f"data.mix: {options.algorithm} weighs {source} rows by pi/mu and none of the {len(rows)} "
                               f"{source} rows has its sampler's log-probs at temperature 1 (human or imported data): "
                               f"use spo, agro-off or topr{other}")
         if unknown:
-            self.log(f"{source} pool: {options.algorithm} skips the {unknown} rows without their sampler's log-probs")
+            which = "" if objective.behavior_every_row else " when they are negative"
+            self.log(f"{source} pool: {options.algorithm} skips the {unknown} rows without their sampler's "
+                     f"log-probs{which}")
 
     def next_prompts(self) -> list[Prompt]:
         return self.prompt_rng.sample(self.prompts, min(self.config.sampling.prompts_per_step, len(self.prompts)))
