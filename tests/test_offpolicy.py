@@ -228,3 +228,29 @@ def test_configs_that_cannot_work_are_refused(overrides, message):
     # offline rows are checked when the pool is read: the config alone cannot know them
     assert load_config(None, ["data.objective.algorithm=cispo", "data.mix={offline: 1}",
                               "sampling.temperature=0.7"]).data.objective.cap == 2
+
+
+def test_learner_step_with_rows_of_known_and_unknown_mu(tiny):
+    """Rows without their sampler's log-probs reach the loss as unknown (skipped), whatever their place
+    in the batch; the learner slices mu to the batch's width."""
+    from test_training import make_rows
+
+    from softrl.config import load_config
+    from softrl.models.loading import encode_prompt
+    from softrl.models.wrappers import PolicyModel, ReferenceModel
+    from softrl.training.batch import make_batch
+    from softrl.training.learner import Learner
+
+    rows, fingerprint, task = make_rows(tiny)
+    for row in rows[::3]:
+        row["behavior_logprobs"] = None  # as if imported
+    policy = PolicyModel.load(tiny[0])
+    tok = policy.tokenizer
+    batch = make_batch(rows, fingerprint, tok.pad_token_id, lambda t: encode_prompt(tok, t),
+                       lambda t: tok(t)["input_ids"], {p.id: 0.5 for p in task.prompts()})
+    assert batch.has_behavior.tolist() == [i % 3 != 0 for i in range(len(rows))]
+    config = load_config(None, ["data.objective.algorithm=cispo", "sampling.samples_per_prompt=3",
+                                "data.mix={online: 1}", "optim.warmup_steps=0"])
+    metrics = Learner(policy, ReferenceModel.from_policy(policy), config).step(batch)
+    assert metrics["cispo/skipped_fraction"] == pytest.approx(sum(i % 3 == 0 for i in range(len(rows))) / len(rows))
+    assert math.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
