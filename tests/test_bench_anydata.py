@@ -62,7 +62,9 @@ def test_bench_anydata_end_to_end(tiny, tmp_path):
     assert again.exit_code == 0 and json.loads((tmp_path / "runs/countdown/pool/pool.json").read_text()) == counts
 
 
-@pytest.mark.parametrize("algorithm, extra", [("topr", []), ("cispo", []), ("grpo", ["data.objective.is_correction=sequence_mask"])])
+@pytest.mark.parametrize("algorithm, extra", [("topr", []), ("cispo", []), *[
+    (algorithm, [f"data.objective.is_correction={how}"]) for algorithm in ("grpo", "rloo", "ppo")
+    for how in ("token_truncate", "sequence_truncate", "sequence_mask")]])
 def test_train_runs_each_off_policy_baseline(tiny, tmp_path, algorithm, extra):
     from test_training import seed_store, tiny_overrides
 
