@@ -13,20 +13,29 @@ from softrl.cli_common import DEVICE_OPT, err, fail, one_line_errors, progress_b
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the papers' claims), anydata (stale, mixed and fixed data) and systems (speed, memory).")
 
 
+# the options both learning benchmarks take
+TASK_OPT = typer.Option("countdown", help="built-in task: countdown or tinycode")
+SEEDS_OPT = typer.Option(3, min=1, help="seeds 0..N-1")
+LR_OPT = typer.Option(1e-4, min=0.0, help="learning rate of every method")
+PROMPTS_OPT = typer.Option(16, min=1, help="prompts per step (x samples per prompt = the batch)")
+EVAL_SIZE_OPT = typer.Option(100, min=1, help="held-out prompts per evaluation")
+EVAL_EVERY_OPT = typer.Option(25, min=1, help="learner steps between evaluations")
+
+
 def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
 @bench_app.command("learning")
 def learning(
-    task: str = typer.Option("countdown", help="built-in task: countdown or tinycode"),
+    task: str = TASK_OPT,
     methods: str = typer.Option(",".join(METHODS), help="comma-separated methods"),
-    seeds: int = typer.Option(3, min=1, help="seeds 0..N-1"),
+    seeds: int = SEEDS_OPT,
     steps: int = typer.Option(200, min=1, help="learner steps of every run"),
-    lr: float = typer.Option(1e-4, min=0.0, help="learning rate of every method"),
-    prompts: int = typer.Option(16, min=1, help="prompts per step (x samples per prompt = the batch)"),
-    eval_size: int = typer.Option(100, min=1, help="held-out prompts per evaluation"),
-    eval_every: int = typer.Option(25, min=1, help="learner steps between evaluations"),
+    lr: float = LR_OPT,
+    prompts: int = PROMPTS_OPT,
+    eval_size: int = EVAL_SIZE_OPT,
+    eval_every: int = EVAL_EVERY_OPT,
     base: Path = typer.Option(None, help="YAML of run settings under every method's (model, task options, ...)"),
     runs: Path = typer.Option(Path("runs/bench"), help="where the runs (and their store) go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/bench/report"), help="where the table, JSON and PNG go"),
@@ -67,16 +76,16 @@ def learning(
 
 @bench_app.command("anydata")
 def anydata(
-    task: str = typer.Option("countdown", help="built-in task: countdown or tinycode"),
+    task: str = TASK_OPT,
     settings: str = typer.Option("stale,half,offline", help="comma-separated: stale, half, offline"),
     methods: str = typer.Option(None, help="only these methods (comma-separated; default: every one a setting can use)"),
-    seeds: int = typer.Option(3, min=1, help="seeds 0..N-1"),
+    seeds: int = SEEDS_OPT,
     steps: int = typer.Option(100, min=1, help="learner steps of every run"),
     earlier_steps: int = typer.Option(50, min=1, help="learner steps of the earlier run whose rollouts join the pool"),
-    lr: float = typer.Option(1e-4, min=0.0, help="learning rate of every method"),
-    prompts: int = typer.Option(16, min=1, help="prompts per step (x samples per prompt = the batch)"),
-    eval_size: int = typer.Option(100, min=1, help="held-out prompts per evaluation"),
-    eval_every: int = typer.Option(25, min=1, help="learner steps between evaluations"),
+    lr: float = LR_OPT,
+    prompts: int = PROMPTS_OPT,
+    eval_size: int = EVAL_SIZE_OPT,
+    eval_every: int = EVAL_EVERY_OPT,
     base: Path = typer.Option(None, help="YAML of run settings under every run's (model, task options, ...)"),
     runs: Path = typer.Option(Path("runs/anydata"), help="where the runs and their stores go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/anydata/report"), help="where the tables, JSON and PNGs go"),
@@ -96,24 +105,21 @@ def anydata(
     except (ValueError, ConfigError) as e:
         fail(str(e))
     every = [c for setting in chosen for c in configs[setting]]
-    total = len(every) * steps + (earlier_steps if any(SETTINGS[s].pool for s in chosen) else 0)
-    with progress_bar("setup", total=total) as update, one_line_errors():
-        done = 0
-        if any(SETTINGS[s].pool for s in chosen):
+    done = earlier_steps if any(SETTINGS[s].pool for s in chosen) else 0  # the earlier run's steps come first
+    with progress_bar("setup", total=len(every) * steps + done) as update, one_line_errors():
+        if done:
             pool = prepare_pool(task, runs, earlier_steps, lr, prompts, 4, extra, on_step=lambda _, __, r: update(
                 r["step"], description="earlier run (the pool's rollouts)"))
             err.print(f"pool: {', '.join(f'{n} {k}' for k, n in pool.items())} rows")
-            done = earlier_steps
-        for i, config in enumerate(every):
-            run_all([config], lambda _, c, record, i=i: update(done + i * steps + record["step"],
-                                                               description=f"{c.out_dir.rsplit('/', 1)[-1]}/{c.name} "
-                                                               f"({i + 1}/{len(every)})"))
+        run_all(every, lambda i, c, record: update(done + i * steps + record["step"],
+                                                   description=f"{Path(c.out_dir).name}/{c.name} ({i + 1}/{len(every)})"))
     report.mkdir(parents=True, exist_ok=True)
     for name in chosen:
         setting, runs_by = SETTINGS[name], collect(configs[name])
         agg, claims = aggregate(runs_by), comparisons(SETTINGS[name], runs_by)
         stem = report / f"anydata-{slug(task)}-{name}"
-        stem.with_suffix(".md").write_text(markdown(agg, claims, seeds))
+        table = markdown(agg, claims, seeds)
+        stem.with_suffix(".md").write_text(table)
         stem.with_suffix(".json").write_text(json.dumps({"curves": agg, "comparisons": claims, "runs": runs_by},
                                                         indent=1, default=str))
         title = f"{task}, {name}: {steps} steps x {prompts * 4} rows, lr {lr}, {seeds} seed(s)"
@@ -124,7 +130,7 @@ def anydata(
                               report / f"{stem.name}-i{k}.png", f"{title}, weights updated every {k} steps")
         else:
             plot_learning(agg, stem.with_suffix(".png"), title)
-        typer.echo(f"## {name}\n\n{stem.with_suffix('.md').read_text()}")
+        typer.echo(f"## {name}\n\n{table}")
     typer.echo(f"reports: {report}/anydata-{slug(task)}-*")
 
 

@@ -107,6 +107,15 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, clip: 
     return -torch.minimum(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
 
 
+def importance_weighted(x: Tensor, mask: Tensor, is_weights: Tensor | None) -> Tensor:
+    """Per-token `x * w` `[B, T]` for rows sampled by another policy (`is_weights`: detached, see
+    `offpolicy.importance_weights`), or `x` itself when there are none."""
+    if is_weights is None:
+        return x
+    check_tokens(mask, is_weights=is_weights)
+    return x * is_weights
+
+
 def reduce_tokens(x: Tensor, mask: Tensor, how: str) -> Tensor:
     """Per-token `[B, T]` -> per-trajectory `[B]` by `sum` or `mean` over the real tokens."""
     if how == "sum":

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from softrl.algorithms.common import check_group_size, check_tokens, clipped_surrogate, reduce, reduce_tokens
+from softrl.algorithms.common import (check_group_size, check_tokens, clipped_surrogate, importance_weighted, reduce,
+                                      reduce_tokens)
 
 
 def group_advantages(reward: Tensor, group_size: int, scale: bool = True, eps: float = 1e-6) -> Tensor:
@@ -44,8 +45,6 @@ def grpo_loss(
     check_tokens(mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
     kl = k3_kl(logp, ref_logp)
     per_token = clipped_surrogate(logp, old_logp, advantages[:, None].expand_as(logp), clip) + beta * kl
-    if is_weights is not None:
-        check_tokens(mask, is_weights=is_weights)
-        per_token = per_token * is_weights
+    per_token = importance_weighted(per_token, mask, is_weights)
     metrics = {"grpo/k3_kl": reduce(reduce_tokens(kl, mask, "sum").detach(), weights).detach()}
     return reduce(reduce_tokens(per_token, mask, token_reduction), weights), metrics

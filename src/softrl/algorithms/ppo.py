@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from softrl.algorithms.common import (check_beta, check_shape, check_tokens, clipped_surrogate, reduce, reduce_tokens,
-                                      violates)
+from softrl.algorithms.common import (check_beta, check_shape, check_tokens, clipped_surrogate, importance_weighted,
+                                      reduce, reduce_tokens, violates)
 
 
 def shaped_rewards(old_logp: Tensor, ref_logp: Tensor, reward: Tensor, mask: Tensor, beta: float) -> Tensor:
@@ -71,10 +71,7 @@ def ppo_loss(
     `1/2 max((V - G)^2, (clip(V, V_old +- c) - G)^2)`."""
     check_tokens(mask, logp=logp, old_logp=old_logp, values=values, old_values=old_values,
                  advantages=advantages, returns=returns)
-    surrogate = clipped_surrogate(logp, old_logp, advantages, clip)
-    if is_weights is not None:
-        check_tokens(mask, is_weights=is_weights)
-        surrogate = surrogate * is_weights
+    surrogate = importance_weighted(clipped_surrogate(logp, old_logp, advantages, clip), mask, is_weights)
     policy = reduce_tokens(surrogate, mask, token_reduction)
     clipped_v = old_values + (values - old_values).clamp(-value_clip, value_clip)
     value = 0.5 * torch.maximum((values - returns) ** 2, (clipped_v - returns) ** 2)

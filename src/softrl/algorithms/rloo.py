@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from softrl.algorithms.common import check_beta, check_shape, check_tokens, leave_one_out_mean, masked_sum, reduce
+from softrl.algorithms.common import (check_beta, check_shape, check_tokens, importance_weighted, leave_one_out_mean,
+                                      masked_sum, reduce)
 
 
 def rloo_advantages(reward: Tensor, log_ratio: Tensor, beta: float, group_size: int) -> Tensor:
@@ -33,7 +34,4 @@ def rloo_loss(
     check_tokens(mask, logp=logp, ref_logp=ref_logp)
     log_ratio = masked_sum(logp - ref_logp, mask).detach()  # [B]
     adv = rloo_advantages(reward.detach(), log_ratio, beta, group_size)  # [B]
-    if is_weights is not None:
-        check_tokens(mask, is_weights=is_weights)
-        logp = logp * is_weights
-    return reduce(-adv * masked_sum(logp, mask), weights), {"rloo/adv_abs": adv.abs().mean().detach()}
+    return reduce(-adv * masked_sum(importance_weighted(logp, mask, is_weights), mask), weights), {"rloo/adv_abs": adv.abs().mean().detach()}

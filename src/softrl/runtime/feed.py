@@ -61,9 +61,9 @@ class DataFeed:
         """An objective that weighs rows by pi/mu skips rows without mu's log-probs: said, and refused
         when that is every row of the pool."""
         options = self.config.data.objective_for(source)
-        if not rows or not registry.get(options.algorithm).behavior(options):
-            return
         objective = registry.get(options.algorithm)
+        if not rows or not objective.behavior(options):
+            return
         unknown = sum(not knows_behavior(r) for r in rows)
         if unknown == len(rows) and objective.behavior_every_row:
             other = ", or is_correction=none" if hasattr(options, "is_correction") else ""
