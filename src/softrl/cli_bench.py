@@ -134,6 +134,116 @@ def anydata(
     typer.echo(f"reports: {report}/anydata-{slug(task)}-*")
 
 
+def _write(report: Path, stem: str, table: str, data: dict) -> None:
+    report.mkdir(parents=True, exist_ok=True)
+    (report / f"{stem}.md").write_text(table)
+    (report / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
+
+
+@bench_app.command("study")
+def study(
+    name: str = typer.Argument(..., help="loss, reverse, mc, code, agro or grow"),
+    seeds: int = typer.Option(None, min=1, help="seeds 0..N-1 (lineages for grow); default: the study's (3, code 2)"),
+    steps: int = typer.Option(None, min=1, help="learner steps of every run (grow: of run A); default: the study's"),
+    later_steps: int = typer.Option(180, min=1, help="grow: learner steps of baseline, B and C"),
+    lr: float = typer.Option(None, min=0.0, help="learning rate (agro's arms set their own); default: the study's"),
+    rows: int = typer.Option(None, min=4, help="rows per learner step; default: the study's (32, agro 64)"),
+    eval_size: int = typer.Option(None, min=1, help="held-out prompts per evaluation; default: the study's"),
+    eval_every: int = typer.Option(None, min=1, help="learner steps between evaluations; default: the study's"),
+    toy: bool = typer.Option(True, "--toy/--no-toy", help="agro: the tabular sweep first"),
+    base: Path = typer.Option(None, help="YAML of run settings under every run's (model, task options, ...)"),
+    runs: Path = typer.Option(Path("runs/studies"), help="where the runs and their stores go; finished runs are reused"),
+    report: Path = typer.Option(Path("runs/studies/report"), help="where the tables, JSON and PNGs go"),
+) -> None:
+    """One of the papers' claims `bench learning` leaves out: SPO's loss, reverse-Q and MC-target ablations,
+    code, on-policy AGRO's working region, experience that grows across runs."""
+    from softrl.bench.learning import aggregate, collect, run_all
+    from softrl.bench.report import markdown, plot_learning
+    from softrl.bench.studies import STUDIES, check_claims, plan, prepare
+    from softrl.config import ConfigError, read_settings
+
+    if name == "grow":
+        return _grow(seeds or 3, steps or 120, later_steps, lr or 2e-4, rows or 32, eval_size or 80, eval_every or 15,
+                     base, runs, report)
+    if name not in STUDIES:
+        fail(f"unknown study {name!r} (use {', '.join(STUDIES)}, grow)")
+    s = STUDIES[name]
+    seeds, steps = seeds or s.seeds, steps or s.steps
+    try:
+        extra = read_settings(base) if base is not None else None
+        configs = plan(s, seeds, runs, steps, lr or s.lr, rows or s.rows, eval_size or s.eval_size,
+                       eval_every or s.eval_every, extra)
+    except (ValueError, ConfigError) as e:
+        fail(str(e))
+    if name == "agro" and toy:
+        _agro_toy(seeds, report)
+    with progress_bar("setup", total=len(configs) * steps) as update, one_line_errors():
+        prepared = prepare(s, configs[0], progress=lambda done, total: update(
+            0, description=f"PTS over the reference's samples: {done}/{total}"))
+        if prepared:
+            err.print(f"prepared: {prepared}")
+        try:
+            run_all(configs, lambda i, config, record: update(
+                i * steps + record["step"], description=f"{config.name} ({i + 1}/{len(configs)})"))
+        except ValueError as e:  # a finished run with other settings
+            fail(str(e))
+    by_arm = collect(configs)
+    agg, claims = aggregate(by_arm), check_claims(s, by_arm)
+    table = markdown(agg, claims, seeds)
+    _write(report, f"study-{name}", table, {"study": s.title, "prepared": prepared, "curves": agg, "claims": claims,
+                                            "runs": by_arm})
+    c = configs[0]
+    png = plot_learning(agg, report / f"study-{name}.png",
+                        f"{s.title}: {s.task}, {steps} steps x {rows or s.rows} rows, lr {c.optim.lr:g}, {seeds} seed(s)")
+    typer.echo(f"{table}\nplot: {png}")
+
+
+def _agro_toy(seeds: int, report: Path) -> None:
+    """The tabular sweep of on-policy AGRO and RLOO over beta, group size and lr."""
+    from softrl.bench import agro_sweep
+
+    with progress_bar("toy sweep") as update:
+        rows = agro_sweep.sweep(seeds, progress=lambda done, total: update(done, total))
+    cells = agro_sweep.summarise(rows)
+    table = agro_sweep.markdown(cells)
+    _write(report, "study-agro-toy", table, {"cells": cells, "runs": rows})
+    agro_sweep.plot(cells, report / "study-agro-toy.png",
+                    f"on-policy AGRO vs RLOO on the exact toy (V=2, L=5), {agro_sweep.SAMPLES} samples per step, "
+                    f"600 steps, median of {seeds} seeds")
+    typer.echo(f"## toy\n\n{table}")
+
+
+def _grow(lineages: int, steps: int, later_steps: int, lr: float, rows: int, eval_size: int, eval_every: int,
+          base: Path | None, runs: Path, report: Path) -> None:
+    from softrl.bench import grow
+    from softrl.bench.learning import aggregate
+    from softrl.bench.report import grow_markdown, plot_learning
+    from softrl.config import ConfigError, read_settings
+
+    args = (lineages, runs, steps, later_steps, lr, rows, eval_size, eval_every)
+    try:
+        extra = read_settings(base) if base is not None else None
+        grow.role_config("A", 0, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
+    except (ValueError, ConfigError) as e:
+        fail(str(e))
+    total = lineages * (steps + 3 * later_steps)
+    offsets = [0, steps, steps + later_steps, steps + 2 * later_steps]
+    with progress_bar("grow: Q0 of the base store", total=total) as update, one_line_errors():
+        try:
+            grow.run_lineages(*args, extra=extra, on_step=lambda i, c, r: update(
+                (i // 4) * (steps + 3 * later_steps) + offsets[i % 4] + r["step"],
+                description=f"lineage {i // 4}: {c.name}"))
+        except ValueError as e:
+            fail(str(e))
+    result = grow.report(*args, extra=extra)
+    table = grow_markdown(result)
+    _write(report, "study-grow", table, result)
+    png = plot_learning(aggregate(result["runs"]), report / "study-grow.png",
+                        f"experience that grows: A {steps} steps, baseline / B / C {later_steps}, {rows} rows, "
+                        f"lr {lr:g}, {lineages} lineage(s)")
+    typer.echo(f"{table}\nplot: {png}")
+
+
 @bench_app.command("systems")
 def systems(
     task: str = typer.Option("countdown", help="built-in task whose bootstrap model and prompts are used"),

@@ -21,7 +21,7 @@ import softrl.objectives as registry
 from softrl.algorithms.common import SPO_BETA
 from softrl.limits import MAX_PROMPTS, MAX_SEED
 
-SOURCES = ("online", "offline", "mc")
+SOURCES = ("online", "offline", "mc", "pts")
 
 
 class ConfigError(ValueError):
@@ -106,7 +106,8 @@ ObjectiveConfig = _objective_options()
 class DataConfig(Section):
     store: str = Field("runs/store", description="experience store directory (shared by runs)")
     mix: dict[str, float] = Field(default_factory=lambda: {"online": 0.5, "offline": 0.5},
-                                  description="share of each source in a batch: online, offline, mc")
+                                  description="share of each source in a batch: online, offline, mc (PTS-annotated rows), pts "
+                                              "(PTS's rollouts)")
     objectives: dict[str, ObjectiveConfig] = Field(
         default_factory=dict, description="per-source loss; a source not named uses `objective`")
     objective: ObjectiveConfig = Field(default_factory=registry.get("spo").options,

@@ -92,9 +92,27 @@ def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], 
 
     for i, config in enumerate(configs):
         if (config.run_dir / "summary.json").is_file():
+            check_same_settings(config)
             continue
         shutil.rmtree(config.run_dir, ignore_errors=True)
         train(config, on_step=(lambda r, i=i, c=config: on_step(i, c, r)) if on_step else None, log=log)
+
+
+def check_same_settings(config: RunConfig) -> None:
+    """A finished run is reused only if it ran with `config`'s settings (keys both versions know)."""
+    import yaml
+
+    from softrl.config import flatten
+
+    saved = config.run_dir / "config.yaml"
+    if not saved.is_file():
+        return
+    before = {".".join(k): v for k, v in flatten(yaml.safe_load(saved.read_text()) or {})}
+    for key, value in flatten(config.model_dump(mode="json")):
+        name = ".".join(key)
+        if name in before and before[name] != value:
+            raise ValueError(f"{config.run_dir} finished with {name}={before[name]!r}, this benchmark asks "
+                             f"{name}={value!r}: give another --runs directory, or delete that run")
 
 
 EVAL_KEYS = ("pass@1", "pass@10", "success_per_sample", "kl_to_reference", "mean_token_entropy",

@@ -187,3 +187,48 @@ def plot_intervals(agg: dict[str, list[dict]], intervals: tuple[int, ...], out: 
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def _store_sources(census: dict | None) -> str:
+    """`reference 1234 (401 passed), online A 960 (350 passed)`: what a run's store held at its start."""
+    if not census:
+        return "-"
+    parts = []
+    for source, s in census["sources"].items():
+        if source == "online":
+            parts += [f"online of {run} {r['trajectories']} ({r['passed']} passed)"
+                      for run, r in census.get("online_by_run", {}).items()]
+        else:
+            parts.append(f"{source} {s['trajectories']} ({round(s['pass_rate'] * s['trajectories'])} passed)")
+    return f"{census['trajectories']}: " + ", ".join(parts)
+
+
+def grow_markdown(result: dict) -> str:
+    """`bench.grow.report`'s result: per lineage, each run's store at its start, the samples it generated
+    before reaching A's final pass@1 and pass@10, its final numbers; then the paired comparisons."""
+    lines = ["| lineage | run | store at its start (trajectories: by source) | samples to A's pass@1 "
+             "| samples to A's pass@10 | samples generated | final pass@1 | final pass@10 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in result["lineages"]:
+        targets = row.get("targets", {})
+        for role in ("A", "baseline", "B", "C"):
+            if role not in row:
+                continue
+            r, last = row[role], row[role]["curve"][-1]
+            if role == "A":
+                cells = [f"target {targets[k]:.3f}" for k in ("pass@1", "pass@10")]
+            else:
+                reach = r.get("samples_to", {})
+                cells = [f"{reach[k]:.0f}" if reach.get(k) is not None else "not reached" for k in ("pass@1", "pass@10")]
+            lines.append(f"| {row['lineage']} | {role} | {_store_sources(r['store_at_start'])} | {cells[0]} | {cells[1]} "
+                         f"| {last['samples']:.0f} | {last['pass@1']:.3f} | {last['pass@10']:.3f} |")
+    claims = [c for c in result["comparisons"] if c["verdict"] != "not run"]
+    if claims:
+        lines += ["", "Paired over lineages (a - b, mean ± standard error):", "",
+                  "| a vs b | compared | a - b | per lineage | expected | reproduced? |", "|---|---|---|---|---|---|"]
+        for c in claims:
+            se = "" if math.isnan(c["se"]) else f" ± {c['se']:.3f}"
+            lines.append(f"| {c['a']} vs {c['b']} | {c['compared']} | {c['diff']:+.3f}{se} | "
+                         f"{', '.join(f'{d:+.3f}' for d in c['per_seed'])} | {c['expected']} | "
+                         f"{'yes' if c['reproduced'] else 'no'} ({c['verdict']}) |")
+    return "\n".join(lines) + "\n"

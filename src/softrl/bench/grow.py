@@ -1,0 +1,136 @@
+"""`softrl bench study grow`: experience that grows across runs (the SPO paper's closing argument).
+
+Per lineage (seeds 0, 1, 2), every run SPO half-online on countdown, each in its own store copied
+from the store it starts from just before it runs (so a killed run's rows never feed its rerun):
+
+- A (seed s) starts from the reference: its offline half is the reference's passed Q0 samples;
+  it leaves its rollouts in its store.
+- baseline (seed 100 + s): A's settings again, from the reference's samples only.
+- B (seed 100 + s): offline data the reference's passed samples and A's passed rollouts (A's store).
+- C (seed 100 + s): the reference's, A's and B's passed rollouts (B's store after B).
+
+Reported: the samples each of baseline, B and C generates before an evaluation reaches A's final
+pass@1 and pass@10, their pass@1 curves paired against the baseline's, and every store's size and
+sources at the run's start (`ExperienceStore.stats`, what `softrl data stats` prints).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from softrl.bench.learning import base_overrides, check_same_settings, curves, final, mean_over_training, paired
+from softrl.config import RunConfig, config_from
+
+ROLES = ("A", "baseline", "B", "C")
+STARTS_FROM = {"A": "base", "baseline": "base", "B": "A", "C": "B"}  # whose store a run's store copies
+
+
+def role_config(role: str, lineage: int, runs: Path, steps: int, later_steps: int, lr: float, rows: int,
+                eval_size: int, eval_every: int, extra: dict | None = None) -> RunConfig:
+    seed = lineage if role == "A" else 100 + lineage
+    overrides = base_overrides("countdown", seed, steps if role == "A" else later_steps, lr, rows // 4, 4, eval_size,
+                               eval_every, 20, extra)
+    where = runs / "countdown" / "grow" / f"lineage{lineage}"
+    overrides.update({
+        "name": role, "out_dir": str(where), "data.store": str(where / f"{role}-store"),
+        "data.mix": {"online": 0.5, "offline": 0.5}, "data.objective": {"algorithm": "spo"},
+        "sampling.prompts_per_step": max(1, rows // 8),  # half of the rows generated
+        "data.offline_sources": ["reference"] if role in ("A", "baseline") else ["reference", "online"],
+    })
+    overrides.update(extra or {})
+    return config_from(overrides)
+
+
+def base_store(runs: Path) -> Path:
+    return runs / "countdown" / "grow" / "base-store"
+
+
+def prepare_base(config: RunConfig, runs: Path, log: Callable[[str], None] = lambda m: None) -> Path:
+    """The store every lineage starts from: Q0 and the reference's samples of the training prompts."""
+    from softrl.assemble import Run
+
+    target = base_store(runs)
+    marker = target / "q0.done"
+    if not marker.is_file():
+        shutil.rmtree(target, ignore_errors=True)
+        Run(config.model_copy(update={"data": config.data.model_copy(update={"store": str(target)})})).q0()
+        marker.write_text("")
+        log(f"base store: {target}")
+    return target
+
+
+def store_census(store: Path) -> dict:
+    """`ExperienceStore.stats()` with the online rows counted per run."""
+    from softrl.data import ExperienceStore
+
+    s = ExperienceStore(store, create=False)
+    online = s.trajectories(source="online", columns=["run_id", "passed"]).to_pylist()
+    runs: dict[str, dict] = {}
+    for row in online:
+        r = runs.setdefault(row["run_id"], {"trajectories": 0, "passed": 0})
+        r["trajectories"] += 1
+        r["passed"] += bool(row["passed"])
+    return {**s.stats(), "online_by_run": runs}
+
+
+def run_lineages(lineages: int, runs: Path, steps: int, later_steps: int, lr: float, rows: int, eval_size: int,
+                 eval_every: int, extra: dict | None = None, on_step=None, log=lambda m: None) -> None:
+    """Every lineage's A, baseline, B and C in turn; finished runs are kept, stores copied fresh."""
+    from softrl.bench.learning import run_all
+
+    configs = [role_config(r, i, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
+               for i in range(lineages) for r in ROLES]
+    base = prepare_base(configs[0], runs, log)
+    for i, config in enumerate(configs):
+        where = Path(config.data.store)
+        census = where.parent / f"{config.name}-store-at-start.json"
+        if (config.run_dir / "summary.json").is_file():
+            check_same_settings(config)
+            continue
+        source = base if STARTS_FROM[config.name] == "base" else where.parent / f"{STARTS_FROM[config.name]}-store"
+        shutil.rmtree(where, ignore_errors=True)
+        shutil.copytree(source, where)
+        census.write_text(json.dumps(store_census(where), default=str))
+        run_all([config], on_step=(lambda _, c, r, i=i: on_step(i, c, r)) if on_step else None, log=log)
+
+
+def first_reaching(curve: list[dict], key: str, target: float) -> float | None:
+    """Samples generated when an evaluation first reaches `target` (None: never)."""
+    return next((p["samples"] for p in curve if p[key] is not None and p[key] >= target - 1e-12), None)
+
+
+def report(lineages: int, runs: Path, steps: int, later_steps: int, lr: float, rows: int, eval_size: int,
+           eval_every: int, extra: dict | None = None) -> dict:
+    """lineage -> role -> curve and store census, the samples to A's targets, and the paired comparisons."""
+    by_role: dict[str, dict[int, list[dict]]] = {}
+    lineage_rows = []
+    for i in range(lineages):
+        row = {"lineage": i}
+        for role in ROLES:
+            config = role_config(role, i, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
+            if not (config.run_dir / "summary.json").is_file():
+                continue
+            curve = curves(config.run_dir)
+            census = Path(config.data.store).parent / f"{role}-store-at-start.json"
+            by_role.setdefault(role, {})[i] = curve
+            row[role] = {"curve": curve, "store_at_start": json.loads(census.read_text()) if census.is_file() else None}
+        if "A" in row:
+            targets = {k: row["A"]["curve"][-1][k] for k in ("pass@1", "pass@10")}
+            row["targets"] = targets
+            for role in ("baseline", "B", "C"):
+                if role in row:
+                    row[role]["samples_to"] = {k: first_reaching(row[role]["curve"], k, t) for k, t in targets.items()}
+        lineage_rows.append(row)
+    comparisons = []
+    for a, b, expected in (("B", "baseline", "higher"), ("C", "baseline", "higher"), ("C", "B", "higher|within 2 SE")):
+        for compared, value in (("pass@1 averaged over the evaluations", mean_over_training("pass@1")),
+                                ("final pass@1", final("pass@1")), ("final pass@10", final("pass@10"))):
+            result = paired(by_role, a, b, value)
+            holds = None if result["verdict"] == "not run" else result["verdict"] in expected.split("|")
+            comparisons.append({"claim": f"{a} (from {'A' if a == 'B' else 'A and B'}'s experience) vs {b}",
+                                "paper": "SPO", "a": a, "b": b, "compared": compared, **result,
+                                "expected": expected, "reproduced": holds})
+    return {"lineages": lineage_rows, "comparisons": comparisons, "runs": by_role}

@@ -1,0 +1,147 @@
+"""`softrl bench study`: what each study runs, the pts source of the mix, the toy sweep of on-policy
+AGRO, reuse of finished runs only with the same settings, and the growing store end to end."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from softrl.bench import agro_sweep, grow
+from softrl.bench.learning import check_same_settings
+from softrl.bench.studies import ARMS, STUDIES, check_claims, plan, study_config
+from softrl.cli import app
+from softrl.config import config_from
+from softrl.data import ExperienceStore, Trajectory
+from softrl.tabular import SPO_BETA
+
+
+def test_every_study_plans_equal_batches(tmp_path):
+    for study in STUDIES.values():
+        configs = plan(study, 2, tmp_path, 10, 1e-4, 32, 20, 5)
+        assert len(configs) == 2 * len(study.arms) and {c.seed for c in configs} == {0, 1}
+        for c in configs:
+            mix, group = c.data.mix, c.sampling.samples_per_prompt
+            online = mix.get("online", 0) / sum(mix.values())
+            assert c.sampling.prompts_per_step * group == round(32 * online)  # the generated share of 32 rows
+    loss, reverse = STUDIES["loss"], STUDIES["reverse"]
+    # an arm in two studies is one run: the same directory and the same settings
+    a = study_config(loss, "terminal-squared", 0, tmp_path, 10, 1e-4, 32, 20, 5)
+    b = study_config(reverse, "terminal-squared", 0, tmp_path, 10, 1e-4, 32, 20, 5)
+    assert a.run_dir == b.run_dir and a.model_dump() == b.model_dump()
+    assert a.data.objective.loss == "squared" and a.data.objective.terminal == 1.0
+    rev = study_config(reverse, "reverse-bce", 0, tmp_path, 10, 1e-4, 32, 20, 5).data.objective
+    assert (rev.terminal, rev.reverse, rev.loss) == (0.0, 1.0, "bce")
+    mc = study_config(STUDIES["mc"], "mc-targets", 0, tmp_path, 10, 1e-4, 32, 20, 5)
+    assert mc.data.mix == {"online": 0.5, "offline": 0.25, "mc": 0.25} and mc.data.objective_for("mc").mc == 1.0
+    assert mc.data.objective_for("offline").mc == 0.0
+    code = plan(STUDIES["code"], 1, tmp_path, 10, 1e-4, 32, 20, 5)
+    assert {c.task.name for c in code} == {"tinycode"} and code[0].task.size == 300
+    agro = [c for c in plan(STUDIES["agro"], 1, tmp_path, 10, 1e-4, 64, 20, 5) if c.data.objective.algorithm == "agro-on"]
+    assert all(c.sampling.prompts_per_step * c.sampling.samples_per_prompt == 64 for c in agro)
+    assert len({(c.beta, c.sampling.samples_per_prompt, c.optim.lr) for c in agro}) == len(agro)
+
+
+def test_claims_follow_the_paired_curves():
+    def curve(*pass1):
+        return [{"pass@1": p, "pass@10": 0.9} for p in pass1]
+
+    runs = {"terminal-squared": {s: curve(0.4, 0.5 + s / 100, 0.6 + s / 100) for s in range(3)},
+            "terminal-bce": {s: curve(0.4, 0.45, 0.5 + s / 50) for s in range(3)},
+            "advantage-bce": {s: curve(0.4, 0.5 + s / 100, 0.6 + s / 100) for s in range(3)}}
+    claims = {(c["b"], c["compared"]): c for c in check_claims(STUDIES["loss"], runs)}
+    faster = claims[("terminal-bce", "pass@1 averaged over the evaluations")]
+    assert faster["verdict"] == "higher" and faster["reproduced"] and faster["seeds"] == 3
+    assert claims[("advantage-bce", "final pass@1")]["diff"] == 0 and not claims[("advantage-bce", "final pass@1")]["reproduced"]
+    assert all(c["verdict"] == "not run" for c in check_claims(STUDIES["reverse"], {}))
+
+
+def test_finished_run_reused_only_with_its_settings(tmp_path):
+    config = config_from({"name": "r", "out_dir": str(tmp_path), "optim.lr": 1e-4})
+    config.run_dir.mkdir(parents=True)
+    import yaml
+
+    (config.run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    check_same_settings(config)
+    other = config_from({"name": "r", "out_dir": str(tmp_path), "optim.lr": 3e-4})
+    with pytest.raises(ValueError, match=r"finished with optim.lr=0.0001, this benchmark asks optim.lr=0.0003: give another --runs"):
+        check_same_settings(other)
+
+
+def test_feed_draws_the_pts_source_from_pts_rollouts_only(tiny, tmp_path):
+    from softrl.models.loading import tokenizer_fingerprint
+    from softrl.runtime.feed import DataFeed
+    from softrl.tasks.registry import load_task
+
+    task = load_task("countdown", size=4)
+    prompts = task.prompts()
+    store = ExperienceStore(tmp_path / "store")
+    rows = [Trajectory(p.id, f"{source} {i}", reward=float(i % 2), passed=bool(i % 2), task="countdown",
+                       source=source, response_tokens=[5, 6, 7 + i, 9 + len(source)], tokenizer=tokenizer_fingerprint(tiny[2]))
+            for p in prompts for source in ("reference", "pts") for i in range(4)]
+    store.append(rows)
+    config = config_from({"task.name": "countdown", "task.size": 4, "data.store": str(tmp_path / "store"),
+                          "data.mix": {"online": 0.5, "offline": 0.25, "pts": 0.25}})
+    feed = DataFeed(config, store, task, {p.id: 0.5 for p in prompts}, tiny[2], log=lambda m: None)
+    pts, offline = feed.mixture.sources["pts"].rows, feed.mixture.sources["offline"].rows
+    assert {r["source"] for r in pts} == {"pts"} and len(pts) == 16  # failed rollouts too
+    assert {r["source"] for r in offline} == {"reference"} and all(r["passed"] for r in offline)
+
+
+def test_agro_toy_sweep_converges_at_large_beta_and_collapses_at_spo_beta():
+    big = agro_sweep.run_one(("agro-on", 1.0, 8, 0.1, 0, 300))
+    small = agro_sweep.run_one(("agro-on", SPO_BETA, 8, 0.1, 0, 300))
+    assert agro_sweep.verdict(big["final_kl"], big["start_kl"]) == "converges"
+    assert agro_sweep.verdict(small["final_kl"], small["start_kl"]) == "collapses"
+    assert small["success_final"] < small["success_ref"] < small["success_optimal"]  # it fled the successes
+    cells = agro_sweep.summarise([big, small])
+    assert {c["verdict"] for c in cells} == {"converges", "collapses"}
+    assert "| 1 | 8 | 0.1 |" in agro_sweep.markdown(cells)
+
+
+def test_first_reaching_and_roles(tmp_path):
+    curve = [{"samples": 0, "pass@1": 0.4}, {"samples": 160, "pass@1": 0.5}, {"samples": 320, "pass@1": 0.55}]
+    assert grow.first_reaching(curve, "pass@1", 0.5) == 160 and grow.first_reaching(curve, "pass@1", 0.6) is None
+    configs = {r: grow.role_config(r, 1, tmp_path, 10, 15, 1e-4, 32, 20, 5) for r in grow.ROLES}
+    assert configs["A"].seed == 1 and {configs[r].seed for r in ("baseline", "B", "C")} == {101}
+    assert configs["A"].optim.steps == 10 and configs["C"].optim.steps == 15
+    assert configs["baseline"].data.offline_sources == ["reference"]
+    assert configs["B"].data.offline_sources == ["reference", "online"] and configs["B"].data.offline_passed_only
+    assert len({configs[r].data.store for r in grow.ROLES}) == 4
+
+
+def test_bench_study_grow_end_to_end(tiny, tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text(f"model:\n  path: {tiny[0]}\ntask:\n  size: 6\nq0:\n  k: 4\nsampling:\n  max_new_tokens: 8\n")
+    report = tmp_path / "report"
+    args = ["bench", "study", "grow", "--seeds", "1", "--steps", "2", "--later-steps", "3", "--rows", "16",
+            "--eval-size", "3", "--eval-every", "1", "--base", str(base), "--runs", str(tmp_path / "runs"),
+            "--report", str(report)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads((report / "study-grow.json").read_text())
+    lineage = data["lineages"][0]
+    census = {role: lineage[role]["store_at_start"] for role in grow.ROLES}
+    assert set(census["baseline"]["online_by_run"]) == set() == set(census["A"]["online_by_run"])
+    assert set(census["B"]["online_by_run"]) == {"A"} and set(census["C"]["online_by_run"]) == {"A", "B"}
+    assert census["B"]["online_by_run"]["A"]["trajectories"] == 2 * 2 * 4  # 2 steps x 2 prompts x 4 samples
+    assert census["C"]["sources"]["reference"] == census["A"]["sources"]["reference"]
+    assert {c["a"] for c in data["comparisons"]} == {"B", "C"}
+    table = (report / "study-grow.md").read_text()
+    assert "online of A 16" in table and "| 0 | C |" in table and (report / "study-grow.png").stat().st_size > 10_000
+    # rerun: everything finished is reused; other settings for a finished run are refused in one line
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and json.loads((report / "study-grow.json").read_text())["lineages"] == data["lineages"]
+    refused = CliRunner().invoke(app, [*args[:-2], "--lr", "0.01", "--report", str(report)])
+    assert refused.exit_code == 2 and "finished with optim.lr=0.0002" in refused.output
+
+
+def test_bench_study_unknown_name_is_one_line():
+    result = CliRunner().invoke(app, ["bench", "study", "fig9"])
+    assert result.exit_code == 2 and "unknown study 'fig9'" in result.output and "Traceback" not in result.output
+
+
+def test_every_arm_is_a_valid_config(tmp_path):
+    study = STUDIES["loss"]
+    for arm in ARMS:
+        config = study_config(study, arm, 0, tmp_path, 10, 1e-4, 32, 20, 5)
+        assert config.name == f"{arm}-s0"
