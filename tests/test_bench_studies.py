@@ -38,6 +38,7 @@ def test_every_study_plans_equal_batches(tmp_path):
     assert {c.task.name for c in code} == {"tinycode"} and code[0].task.size == 300
     agro = [c for c in plan(STUDIES["agro"], 1, tmp_path, 10, 1e-4, 64, 20, 5) if c.data.objective.algorithm == "agro-on"]
     assert all(c.sampling.prompts_per_step * c.sampling.samples_per_prompt == 64 for c in agro)
+    assert {c.beta for c in agro} == {0.2, 0.5, 1.0}
     assert len({(c.beta, c.sampling.samples_per_prompt, c.optim.lr) for c in agro}) == len(agro)
 
 
@@ -90,8 +91,10 @@ def test_feed_draws_the_pts_source_from_pts_rollouts_only(tiny, tmp_path):
 def test_agro_toy_sweep_converges_at_large_beta_and_collapses_at_spo_beta():
     big = agro_sweep.run_one(("agro-on", 1.0, 8, 0.1, 0, 300))
     small = agro_sweep.run_one(("agro-on", SPO_BETA, 8, 0.1, 0, 300))
-    assert agro_sweep.verdict(big["final_kl"], big["start_kl"]) == "converges"
-    assert agro_sweep.verdict(small["final_kl"], small["start_kl"]) == "collapses"
+    assert agro_sweep.verdict(big["final_kl"], big["start_kl"], big["success_final"], big["success_ref"]) == "converges"
+    assert agro_sweep.verdict(small["final_kl"], small["start_kl"], small["success_final"], small["success_ref"]) \
+        == "collapses"
+    assert agro_sweep.verdict(0.3, 0.1, 0.9, 0.25) == "overshoots" and agro_sweep.verdict(0.05, 0.1, 0.4, 0.25) == "partial"
     assert small["success_final"] < small["success_ref"] < small["success_optimal"]  # it fled the successes
     cells = agro_sweep.summarise([big, small])
     assert {c["verdict"] for c in cells} == {"converges", "collapses"}

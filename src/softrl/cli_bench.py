@@ -147,7 +147,7 @@ def study(
     steps: int = typer.Option(None, min=1, help="learner steps of every run (grow: of run A); default: the study's"),
     later_steps: int = typer.Option(180, min=1, help="grow: learner steps of baseline, B and C"),
     lr: float = typer.Option(None, min=0.0, help="learning rate (agro's arms set their own); default: the study's"),
-    rows: int = typer.Option(None, min=4, help="rows per learner step; default: the study's (32, agro 64)"),
+    rows: int = typer.Option(None, min=4, help="rows per learner step; default: the study's (32)"),
     eval_size: int = typer.Option(None, min=1, help="held-out prompts per evaluation; default: the study's"),
     eval_every: int = typer.Option(None, min=1, help="learner steps between evaluations; default: the study's"),
     toy: bool = typer.Option(True, "--toy/--no-toy", help="agro: the tabular sweep first"),
@@ -163,7 +163,7 @@ def study(
     from softrl.config import ConfigError, read_settings
 
     if name == "grow":
-        return _grow(seeds or 3, steps or 120, later_steps, lr or 2e-4, rows or 32, eval_size or 80, eval_every or 15,
+        return _grow(seeds or 3, steps or 120, later_steps, lr or 2e-4, rows or 32, eval_size or 80, eval_every or 20,
                      base, runs, report)
     if name not in STUDIES:
         fail(f"unknown study {name!r} (use {', '.join(STUDIES)}, grow)")

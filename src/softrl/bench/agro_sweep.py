@@ -3,9 +3,9 @@ learning rate, against RLOO at the same settings: where it reaches pi*, where it
 
 Every run samples the same number of responses per step (groups of `group` from the current
 policy), so the group size changes the estimator, not the amount of data. A run *converges* when its
-final KL(pi || pi*) is under a tenth of the reference's, *collapses* when it ends further from pi*
-than the reference was, and is *partial* in between; the success rate of the final pi against pi*'s
-says which way it went (a collapse onto failures, or past pi* onto a few successes).
+final KL(pi || pi*) is under a tenth of the reference's and is *partial* when it ends between that and
+the reference's; one that ends further from pi* than the reference *collapses* (onto failures: its
+success rate fell) or *overshoots* (past pi* onto a few successes).
 """
 
 from __future__ import annotations
@@ -29,8 +29,13 @@ ALGORITHMS = ("agro-on", "rloo")
 SAMPLES = 48  # responses per step: a multiple of every group size
 
 
-def verdict(final_kl: float, start_kl: float) -> str:
-    return "converges" if final_kl < 0.1 * start_kl else "collapses" if final_kl > start_kl else "partial"
+def verdict(final_kl: float, start_kl: float, success_final: float, success_ref: float) -> str:
+    """converges, partial, or (ending further from pi* than pi0) collapses onto failures or overshoots."""
+    if final_kl < 0.1 * start_kl:
+        return "converges"
+    if final_kl <= start_kl:
+        return "partial"
+    return "collapses" if success_final < success_ref else "overshoots"
 
 
 def run_one(job: tuple) -> dict:
@@ -69,11 +74,11 @@ def summarise(rows: list[dict]) -> list[dict]:
     out = []
     for (algorithm, beta, group, lr), runs in cells.items():
         kl = statistics.median(r["final_kl"] for r in runs)
+        success = statistics.fmean(r["success_final"] for r in runs)
         out.append({"algorithm": algorithm, "beta": beta, "group": group, "lr": lr, "seeds": len(runs),
-                    "start_kl": runs[0]["start_kl"], "final_kl": kl,
-                    "success_final": statistics.fmean(r["success_final"] for r in runs),
+                    "start_kl": runs[0]["start_kl"], "final_kl": kl, "success_final": success,
                     "success_ref": runs[0]["success_ref"], "success_optimal": runs[0]["success_optimal"],
-                    "verdict": verdict(kl, runs[0]["start_kl"])})
+                    "verdict": verdict(kl, runs[0]["start_kl"], success, runs[0]["success_ref"])})
     return out
 
 
