@@ -96,6 +96,10 @@ def test_agro_toy_sweep_converges_at_large_beta_and_collapses_at_spo_beta():
         == "collapses"
     assert agro_sweep.verdict(0.3, 0.1, 0.9, 0.25) == "overshoots" and agro_sweep.verdict(0.05, 0.1, 0.4, 0.25) == "partial"
     assert small["success_final"] < small["success_ref"] < small["success_optimal"]  # it fled the successes
+    # the reason: at small beta it minimises Var_pi[R], which a mostly-succeeding reference escapes upwards
+    up = agro_sweep.run_one(("agro-on", SPO_BETA, 8, 0.1, 0, 300, 0.75))
+    assert up["success_ref"] > 0.5 and up["success_final"] > 0.99
+    assert "| 0.810 |" in agro_sweep.mechanism_markdown([small, up])
     cells = agro_sweep.summarise([big, small])
     assert {c["verdict"] for c in cells} == {"converges", "collapses"}
     assert "| 1 | 8 | 0.1 |" in agro_sweep.markdown(cells)

@@ -204,9 +204,11 @@ def _agro_toy(seeds: int, report: Path) -> None:
 
     with progress_bar("toy sweep") as update:
         rows = agro_sweep.sweep(seeds, progress=lambda done, total: update(done, total))
+        why = agro_sweep.mechanism(seeds)
     cells = agro_sweep.summarise(rows)
-    table = agro_sweep.markdown(cells)
-    _write(report, "study-agro-toy", table, {"cells": cells, "runs": rows})
+    table = (f"{agro_sweep.markdown(cells)}\nAt beta 1/ln(1e5), groups of 8, lr 0.1, from a reference that mostly "
+             f"fails and one that mostly succeeds:\n\n{agro_sweep.mechanism_markdown(why)}")
+    _write(report, "study-agro-toy", table, {"cells": cells, "runs": rows, "mechanism": why})
     agro_sweep.plot(cells, report / "study-agro-toy.png",
                     f"on-policy AGRO vs RLOO on the exact toy (V=2, L=5), {agro_sweep.SAMPLES} samples per step, "
                     f"600 steps, median of {seeds} seeds")

@@ -41,13 +41,13 @@ def verdict(final_kl: float, start_kl: float, success_final: float, success_ref:
 def run_one(job: tuple) -> dict:
     """One (algorithm, beta, group, lr, seed) run: KL(pi || pi*) at the start and the end, and the
     success rates of pi0, the final pi and pi*."""
-    algorithm, beta, group, lr, seed, steps = job
+    algorithm, beta, group, lr, seed, steps, *rest = job
     torch.set_num_threads(1)
-    problem = TabularProblem.make(vocab=2, length=5, success_rate=0.25, beta=beta, seed=0)
+    problem = TabularProblem.make(vocab=2, length=5, success_rate=rest[0] if rest else 0.25, beta=beta, seed=0)
     result = train(problem, METHODS[algorithm].loss, data="on-policy", steps=steps, lr=lr, samples=SAMPLES,
                    group_size=group, seed=seed, max_grad_norm=1.0)
     pi_star = [t.detach() for t in problem.optimal_logits()]
-    return {"algorithm": algorithm, "beta": beta, "group": group, "lr": lr, "seed": seed,
+    return {"algorithm": algorithm, "beta": beta, "group": group, "lr": lr, "seed": seed, "target_success": rest[0] if rest else 0.25,
             "start_kl": result.kl[0], "final_kl": result.kl[-1], "skipped": result.skipped_steps,
             "success_ref": 1 + problem.expected_reward(problem.ref_logits),
             "success_final": 1 + problem.expected_reward(result.policy.policy_parameters()),
@@ -64,6 +64,26 @@ def sweep(seeds: int = 3, steps: int = 600, workers: int = 2, betas=BETAS, group
             if progress is not None:
                 progress(i + 1, len(jobs))
     return out
+
+
+def mechanism(seeds: int = 3, steps: int = 600, workers: int = 2) -> list[dict]:
+    """On-policy AGRO at the SPO paper's beta from a reference that mostly fails and from one that mostly
+    succeeds: minimising Var_pi[R] at small beta moves pi towards whichever outcome is already the majority."""
+    jobs = [("agro-on", SPO_BETA, 8, 0.1, s, steps, rate) for rate in (0.25, 0.75) for s in range(seeds)]
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        return list(pool.map(run_one, jobs))
+
+
+def mechanism_markdown(rows: list[dict]) -> str:
+    lines = ["| reference success | final success (per seed) | pi* success | KL(pi0‖pi*) | final KL(pi‖pi*) (median) |",
+             "|---|---|---|---|---|"]
+    for rate in sorted({r["target_success"] for r in rows}):
+        runs = [r for r in rows if r["target_success"] == rate]
+        finals = ", ".join(f"{r['success_final']:.4f}" for r in runs)
+        lines.append(f"| {runs[0]['success_ref']:.3f} | {finals} | "
+                     f"{runs[0]['success_optimal']:.3f} | {runs[0]['start_kl']:.3g} | "
+                     f"{statistics.median(r['final_kl'] for r in runs):.3g} |")
+    return "\n".join(lines) + "\n"
 
 
 def summarise(rows: list[dict]) -> list[dict]:
