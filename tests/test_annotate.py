@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from softrl.annotate.pts import annotate_store, bisect_pivots, render, search
+from softrl.annotate.pts import annotate_store, bisect_pivots, render, search, spread_over_prompts
 from softrl.annotate.q0 import binomial_stderr, estimate_q0
 from softrl.rollout import RolloutSpec
 from softrl.data import ExperienceStore, Trajectory
@@ -211,3 +211,9 @@ def test_data_q0_and_pts_commands(tiny, tmp_path):
     assert ExperienceStore(again).trajectories().num_rows == len(exported)  # an export imports back whole
     missing = subprocess.run([SOFTRL, "data", "stats", "--store", str(tmp_path / "nowhere")], capture_output=True, text=True)
     assert missing.returncode == 2 and "is not an experience store" in missing.stderr
+
+
+def test_a_pts_limit_is_spread_over_prompts():
+    rows = [{"prompt_id": p, "id": f"{p}{i}"} for p in "abc" for i in range({"a": 3, "b": 1, "c": 2}[p])]
+    assert [r["id"] for r in spread_over_prompts(rows)] == ["a0", "b0", "c0", "a1", "c1", "a2"]
+    assert spread_over_prompts([]) == []

@@ -105,13 +105,24 @@ def render(result: SearchResult, mark: Callable[[str, PivotalToken], str] | None
     return "\n".join(lines)
 
 
+def spread_over_prompts(rows: list[dict]) -> list[dict]:
+    """Round-robin over prompts (each prompt's first row, then each one's second, ...), so that a
+    `limit` covers as many prompts as it can instead of the first few prompts' every answer."""
+    by_prompt: dict[str, list[dict]] = {}
+    for row in rows:
+        by_prompt.setdefault(row["prompt_id"], []).append(row)
+    depth = max((len(v) for v in by_prompt.values()), default=0)
+    return [group[i] for i in range(depth) for group in by_prompt.values() if i < len(group)]
+
+
 def annotate_store(spec: RolloutSpec, store: ExperienceStore, encode_prompt: Callable[[str], list[int]],
                    encode_response: Callable[[str], list[int]], model: str, k: int, threshold: float, seed: int = 0,
                    limit: int | None = None, force: bool = False, sources: list[str] | None = None,
                    progress: Callable[[int, int], None] | None = None) -> list[SearchResult]:
     """PTS over the store's passed trajectories of `spec.task` (of `sources`, default all but PTS's own
-    rollouts), each written back as soon as it is done: rollouts appended, MC targets annotated. Trajectories that already have MC
-    targets are skipped unless `force`, so a killed run resumes. A trajectory whose tokens are not under
+    rollouts; a `limit` is spread over as many prompts as it allows), each written back as soon as it
+    is done: rollouts appended, MC targets annotated. Trajectories that already have MC targets are
+    skipped unless `force`, so a killed run resumes. A trajectory whose tokens are not under
     this tokenizer is re-tokenised from its text and stored as a tokenised copy, which gets the targets."""
     prompts = {p.id: p for p in spec.task.prompts()}
     candidates = [r for r in store.trajectories(task=spec.task.name, passed=True, source=sources).to_pylist()
@@ -129,7 +140,7 @@ def annotate_store(spec: RolloutSpec, store: ExperienceStore, encode_prompt: Cal
             row = copy.to_row()
         if force or row["id"] not in annotated:
             rows.append(row)
-    rows = list({r["id"]: r for r in rows}.values())[:limit]
+    rows = spread_over_prompts(list({r["id"]: r for r in rows}.values()))[:limit]
     store.append(copies)
     q0 = store.prompts()
     results = []
