@@ -63,17 +63,32 @@ def prepare_base(config: RunConfig, runs: Path, log: Callable[[str], None] = lam
 
 
 def store_census(store: Path) -> dict:
-    """`ExperienceStore.stats()` with the online rows counted per run."""
+    """`ExperienceStore.stats()` (each trajectory once, under the source that stored it first) with the
+    online rows among them counted per run: the rows a run added that the store did not hold already."""
     from softrl.data import ExperienceStore
 
     s = ExperienceStore(store, create=False)
-    online = s.trajectories(source="online", columns=["run_id", "passed"]).to_pylist()
+    rows = s.trajectories(columns=["source", "run_id", "passed"]).to_pylist()
     runs: dict[str, dict] = {}
-    for row in online:
+    for row in (r for r in rows if r["source"] == "online"):
         r = runs.setdefault(row["run_id"], {"trajectories": 0, "passed": 0})
         r["trajectories"] += 1
         r["passed"] += bool(row["passed"])
     return {**s.stats(), "online_by_run": runs}
+
+
+def starts_from(config: RunConfig, runs: Path) -> Path:
+    """The store a run's store is a copy of (unchanged once its own run has finished)."""
+    role = STARTS_FROM[config.name]
+    return base_store(runs) if role == "base" else Path(config.data.store).parent / f"{role}-store"
+
+
+def census_at_start(config: RunConfig, runs: Path) -> dict:
+    """What the run's store held at its start, written once (`<ROLE>-store-at-start.json`)."""
+    saved = Path(config.data.store).parent / f"{config.name}-store-at-start.json"
+    if not saved.is_file():
+        saved.write_text(json.dumps(store_census(starts_from(config, runs)), default=str))
+    return json.loads(saved.read_text())
 
 
 def run_lineages(lineages: int, runs: Path, steps: int, later_steps: int, lr: float, rows: int, eval_size: int,
@@ -83,17 +98,15 @@ def run_lineages(lineages: int, runs: Path, steps: int, later_steps: int, lr: fl
 
     configs = [role_config(r, i, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
                for i in range(lineages) for r in ROLES]
-    base = prepare_base(configs[0], runs, log)
+    prepare_base(configs[0], runs, log)
     for i, config in enumerate(configs):
-        where = Path(config.data.store)
-        census = where.parent / f"{config.name}-store-at-start.json"
         if (config.run_dir / "summary.json").is_file():
             check_same_settings(config)
             continue
-        source = base if STARTS_FROM[config.name] == "base" else where.parent / f"{STARTS_FROM[config.name]}-store"
+        where = Path(config.data.store)
         shutil.rmtree(where, ignore_errors=True)
-        shutil.copytree(source, where)
-        census.write_text(json.dumps(store_census(where), default=str))
+        shutil.copytree(starts_from(config, runs), where)
+        census_at_start(config, runs)
         run_all([config], on_step=(lambda _, c, r, i=i: on_step(i, c, r)) if on_step else None, log=log)
 
 
@@ -114,9 +127,8 @@ def report(lineages: int, runs: Path, steps: int, later_steps: int, lr: float, r
             if not (config.run_dir / "summary.json").is_file():
                 continue
             curve = curves(config.run_dir)
-            census = Path(config.data.store).parent / f"{role}-store-at-start.json"
             by_role.setdefault(role, {})[i] = curve
-            row[role] = {"curve": curve, "store_at_start": json.loads(census.read_text()) if census.is_file() else None}
+            row[role] = {"curve": curve, "store_at_start": census_at_start(config, runs)}
         if "A" in row:
             targets = {k: row["A"]["curve"][-1][k] for k in ("pass@1", "pass@10")}
             row["targets"] = targets
