@@ -152,3 +152,26 @@ def test_every_arm_is_a_valid_config(tmp_path):
     for arm in ARMS:
         config = study_config(study, arm, 0, tmp_path, 10, 1e-4, 32, 20, 5)
         assert config.name == f"{arm}-s0"
+
+
+def test_bench_study_mc_end_to_end_on_the_bootstrap(tmp_path):
+    """PTS prepared once over the reference's passed samples, then MC targets and PTS's rollouts each
+    a quarter of the batch (their losses logged per source), the claims and plot written."""
+    base = tmp_path / "base.yaml"
+    base.write_text("task:\n  size: 6\nq0:\n  k: 8\n")
+    report = tmp_path / "report"
+    args = ["bench", "study", "mc", "--seeds", "1", "--steps", "2", "--eval-size", "3", "--eval-every", "1",
+            "--base", str(base), "--runs", str(tmp_path / "runs"), "--report", str(report)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    prepared = json.loads((report / "study-mc.json").read_text())["prepared"]
+    assert prepared["annotated"] > 0 and prepared["rollouts"] > 0
+    store = ExperienceStore(tmp_path / "runs/countdown/store")
+    passed = [r for r in store.trajectories(source="reference", passed=True).to_pylist()]
+    annotated = [r for r in passed if r["mc_targets"]]
+    assert len(annotated) == prepared["annotated"] == len(passed)  # fewer than the limit: every one
+    metrics = {arm: (tmp_path / f"runs/countdown/{arm}-s0/metrics.jsonl").read_text()
+               for arm in ("terminal-bce", "mc-targets", "pts-rollouts")}
+    assert '"loss/mc"' in metrics["mc-targets"] and '"loss/pts"' in metrics["pts-rollouts"]
+    assert '"loss/mc"' not in metrics["terminal-bce"]
+    assert "| mc-targets | " in (report / "study-mc.md").read_text() and (report / "study-mc.png").is_file()
