@@ -113,7 +113,8 @@ def test_first_reaching_and_roles(tmp_path):
     assert configs["A"].optim.steps == 10 and configs["C"].optim.steps == 15
     assert configs["baseline"].data.offline_sources == ["reference"]
     assert configs["B"].data.offline_sources == ["reference", "online"] and configs["B"].data.offline_passed_only
-    assert len({configs[r].data.store for r in grow.ROLES}) == 4
+    assert configs["C-only"].data.offline_sources == ["online"]
+    assert len({configs[r].data.store for r in grow.ROLES}) == len(grow.ROLES)
 
 
 def test_bench_study_grow_end_to_end(tiny, tmp_path):
@@ -130,9 +131,10 @@ def test_bench_study_grow_end_to_end(tiny, tmp_path):
     census = {role: lineage[role]["store_at_start"] for role in grow.ROLES}
     assert set(census["baseline"]["online_by_run"]) == set() == set(census["A"]["online_by_run"])
     assert set(census["B"]["online_by_run"]) == {"A"} and set(census["C"]["online_by_run"]) == {"A", "B"}
+    assert set(census["B-only"]["online_by_run"]) == {"A"} and set(census["C-only"]["online_by_run"]) == {"A", "B-only"}
     assert census["B"]["online_by_run"]["A"]["trajectories"] == 2 * 2 * 4  # 2 steps x 2 prompts x 4 samples
     assert census["C"]["sources"]["reference"] == census["A"]["sources"]["reference"]
-    assert {c["a"] for c in data["comparisons"]} == {"B", "C"}
+    assert {c["a"] for c in data["comparisons"]} == {"B", "C", "B-only", "C-only"}
     table = (report / "study-grow.md").read_text()
     assert "online of A 16" in table and "| 0 | C |" in table and (report / "study-grow.png").stat().st_size > 10_000
     # rerun: everything finished is reused; other settings for a finished run are refused in one line

@@ -228,20 +228,20 @@ def _grow(lineages: int, steps: int, later_steps: int, lr: float, rows: int, eva
         grow.role_config("A", 0, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
     except (ValueError, ConfigError) as e:
         fail(str(e))
-    total = lineages * (steps + 3 * later_steps)
-    offsets = [0, steps, steps + later_steps, steps + 2 * later_steps]
-    with progress_bar("grow: Q0 of the base store", total=total) as update, one_line_errors():
+    roles = len(grow.ROLES)
+    per_lineage = steps + (roles - 1) * later_steps  # A, then the others
+    with progress_bar("grow: Q0 of the base store", total=lineages * per_lineage) as update, one_line_errors():
         try:
             grow.run_lineages(*args, extra=extra, on_step=lambda i, c, r: update(
-                (i // 4) * (steps + 3 * later_steps) + offsets[i % 4] + r["step"],
-                description=f"lineage {i // 4}: {c.name}"))
+                (i // roles) * per_lineage + (i % roles > 0) * (steps + (i % roles - 1) * later_steps) + r["step"],
+                description=f"lineage {i // roles}: {c.name}"))
         except ValueError as e:
             fail(str(e))
     result = grow.report(*args, extra=extra)
     table = grow_markdown(result)
     _write(report, "study-grow", table, result)
     png = plot_learning(aggregate(result["runs"]), report / "study-grow.png",
-                        f"experience that grows: A {steps} steps, baseline / B / C {later_steps}, {rows} rows, "
+                        f"experience that grows: A {steps} steps, the others {later_steps}, {rows} rows, "
                         f"lr {lr:g}, {lineages} lineage(s)")
     typer.echo(f"{table}\nplot: {png}")
 

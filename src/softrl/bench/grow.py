@@ -8,6 +8,8 @@ from the store it starts from just before it runs (so a killed run's rows never 
 - baseline (seed 100 + s): A's settings again, from the reference's samples only.
 - B (seed 100 + s): offline data the reference's passed samples and A's passed rollouts (A's store).
 - C (seed 100 + s): the reference's, A's and B's passed rollouts (B's store after B).
+- B-only and C-only: B and C with the earlier runs' passed rollouts alone as offline data (no
+  reference samples), C-only on B-only's store.
 
 Reported: the samples each of baseline, B and C generates before an evaluation reaches A's final
 pass@1 and pass@10, their pass@1 curves paired against the baseline's, and every store's size and
@@ -24,8 +26,11 @@ from pathlib import Path
 from softrl.bench.learning import base_overrides, check_same_settings, curves, final, mean_over_training, paired
 from softrl.config import RunConfig, config_from
 
-ROLES = ("A", "baseline", "B", "C")
-STARTS_FROM = {"A": "base", "baseline": "base", "B": "A", "C": "B"}  # whose store a run's store copies
+ROLES = ("A", "baseline", "B", "C", "B-only", "C-only")
+# whose store a run's store copies; the -only runs learn from the earlier runs' successes alone
+STARTS_FROM = {"A": "base", "baseline": "base", "B": "A", "C": "B", "B-only": "A", "C-only": "B-only"}
+OFFLINE_SOURCES = {"A": ["reference"], "baseline": ["reference"], "B": ["reference", "online"],
+                   "C": ["reference", "online"], "B-only": ["online"], "C-only": ["online"]}
 
 
 def role_config(role: str, lineage: int, runs: Path, steps: int, later_steps: int, lr: float, rows: int,
@@ -38,7 +43,7 @@ def role_config(role: str, lineage: int, runs: Path, steps: int, later_steps: in
         "name": role, "out_dir": str(where), "data.store": str(where / f"{role}-store"),
         "data.mix": {"online": 0.5, "offline": 0.5}, "data.objective": {"algorithm": "spo"},
         "sampling.prompts_per_step": max(1, rows // 8),  # half of the rows generated
-        "data.offline_sources": ["reference"] if role in ("A", "baseline") else ["reference", "online"],
+        "data.offline_sources": OFFLINE_SOURCES[role],
     })
     overrides.update(extra or {})
     return config_from(overrides)
@@ -132,17 +137,18 @@ def report(lineages: int, runs: Path, steps: int, later_steps: int, lr: float, r
         if "A" in row:
             targets = {k: row["A"]["curve"][-1][k] for k in ("pass@1", "pass@10")}
             row["targets"] = targets
-            for role in ("baseline", "B", "C"):
+            for role in ROLES[1:]:
                 if role in row:
                     row[role]["samples_to"] = {k: first_reaching(row[role]["curve"], k, t) for k, t in targets.items()}
         lineage_rows.append(row)
     comparisons = []
-    for a, b, expected in (("B", "baseline", "higher"), ("C", "baseline", "higher"), ("C", "B", "higher|within 2 SE")):
+    for a, b, expected in (("B", "baseline", "higher"), ("C", "baseline", "higher"), ("C", "B", "higher|within 2 SE"),
+                           ("B-only", "baseline", "higher"), ("C-only", "baseline", "higher")):
         for compared, value in (("pass@1 averaged over the evaluations", mean_over_training("pass@1")),
                                 ("final pass@1", final("pass@1")), ("final pass@10", final("pass@10"))):
             result = paired(by_role, a, b, value)
             holds = None if result["verdict"] == "not run" else result["verdict"] in expected.split("|")
-            comparisons.append({"claim": f"{a} (from {'A' if a == 'B' else 'A and B'}'s experience) vs {b}",
+            comparisons.append({"claim": f"{a} (from {'A' if a.startswith('B') else 'A and B'}'s experience) vs {b}",
                                 "paper": "SPO", "a": a, "b": b, "compared": compared, **result,
                                 "expected": expected, "reproduced": holds})
     return {"lineages": lineage_rows, "comparisons": comparisons, "runs": by_role}
