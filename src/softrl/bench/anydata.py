@@ -20,7 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from softrl.bench.learning import base_overrides, final, paired, run_all, slug
+from softrl.bench.learning import base_overrides, final, judged, run_all, slug
 from softrl.config import RunConfig, config_from
 
 SPO = {"algorithm": "spo", "terminal": 1.0, "loss": "bce"}
@@ -118,14 +118,9 @@ def comparisons(setting: Setting, runs: dict[str, dict[int, list[dict]]]) -> lis
                 a, b = label(ours, interval, setting), label(other, interval, setting)
                 if a not in runs or b not in runs:  # left out by --methods, or not finished
                     continue
-                for key in ("pass@1", "pass@10"):
-                    result = paired(runs, a, b, final(key))
-                    holds = None if result["verdict"] == "not run" else result["verdict"] in ("higher", "within 2 SE")
-                    out.append({"claim": f"{ours} matches or beats {other} ({setting.name}"
-                                         + (f", interval {interval})" if len(setting.intervals) > 1 else ")"),
-                                "paper": "SPO" if ours == "spo" else "AGRO", "a": a, "b": b,
-                                "compared": f"final {key}", **result, "expected": "higher|within 2 SE",
-                                "reproduced": holds})
+                where = f"{setting.name}, interval {interval}" if len(setting.intervals) > 1 else setting.name
+                out += [judged(runs, f"{ours} matches or beats {other} ({where})", "SPO" if ours == "spo" else "AGRO",
+                               a, b, f"final {key}", final(key), "higher|within 2 SE") for key in ("pass@1", "pass@10")]
     return out
 
 

@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from softrl.bench.learning import base_overrides, check_same_settings, curves, final, mean_over_training, paired
+from softrl.bench.learning import base_overrides, check_same_settings, curves, final, judged, mean_over_training
 from softrl.config import RunConfig, config_from
 
 ROLES = ("A", "baseline", "B", "C", "B-only", "C-only")
@@ -146,9 +146,6 @@ def report(lineages: int, runs: Path, steps: int, later_steps: int, lr: float, r
                            ("B-only", "baseline", "higher"), ("C-only", "baseline", "higher")):
         for compared, value in (("pass@1 averaged over the evaluations", mean_over_training("pass@1")),
                                 ("final pass@1", final("pass@1")), ("final pass@10", final("pass@10"))):
-            result = paired(by_role, a, b, value)
-            holds = None if result["verdict"] == "not run" else result["verdict"] in expected.split("|")
-            comparisons.append({"claim": f"{a} (from {'A' if a.startswith('B') else 'A and B'}'s experience) vs {b}",
-                                "paper": "SPO", "a": a, "b": b, "compared": compared, **result,
-                                "expected": expected, "reproduced": holds})
+            comparisons.append(judged(by_role, f"{a} (from {'A' if a.startswith('B') else 'A and B'}'s experience) "
+                                      f"vs {b}", "SPO", a, b, compared, value, expected))
     return {"lineages": lineage_rows, "comparisons": comparisons, "runs": by_role}

@@ -203,14 +203,18 @@ CLAIMS = [
 ]
 
 
+def judged(runs: dict[str, dict[int, list[dict]]], claim: str, paper: str, a: str, b: str, compared: str,
+           value: Callable[[list[dict]], float], expected: str) -> dict:
+    """`paired(runs, a, b, value)` as a row of the claims table (`bench.report.markdown`): reproduced when
+    the verdict is one of `expected` ("|"-separated), None where a side did not run."""
+    result = paired(runs, a, b, value)
+    holds = None if result["verdict"] == "not run" else result["verdict"] in expected.split("|")
+    return {"claim": claim, "paper": paper, "a": a, "b": b, "compared": compared, **result, "expected": expected,
+            "reproduced": holds}
+
+
 def check_claims(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
-    out = []
-    for claim, paper, a, b, compared, value, expected in CLAIMS:
-        result = paired(runs, a, b, value)
-        holds = None if result["verdict"] == "not run" else result["verdict"] in expected.split("|")
-        out.append({"claim": claim, "paper": paper, "a": a, "b": b, "compared": compared, **result,
-                    "expected": expected, "reproduced": holds})
-    return out
+    return [judged(runs, *claim) for claim in CLAIMS]
 
 
 def collect(configs: list[RunConfig]) -> dict[str, dict[int, list[dict]]]:

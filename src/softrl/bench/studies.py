@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from softrl.bench.learning import base_overrides, final, mean_over_training, paired, slug
+from softrl.bench.learning import base_overrides, final, judged, mean_over_training, slug
 from softrl.config import RunConfig, config_from
 
 HALF = {"online": 0.5, "offline": 0.5}
@@ -63,11 +63,10 @@ def agro_arm(algorithm: str, beta: float, group: int, lr: float) -> str:
     return f"{algorithm}-b{beta:g}-g{group}-lr{lr:g}"
 
 
-for _beta, _group, _lr in AGRO_SETTINGS:
-    for _algorithm in ("agro-on", "rloo"):
-        ARMS[agro_arm(_algorithm, _beta, _group, _lr)] = {
-            "data.mix": {"online": 1.0}, "data.objective": {"algorithm": _algorithm}, "beta": _beta,
-            "sampling.samples_per_prompt": _group, "optim.lr": _lr}
+ARMS.update({agro_arm(algorithm, beta, group, lr): {
+    "data.mix": {"online": 1.0}, "data.objective": {"algorithm": algorithm}, "beta": beta,
+    "sampling.samples_per_prompt": group, "optim.lr": lr}
+    for beta, group, lr in AGRO_SETTINGS for algorithm in ("agro-on", "rloo")})
 
 AUC = mean_over_training("pass@1")
 
@@ -157,13 +156,7 @@ def plan(study: Study, seeds: int, runs: Path, steps: int, lr: float, rows: int,
 
 def check_claims(study: Study, runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
     """Each claim as a paired difference over seeds, in `bench.report.markdown`'s format."""
-    out = []
-    for c in study.claims:
-        result = paired(runs, c.a, c.b, c.value)
-        holds = None if result["verdict"] == "not run" else result["verdict"] in c.expected.split("|")
-        out.append({"claim": c.text, "paper": c.paper, "a": c.a, "b": c.b, "compared": c.compared, **result,
-                    "expected": c.expected, "reproduced": holds})
-    return out
+    return [judged(runs, c.text, c.paper, c.a, c.b, c.compared, c.value, c.expected) for c in study.claims]
 
 
 PTS_LIMIT, PTS_K = 300, 10  # trajectories annotated for the mc study, rollouts per visited prefix (the paper: 10)
