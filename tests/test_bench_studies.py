@@ -89,8 +89,8 @@ def test_feed_draws_the_pts_source_from_pts_rollouts_only(tiny, tmp_path):
 
 
 def test_agro_toy_sweep_converges_at_large_beta_and_collapses_at_spo_beta():
-    big = agro_sweep.run_one(("agro-on", 1.0, 8, 0.1, 0, 300))
-    small = agro_sweep.run_one(("agro-on", SPO_BETA, 8, 0.1, 0, 300))
+    big = agro_sweep.run_one(("agro-on", 1.0, 8, 0.1, 0, 300, 0.25))
+    small = agro_sweep.run_one(("agro-on", SPO_BETA, 8, 0.1, 0, 300, 0.25))
     assert agro_sweep.verdict(big["final_kl"], big["start_kl"], big["success_final"], big["success_ref"]) == "converges"
     assert agro_sweep.verdict(small["final_kl"], small["start_kl"], small["success_final"], small["success_ref"]) \
         == "collapses"

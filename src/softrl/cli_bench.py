@@ -1,8 +1,9 @@
-"""`softrl bench learning`, `softrl bench anydata` and `softrl bench systems`."""
+"""`softrl bench learning`, `softrl bench anydata`, `softrl bench study` and `softrl bench systems`."""
 
 from __future__ import annotations
 
 import json
+from itertools import accumulate
 from pathlib import Path
 
 import typer
@@ -222,22 +223,19 @@ def _grow(lineages: int, steps: int, later_steps: int, lr: float, rows: int, eva
     from softrl.bench.report import grow_markdown, plot_learning
     from softrl.config import ConfigError, read_settings
 
-    args = (lineages, runs, steps, later_steps, lr, rows, eval_size, eval_every)
     try:
         extra = read_settings(base) if base is not None else None
-        grow.role_config("A", 0, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
+        configs = grow.plan(lineages, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
     except (ValueError, ConfigError) as e:
         fail(str(e))
-    roles = len(grow.ROLES)
-    per_lineage = steps + (roles - 1) * later_steps  # A, then the others
-    with progress_bar("grow: Q0 of the base store", total=lineages * per_lineage) as update, one_line_errors():
+    starts = list(accumulate((c.optim.steps for c in configs), initial=0))  # steps done before each run
+    with progress_bar("grow: Q0 of the base store", total=starts[-1]) as update, one_line_errors():
         try:
-            grow.run_lineages(*args, extra=extra, on_step=lambda i, c, r: update(
-                (i // roles) * per_lineage + (i % roles > 0) * (steps + (i % roles - 1) * later_steps) + r["step"],
-                description=f"lineage {i // roles}: {c.name}"))
+            grow.run_lineages(configs, runs, on_step=lambda i, c, r: update(
+                starts[i] + r["step"], description=f"{Path(c.out_dir).name}: {c.name}"))
         except ValueError as e:
             fail(str(e))
-    result = grow.report(*args, extra=extra)
+    result = grow.report(configs, runs)
     table = grow_markdown(result)
     _write(report, "study-grow", table, result)
     png = plot_learning(aggregate(result["runs"]), report / "study-grow.png",

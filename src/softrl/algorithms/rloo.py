@@ -34,4 +34,5 @@ def rloo_loss(
     check_tokens(mask, logp=logp, ref_logp=ref_logp)
     log_ratio = masked_sum(logp - ref_logp, mask).detach()  # [B]
     adv = rloo_advantages(reward.detach(), log_ratio, beta, group_size)  # [B]
-    return reduce(-adv * masked_sum(importance_weighted(logp, mask, is_weights), mask), weights), {"rloo/adv_abs": adv.abs().mean().detach()}
+    seq_logp = masked_sum(importance_weighted(logp, mask, is_weights), mask)  # [B]
+    return reduce(-adv * seq_logp, weights), {"rloo/adv_abs": adv.abs().mean().detach()}

@@ -39,15 +39,16 @@ def verdict(final_kl: float, start_kl: float, success_final: float, success_ref:
 
 
 def run_one(job: tuple) -> dict:
-    """One (algorithm, beta, group, lr, seed) run: KL(pi || pi*) at the start and the end, and the
-    success rates of pi0, the final pi and pi*."""
-    algorithm, beta, group, lr, seed, steps, *rest = job
+    """One (algorithm, beta, group, lr, seed, steps, reference success rate) run: KL(pi || pi*) at the
+    start and the end, and the success rates of pi0, the final pi and pi*."""
+    algorithm, beta, group, lr, seed, steps, success_rate = job
     torch.set_num_threads(1)
-    problem = TabularProblem.make(vocab=2, length=5, success_rate=rest[0] if rest else 0.25, beta=beta, seed=0)
+    problem = TabularProblem.make(vocab=2, length=5, success_rate=success_rate, beta=beta, seed=0)
     result = train(problem, METHODS[algorithm].loss, data="on-policy", steps=steps, lr=lr, samples=SAMPLES,
                    group_size=group, seed=seed, max_grad_norm=1.0)
     pi_star = [t.detach() for t in problem.optimal_logits()]
-    return {"algorithm": algorithm, "beta": beta, "group": group, "lr": lr, "seed": seed, "target_success": rest[0] if rest else 0.25,
+    return {"algorithm": algorithm, "beta": beta, "group": group, "lr": lr, "seed": seed,
+            "target_success": success_rate,
             "start_kl": result.kl[0], "final_kl": result.kl[-1], "skipped": result.skipped_steps,
             "success_ref": 1 + problem.expected_reward(problem.ref_logits),
             "success_final": 1 + problem.expected_reward(result.policy.policy_parameters()),
@@ -56,7 +57,12 @@ def run_one(job: tuple) -> dict:
 
 def sweep(seeds: int = 3, steps: int = 600, workers: int = 2, betas=BETAS, groups=GROUPS, lrs=LRS,
           progress: Callable[[int, int], None] | None = None) -> list[dict]:
-    jobs = [(a, b, g, lr, s, steps) for a, b, g, lr, s in itertools.product(ALGORITHMS, betas, groups, lrs, range(seeds))]
+    return run_jobs([(a, b, g, lr, s, steps, 0.25) for a, b, g, lr, s
+                     in itertools.product(ALGORITHMS, betas, groups, lrs, range(seeds))], workers, progress)
+
+
+def run_jobs(jobs: list[tuple], workers: int, progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """`run_one` over `jobs` in `workers` processes, results in the jobs' order."""
     out = []
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         for i, row in enumerate(pool.map(run_one, jobs)):
@@ -69,9 +75,8 @@ def sweep(seeds: int = 3, steps: int = 600, workers: int = 2, betas=BETAS, group
 def mechanism(seeds: int = 3, steps: int = 600, workers: int = 2) -> list[dict]:
     """On-policy AGRO at the SPO paper's beta from a reference that mostly fails and from one that mostly
     succeeds: minimising Var_pi[R] at small beta moves pi towards whichever outcome is already the majority."""
-    jobs = [("agro-on", SPO_BETA, 8, 0.1, s, steps, rate) for rate in (0.25, 0.75) for s in range(seeds)]
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        return list(pool.map(run_one, jobs))
+    return run_jobs([("agro-on", SPO_BETA, 8, 0.1, s, steps, rate) for rate in (0.25, 0.75) for s in range(seeds)],
+                    workers)
 
 
 def mechanism_markdown(rows: list[dict]) -> str:

@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from softrl.bench.learning import base_overrides, check_same_settings, curves, final, judged, mean_over_training
+from softrl.bench.learning import base_overrides, curves, final, generated_prompts, judged, mean_over_training
 from softrl.config import RunConfig, config_from
 
 ROLES = ("A", "baseline", "B", "C", "B-only", "C-only")
@@ -39,10 +39,11 @@ def role_config(role: str, lineage: int, runs: Path, steps: int, later_steps: in
     overrides = base_overrides("countdown", seed, steps if role == "A" else later_steps, lr, rows // 4, 4, eval_size,
                                eval_every, 20, extra)
     where = runs / "countdown" / "grow" / f"lineage{lineage}"
+    half = {"online": 0.5, "offline": 0.5}
     overrides.update({
         "name": role, "out_dir": str(where), "data.store": str(where / f"{role}-store"),
-        "data.mix": {"online": 0.5, "offline": 0.5}, "data.objective": {"algorithm": "spo"},
-        "sampling.prompts_per_step": max(1, rows // 8),  # half of the rows generated
+        "data.mix": half, "data.objective": {"algorithm": "spo"},
+        "sampling.prompts_per_step": generated_prompts(rows, half, 4),
         "data.offline_sources": OFFLINE_SOURCES[role],
     })
     overrides.update(extra or {})
@@ -96,23 +97,25 @@ def census_at_start(config: RunConfig, runs: Path) -> dict:
     return json.loads(saved.read_text())
 
 
-def run_lineages(lineages: int, runs: Path, steps: int, later_steps: int, lr: float, rows: int, eval_size: int,
-                 eval_every: int, extra: dict | None = None, on_step=None, log=lambda m: None) -> None:
-    """Every lineage's A, baseline, B and C in turn; finished runs are kept, stores copied fresh."""
+def plan(lineages: int, runs: Path, steps: int, later_steps: int, lr: float, rows: int, eval_size: int,
+         eval_every: int, extra: dict | None = None) -> list[RunConfig]:
+    """Every lineage's runs in the order they run (A first: the others start from its store)."""
+    return [role_config(r, i, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
+            for i in range(lineages) for r in ROLES]
+
+
+def run_lineages(configs: list[RunConfig], runs: Path, on_step=None, log=lambda m: None) -> None:
+    """`plan`'s runs in turn; finished runs are kept, an unfinished one gets a fresh copy of its store."""
     from softrl.bench.learning import run_all
 
-    configs = [role_config(r, i, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
-               for i in range(lineages) for r in ROLES]
-    prepare_base(configs[0], runs, log)
-    for i, config in enumerate(configs):
-        if (config.run_dir / "summary.json").is_file():
-            check_same_settings(config)
-            continue
+    def fresh_store(config: RunConfig) -> None:
         where = Path(config.data.store)
         shutil.rmtree(where, ignore_errors=True)
         shutil.copytree(starts_from(config, runs), where)
         census_at_start(config, runs)
-        run_all([config], on_step=(lambda _, c, r, i=i: on_step(i, c, r)) if on_step else None, log=log)
+
+    prepare_base(configs[0], runs, log)
+    run_all(configs, on_step=on_step, log=log, before=fresh_store)
 
 
 def first_reaching(curve: list[dict], key: str, target: float) -> float | None:
@@ -120,20 +123,19 @@ def first_reaching(curve: list[dict], key: str, target: float) -> float | None:
     return next((p["samples"] for p in curve if p[key] is not None and p[key] >= target - 1e-12), None)
 
 
-def report(lineages: int, runs: Path, steps: int, later_steps: int, lr: float, rows: int, eval_size: int,
-           eval_every: int, extra: dict | None = None) -> dict:
-    """lineage -> role -> curve and store census, the samples to A's targets, and the paired comparisons."""
+def report(configs: list[RunConfig], runs: Path) -> dict:
+    """lineage -> role -> curve and store census, the samples to A's targets, and the paired comparisons,
+    for `plan`'s finished runs."""
     by_role: dict[str, dict[int, list[dict]]] = {}
     lineage_rows = []
-    for i in range(lineages):
+    for i in range(len(configs) // len(ROLES)):
         row = {"lineage": i}
-        for role in ROLES:
-            config = role_config(role, i, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
+        for config in configs[i * len(ROLES):(i + 1) * len(ROLES)]:
             if not (config.run_dir / "summary.json").is_file():
                 continue
             curve = curves(config.run_dir)
-            by_role.setdefault(role, {})[i] = curve
-            row[role] = {"curve": curve, "store_at_start": census_at_start(config, runs)}
+            by_role.setdefault(config.name, {})[i] = curve
+            row[config.name] = {"curve": curve, "store_at_start": census_at_start(config, runs)}
         if "A" in row:
             targets = {k: row["A"]["curve"][-1][k] for k in ("pass@1", "pass@10")}
             row["targets"] = targets

@@ -66,6 +66,11 @@ def base_overrides(task: str, seed: int, steps: int, lr: float, prompts: int, sa
     }
 
 
+def generated_prompts(rows: int, mix: dict[str, float], samples_per_prompt: int) -> int:
+    """Prompts sampled online per step when `rows` rows a step are mixed by `mix`: its online share."""
+    return max(1, round(rows * mix.get("online", 0) / sum(mix.values()) / samples_per_prompt))
+
+
 def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr: float = 1e-4,
                   prompts: int = 16, samples_per_prompt: int = 4, eval_size: int = 100, eval_every: int = 25,
                   eval_samples: int = 20, extra: dict | None = None) -> RunConfig:
@@ -85,9 +90,9 @@ def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr:
 
 
 def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], None] | None = None,
-            log: Callable[[str], None] = lambda m: None) -> None:
+            log: Callable[[str], None] = lambda m: None, before: Callable[[RunConfig], None] | None = None) -> None:
     """Train each config in turn; a run with a summary.json is done and kept (a killed benchmark
-    resumes where it stopped), a run without one starts over."""
+    resumes where it stopped), a run without one starts over, after `before(config)` (e.g. its store)."""
     from softrl.runtime.local import train
 
     for i, config in enumerate(configs):
@@ -95,6 +100,8 @@ def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], 
             check_same_settings(config)
             continue
         shutil.rmtree(config.run_dir, ignore_errors=True)
+        if before is not None:
+            before(config)
         train(config, on_step=(lambda r, i=i, c=config: on_step(i, c, r)) if on_step else None, log=log)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from softrl.bench.learning import base_overrides, final, judged, mean_over_training, slug
+from softrl.bench.learning import base_overrides, final, generated_prompts, judged, mean_over_training, slug
 from softrl.config import RunConfig, config_from
 
 HALF = {"online": 0.5, "offline": 0.5}
@@ -141,8 +141,7 @@ def study_config(study: Study, arm: str, seed: int, runs: Path, steps: int, lr: 
                                extra)
     overrides.update({"name": f"{arm}-s{seed}", "out_dir": str(runs / slug(study.task)),
                       "data.store": str(runs / slug(study.task) / "store"), **arm_settings})
-    mix = overrides["data.mix"]
-    overrides["sampling.prompts_per_step"] = max(1, round(rows * mix.get("online", 0) / sum(mix.values()) / group))
+    overrides["sampling.prompts_per_step"] = generated_prompts(rows, overrides["data.mix"], group)
     overrides.update(extra or {})
     return config_from(overrides)
 
@@ -188,10 +187,12 @@ def prepare(study: Study, config: RunConfig, progress: Callable[[int, int], None
                 temperature=1.0, dtype=config.model.dtype, device=config.model.device)
     store = ExperienceStore(store_dir)
     done = sum(1 for r in store.trajectories(source="reference", passed=True, columns=["mc_targets"]).to_pylist()
-               if r["mc_targets"])
-    results = annotate_store(s.spec, store, s.encode_prompt, s.encode_response, s.model_id, PTS_K, 0.2, seed=config.seed,
-                             limit=max(0, PTS_LIMIT - done) or None, sources=["reference"], progress=progress)
-    summary = {"annotated": done + len(results), "pivotal_tokens": sum(len(r.pivots) for r in results),
+               if r["mc_targets"])  # by a killed earlier preparation
+    results = [] if done >= PTS_LIMIT else annotate_store(
+        s.spec, store, s.encode_prompt, s.encode_response, s.model_id, PTS_K, 0.2, seed=config.seed,
+        limit=PTS_LIMIT - done, sources=["reference"], progress=progress)
+    summary = {"annotated": done + len(results),  # pivotal tokens of this preparation's searches only
+               "pivotal_tokens": sum(len(r.pivots) for r in results),
                "rollouts": len(store.trajectories(source="pts", columns=["id"]))}
     marker.write_text(json.dumps(summary))
     return summary
