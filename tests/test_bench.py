@@ -116,12 +116,14 @@ def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
     assert "| softrl-sync | 2 |" in table and "async_over_sync" in table and "fixed work" in table
 
 
-def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path):
+@pytest.mark.parametrize("generation", ["dynamic", "static", "paged"])
+def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path, generation):
     pytest.importorskip("trl")
     from softrl.bench.systems import trl_grpo
 
-    r = trl_grpo(str(tiny[0]), "countdown", 2, 2, 2, 8, tmp_path, lr=1e-4, fixed=True, device="cpu")
-    assert r["steps"] == 2 and r["samples"] == 8 and r["samples_per_s"] > 0
+    r = trl_grpo(str(tiny[0]), "countdown", 2, 2, 2, 8, tmp_path, lr=1e-4, fixed=True, device="cpu",
+                 generation=generation)
+    assert r["name"] == f"trl-{generation}" and r["steps"] == 2 and r["samples"] == 8 and r["samples_per_s"] > 0
     assert r["completion_tokens"] == 8  # TRL's own mean completion length: the same fixed work as softrl's
 
 

@@ -27,9 +27,9 @@ def model_directory(path: str, task: str) -> str:
     'bootstrap:TASK' for another task's; built once, then cached), or a pretrained model `softrl
     model prepare` knows."""
     from softrl.bootstrap import TASKS, bootstrap
-    from softrl.models.prepare import KNOWN, prepare_model
+    from softrl.models.prepare import known_models, prepare_model
 
-    if path in KNOWN:
+    if path in known_models():
         try:
             return str(prepare_model(path))
         except ValueError as e:

