@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from softrl.bench.systems import memory_bandwidth
 from softrl.models.device import resolve_device
 from softrl.models.generation import SamplingParams, make_generator
 from softrl.models.loading import encode_prompt, load_causal_lm
@@ -40,23 +41,6 @@ QUESTIONS = ["What is {a} + {b}?", "Compute {a} * {b}. Answer with the number on
 
 def smollm2_prompts(count: int) -> list[str]:
     return [QUESTIONS[i % len(QUESTIONS)].format(a=17 + 7 * i, b=5 + 3 * i) for i in range(count)]
-
-
-def memory_bandwidth(device: torch.device, mib: int = 1024) -> float:
-    """Best-of-5 bytes/s of a device-to-device copy of `mib` MiB, counting bytes read and written."""
-    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(5):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        dst.copy_(src)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.numel() / best
 
 
 def weight_bytes(model) -> int:

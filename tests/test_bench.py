@@ -103,7 +103,7 @@ def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
     rounds = alternate({"a": e2e, "b": e2e}, pairs=2)
     assert [len(v) for v in rounds.values()] == [2, 2]
     e2e = rounds["a"][0]
-    assert e2e["samples"] == 8 and e2e["samples_per_s"] > 0
+    assert e2e["samples"] == 8 and e2e["samples_per_s"] > 0 and e2e["steady_samples_per_s"] > 0
     assert {"generation", "forward", "backward", "optimizer"} <= set(e2e["split_s"])
     ratio = pair_ratios(rounds, "a", "b")
     assert len(ratio["by_pair"]) == 2 and ratio["median"] > 0
@@ -123,8 +123,29 @@ def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path, generation):
 
     r = trl_grpo(str(tiny[0]), "countdown", 2, 2, 2, 8, tmp_path, lr=1e-4, fixed=True, device="cpu",
                  generation=generation)
-    assert r["name"] == f"trl-{generation}" and r["steps"] == 2 and r["samples"] == 8 and r["samples_per_s"] > 0
+    assert r["name"] == f"trl-{generation}" and r["steps"] == 2 and r["samples"] == 8 and r["samples_per_s"] > 0 and r["steady_samples_per_s"] > 0
     assert r["completion_tokens"] == 8  # TRL's own mean completion length: the same fixed work as softrl's
+
+
+def test_softrl_is_set_against_trls_fastest_setting_round_by_round():
+    from softrl.bench.report import systems_markdown
+    from softrl.bench.systems import against_trl, steady_rate
+
+    assert steady_rate([(1.0, 8), (3.0, 24), (5.0, 40)]) == 8.0  # steps after the first: 32 samples in 4 s
+    assert steady_rate([(1.0, 8)]) is None
+    run = lambda speed, steady=None: {"samples_per_s": speed, "steady_samples_per_s": steady, "steps": 2}  # noqa: E731
+    rounds = {"softrl-sync": [run(10, 12), run(12, 14)], "softrl-async": [run(20, 30), run(16, 18)],
+              "trl-dynamic": [run(4, 5), run(5, 5)], "trl-paged": [run(8, 9), run(8, 10)]}
+    out = against_trl(rounds)
+    assert out["trl_fastest"] == "trl-paged" and out["softrl_fastest"] == "async"
+    assert out["vs_trl"]["async"]["by_pair"] == [2.5, 2.0] and out["vs_trl"]["async"]["median"] == 2.25
+    assert out["vs_trl_steady"]["sync"]["by_pair"] == [12 / 9, 14 / 10]
+    rounds["trl-paged"][0]["steady_samples_per_s"] = None  # a one-step run has no steady rate: that round is left out
+    assert against_trl(rounds)["vs_trl_steady"]["async"]["by_pair"] == [18 / 10]
+    table = systems_markdown({"model": "m", "task": "t", "batch": "2 x 2", "max_new_tokens": 8, "threads": 1,
+                              "cpu": "x", "rounds": rounds, **out})
+    assert "softrl async / TRL (trl-paged) samples/s, round by round: 2.50x, 2.00x (median 2.25x)" in table
+    assert "| softrl-async | 2 | 20.0, 16.0 | 18.0 | 24.0 |" in table
 
 
 def test_bench_systems_command_writes_the_ratios(tiny, tmp_path):
@@ -143,6 +164,10 @@ def test_bench_systems_command_writes_the_ratios(tiny, tmp_path):
     assert [len(v) for v in numbers["rounds"].values()] == [1, 1]
     bad = CliRunner().invoke(app, ["bench", "systems", "--device", "gpu", "--report", str(report)])
     assert bad.exit_code == 2 and "device must be auto, cpu, cuda or cuda:N, got 'gpu'" in bad.output
+    for option, value, message in (("--trl-generation", "vllm", "--trl-generation: unknown setting 'vllm'"),
+                                   ("--modes", "ray", "--modes: unknown mode 'ray'")):
+        bad = CliRunner().invoke(app, ["bench", "systems", option, value, "--report", str(report)])
+        assert bad.exit_code == 2 and message in bad.output, bad.output
 
 
 def test_weight_sync_part_measures_both_methods(tiny, tmp_path):

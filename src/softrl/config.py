@@ -43,7 +43,7 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 class ModelConfig(Section):
     path: str = Field("bootstrap", description="model directory, a hub id, 'bootstrap' for the task's built-in "
                       "reference (bootstrap:TASK for another task's), or a name `softrl model prepare` knows "
-                      "(smollm2-135m)")
+                      "(smollm2-135m; llama-0.5b-random, llama-1b-random: random weights, for speed and memory)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the trained weights (and so of "
                                                   "their gradients and AdamW state)")
     device: str = Field("auto", description="auto (CUDA when available), cpu, cuda or cuda:N")

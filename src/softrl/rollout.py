@@ -33,13 +33,14 @@ class RolloutSpec:
 
     @classmethod
     def for_model(cls, task: Task, model, tokenizer, max_new_tokens: int, backend: str = "hf",
-                  **options) -> RolloutSpec:
-        """Sampling a Hugging Face model with a generation `backend` (`models.generation.make_generator`);
-        rows carry its tokenizer's fingerprint."""
+                  generator: Generator | None = None, **options) -> RolloutSpec:
+        """Sampling a Hugging Face model with a generation `backend` (`models.generation.make_generator`),
+        or with `generator`, one already made for `model`; rows carry its tokenizer's fingerprint."""
         from softrl.models.generation import make_generator
         from softrl.models.loading import tokenizer_fingerprint
 
-        generator = make_generator(model, tokenizer, backend, max_batch=options.get("max_per_call", 256))
+        if generator is None:
+            generator = make_generator(model, tokenizer, backend, max_batch=options.get("max_per_call", 256))
         positions = getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 0
         return cls(task, generator, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                    tokenizer_fingerprint(tokenizer), max_new_tokens, max_length=int(positions), **options)

@@ -124,15 +124,19 @@ def systems_markdown(result: dict) -> str:
     rounds = result.get("rounds", {})
     if rounds:
         lines += ["", "| end to end (GRPO loss) | steps | samples/s, round by round | median samples/s "
-                  "| median split of a step (s) |", "|---|---|---|---|---|"]
+                  "| after the first step | median split of a step (s) |", "|---|---|---|---|---|---|"]
         for name, runs in rounds.items():
             split = _split(runs[-1].get("split_s", {})) if runs[-1].get("split_s") else "-"
             speeds = [r["samples_per_s"] for r in runs]
+            steady = [r["steady_samples_per_s"] for r in runs if r.get("steady_samples_per_s")]
             lines.append(f"| {name} | {runs[0]['steps']} | {', '.join(f'{v:.1f}' for v in speeds)} | "
-                         f"{statistics.median(speeds):.1f} | {split} |")
-    for mode, r in result.get("vs_trl", {}).items():
-        lines.append(f"\nsoftrl {mode} / TRL ({result.get('trl_fastest', 'trl')}) samples/s, round by round: "
-                     f"{', '.join(f'{x:.2f}x' for x in r['by_pair'])} (median {r['median']:.2f}x)")
+                         f"{statistics.median(speeds):.1f} | {f'{statistics.median(steady):.1f}' if steady else '-'} "
+                         f"| {split} |")
+    for label, key in (("", "vs_trl"), (" after the first step", "vs_trl_steady")):
+        for mode, r in result.get(key, {}).items():
+            if r["by_pair"]:
+                lines.append(f"\nsoftrl {mode} / TRL ({result.get('trl_fastest', 'trl')}) samples/s{label}, round by "
+                             f"round: {', '.join(f'{x:.2f}x' for x in r['by_pair'])} (median {r['median']:.2f}x)")
     ray = result.get("ray", {})
     if ray:
         lines += ["", "| Ray runtime | steps | samples | training wall time (s) | samples/s |", "|---|---|---|---|---|"]

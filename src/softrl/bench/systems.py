@@ -11,7 +11,10 @@
 - training wall time of the Ray runtime with `model_update_interval` 1 vs 10;
 - weight sync (bench/sync.py): seconds per update to the Ray workers, object store vs broadcast.
 
-`systems.json` holds everything and a `ratios` object: softrl_over_trl, async_over_sync,
+End-to-end samples/s are over each side's whole training clock, and, as `steady_samples_per_s`, over
+the steps after the first (without one-off costs: compiling softrl's decode step, first allocations).
+
+`systems.json` holds everything and a `ratios` object: softrl_over_trl (and _steady), async_over_sync,
 spo_over_ppo_time, spo_over_ppo_memory, learner_of_peak (and ray_interval10_over_1_time,
 broadcast_over_object_store_update, ray_interval10_over_1_time_METHOD).
 """
@@ -60,9 +63,23 @@ def reset_peak_rss() -> bool:
         return False
 
 
-# --- the CPU's physical limit ---------------------------------------------------------------------
+# --- the device's physical limits ---------------------------------------------------------------------
+def best_seconds(run, repeats: int, cuda: bool) -> float:
+    """The fastest of `repeats` timings of `run()`, the device drained before and after each."""
+    best = float("inf")
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def matmul_peak_flops(n: int = 2048, reps: int = 10, device: str = "cpu") -> float:
-    """Best-of-3 FLOP/s of an n x n matrix product in the learner's compute dtype: fp32 on all of
+    """Best-of-3 FLOP/s of `reps` n x n matrix products in the learner's compute dtype: fp32 on all of
     torch's threads on the CPU; bf16 (autocast's), n = 8192, on CUDA."""
     from softrl.models.device import resolve_device
 
@@ -71,17 +88,17 @@ def matmul_peak_flops(n: int = 2048, reps: int = 10, device: str = "cpu") -> flo
     n, dtype = (8192, torch.bfloat16) if cuda else (n, torch.float32)
     a, b = torch.randn(n, n, dtype=dtype, device=where), torch.randn(n, n, dtype=dtype, device=where)
     torch.mm(a, b)  # warm-up
-    best = float("inf")
-    for _ in range(3):
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(reps):
-            torch.mm(a, b)
-        if cuda:
-            torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / reps)
-    return 2 * n**3 / best
+    seconds = best_seconds(lambda: [torch.mm(a, b) for _ in range(reps)], 3, cuda)
+    return 2 * n**3 * reps / seconds
+
+
+def memory_bandwidth(device: torch.device, mib: int = 1024) -> float:
+    """Best-of-5 bytes/s of a device-to-device copy of `mib` MiB, counting bytes read and written: what
+    a decode step that reads every weight once can move at most."""
+    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    return 2 * src.numel() / best_seconds(lambda: dst.copy_(src), 5, device.type == "cuda")
 
 
 def matmul_params(model) -> tuple[int, int]:
@@ -224,13 +241,23 @@ def end_to_end(settings: dict) -> dict:
     config = config_from(settings)
     shutil.rmtree(config.run_dir, ignore_errors=True)
     summary = runtime_for(config).train(config, log=lambda m: None)
-    steps = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in steps if "loss" in r][1:] or [r for r in steps if "loss" in r]
+    records = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if "loss" in r]
+    steps = records[1:] or records
     split = {k.removeprefix("time/"): median([r.get(k, 0.0) for r in steps])
              for k in sorted({k for r in steps for k in r if k.startswith("time/")})}
     return {"name": config.name, "steps": summary["steps"], "samples": summary["samples"],
             "seconds": summary["seconds"], "samples_per_s": summary["samples"] / max(summary["seconds"], 1e-9),
-            "split_s": split}
+            "steady_samples_per_s": steady_rate([(r["time"], r["samples"]) for r in records]), "split_s": split}
+
+
+def steady_rate(ends: list[tuple[float, int]]) -> float | None:
+    """samples/s over the steps after the first, from each step's (clock, cumulative samples) at its end:
+    the rate a long run settles at, without the first step's one-off costs (torch.compile and CUDA-graph
+    capture of the decode step, allocator growth). None with fewer than two steps."""
+    if len(ends) < 2 or ends[-1][0] <= ends[0][0]:
+        return None
+    return (ends[-1][1] - ends[0][1]) / (ends[-1][0] - ends[0][0])
 
 
 # TRL's generation settings without vLLM: transformers' generate with its default (dynamic) cache, with
@@ -248,6 +275,7 @@ def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_p
     over TRL's own train_runtime (its setup left out, as softrl's is)."""
     try:
         from datasets import Dataset
+        from transformers import TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
     except ImportError:
         return None
@@ -279,12 +307,23 @@ def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_p
                       beta=SPO_BETA if beta is None else beta, gradient_checkpointing=False,
                       **TRL_GENERATION[generation])
     quiet_transformers()
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
+    ends: list[tuple[float, int]] = []
+    batch = prompts * samples_per_prompt
+
+    class StepEnds(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            ends.append((time.perf_counter(), state.global_step * batch))
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer,
+                          callbacks=[StepEnds()])
     result = trainer.train()
     seconds = result.metrics["train_runtime"]
-    samples = steps * prompts * samples_per_prompt
+    samples = steps * batch
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-    return {"name": f"trl-{generation}", "steps": steps, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
+    return {"name": f"trl-{generation}", "steps": steps, "samples": samples, "seconds": seconds,
+            "samples_per_s": samples / seconds, "steady_samples_per_s": steady_rate(ends),
             "completion_tokens": median(lengths) if lengths else None}
 
 
@@ -299,20 +338,33 @@ def alternate(sides: dict, pairs: int, phase=lambda name: None) -> dict:
     return results
 
 
-def pair_ratios(results: dict[str, list[dict]], top: str, bottom: str) -> dict:
-    """samples/s of `top` over `bottom`, round by round, and their median."""
-    by_pair = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(results[top], results[bottom])]
-    return {"by_pair": by_pair, "median": median(by_pair)}
+def pair_ratios(results: dict[str, list[dict]], top: str, bottom: str, key: str = "samples_per_s") -> dict:
+    """`key` (samples/s) of `top` over `bottom`, round by round, and their median."""
+    by_pair = [a[key] / b[key] for a, b in zip(results[top], results[bottom]) if a.get(key) and b.get(key)]
+    return {"by_pair": by_pair, "median": median(by_pair) if by_pair else None}
+
+
+def against_trl(rounds: dict[str, list[dict]]) -> dict:
+    """softrl's modes against TRL's fastest generation setting (median samples/s over the rounds), round by
+    round, over the whole clock (`vs_trl`) and after the first step (`vs_trl_steady`); `softrl_fastest`
+    the mode whose whole-clock median ratio is higher."""
+    speed = lambda name: median(r["samples_per_s"] for r in rounds[name])  # noqa: E731
+    fastest = max((name for name in rounds if name.startswith("trl-")), key=speed)
+    modes = [name.removeprefix("softrl-") for name in rounds if name.startswith("softrl-")]
+    vs = {mode: pair_ratios(rounds, f"softrl-{mode}", fastest) for mode in modes}
+    return {"trl_fastest": fastest, "vs_trl": vs, "softrl_fastest": max(vs, key=lambda m: vs[m]["median"]),
+            "vs_trl_steady": {mode: pair_ratios(rounds, f"softrl-{mode}", fastest, "steady_samples_per_s")
+                              for mode in modes}}
 
 
 def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts: int = 16, samples_per_prompt: int = 4,
                 max_new_tokens: int = 24, timed_steps: int = 10, e2e_steps: int = 40, ray_steps: int = 30,
                 trl_steps: int = 20, pairs: int = 3, lr: float = 1e-4, fixed: bool = True, device: str = "auto",
                 checkpointing: bool = False, trl_generation: tuple[str, ...] = ("dynamic",),
-                phase=lambda name: None) -> dict:
+                modes: tuple[str, ...] = ("sync", "async"), phase=lambda name: None) -> dict:
     """Each part the set names (learner, e2e, ray, trl): the numbers of the module docstring. e2e and
-    trl run alternately, `pairs` rounds of softrl sync, softrl async, then TRL in each of its
-    `trl_generation` settings; softrl is compared with the fastest of them (median samples/s)."""
+    trl run alternately, `pairs` rounds of softrl in each of its runtime `modes`, then TRL in each of
+    its `trl_generation` settings; softrl is compared with the fastest of them (median samples/s)."""
     from softrl.algorithms.common import SPO_BETA
 
     root.mkdir(parents=True, exist_ok=True)
@@ -341,7 +393,7 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
             "sampling.ignore_eos": fixed, "optim.lr": lr, "beta": SPO_BETA, "model.device": device}
     sides = {}
     if "e2e" in parts:
-        for mode in ("sync", "async"):
+        for mode in modes:
             sides[f"softrl-{mode}"] = lambda mode=mode: in_fresh_process("end_to_end", settings=runtime_settings(
                 root, f"local-{mode}", steps=e2e_steps, **{"runtime.mode": mode, **grpo}, **common))
     if "trl" in parts:
@@ -356,16 +408,15 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
     if sides:
         out["rounds"] = alternate(sides, pairs, phase)
         rounds = out["rounds"]
-        if "softrl-sync" in rounds:
+        if {"softrl-sync", "softrl-async"} <= set(rounds):
             ratios["async_over_sync"] = pair_ratios(rounds, "softrl-async", "softrl-sync")["median"]
-        trl = [name for name in rounds if name.startswith("trl-")]
-        if trl and "softrl-sync" in rounds:
-            fastest = max(trl, key=lambda name: median(r["samples_per_s"] for r in rounds[name]))
-            out["trl_fastest"] = fastest
-            out["vs_trl"] = {mode: pair_ratios(rounds, f"softrl-{mode}", fastest) for mode in ("sync", "async")}
-            best = max(out["vs_trl"], key=lambda m: out["vs_trl"][m]["median"])
-            ratios["softrl_over_trl"] = out["vs_trl"][best]["median"]
-            ratios["softrl_over_trl_mode"] = best
+        if any(name.startswith("trl-") for name in rounds) and any(name.startswith("softrl-") for name in rounds):
+            out.update(against_trl(rounds))
+            ratios.update(softrl_over_trl=out["vs_trl"][out["softrl_fastest"]]["median"],
+                          softrl_over_trl_mode=out["softrl_fastest"])
+            steady = out["vs_trl_steady"][out["softrl_fastest"]]["median"]
+            if steady is not None:
+                ratios["softrl_over_trl_steady"] = steady
     if "sync" in parts:
         phase("weight sync")
         out["sync"], sync_ratios = sync_part(root, model_path, runtime_settings, grpo, common, ray_steps, in_fresh_process)

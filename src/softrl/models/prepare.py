@@ -121,7 +121,7 @@ def random_llama(name: str, shape: dict, base: Path | None = None):
     model = AutoModelForCausalLM.from_config(random_config(base, shape)).to(torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
     return model, load_tokenizer(base), {"name": name, "random_init_seed": 0, "shape": shape, "params": params,
-                                         "base": str(base)}
+                                         "base": str(base.resolve())}
 
 
 def random_config(base: Path, shape: dict):

@@ -29,6 +29,7 @@ COMPILE_MODES = {"cuda": "reduce-overhead"}  # CUDA graphs; elsewhere inductor's
 # uncompiled, a finer rounding, as every step attends over the whole cache length
 LENGTH_BUCKET = {True: 64, False: 8}
 KEPT_CACHES = 2  # distinct row counts kept (a full chunk and the last, shorter one)
+RECOMPILE_LIMIT = 64
 # steps between "all rows finished?" checks: a host sync on an accelerator, free on the CPU
 CHECK_EVERY = {"cuda": 8}
 
@@ -58,6 +59,9 @@ class StaticDecoder:
         self._caches: dict[int, tuple] = {}  # rows -> (StaticCache, length)
         self._step = self._forward
         if self.compiled:
+            # one compiled graph per model, dtype and (rows, length bucket): a run has a few models and
+            # shapes, more than dynamo's default 8 per function, past which it would run eager
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             self._step = torch.compile(self._forward, mode=COMPILE_MODES.get(self.device.type), fullgraph=True,
                                        dynamic=False)
 

@@ -82,12 +82,14 @@ class Session:
     def learn(self, online: list[dict], elapsed: float, timings: dict[str, float] | None = None) -> dict:
         """One learner step on the online rows plus the other sources' share; logs the step,
         evaluates and checkpoints when due. Returns the step's record. `elapsed`: the runtime's wall
-        time so far (`runlog.elapsed`), of which evaluations are not counted; `timings`: the runtime's
-        `time/...` seconds of this step (generation), logged with the learner's (forward, backward, optimizer)."""
+        time when the online rows were ready (`runlog.elapsed`); the record's time is at the end of the
+        learner step, evaluations not counted. `timings`: the runtime's `time/...` seconds of this step
+        (generation), logged with the learner's (forward, backward, optimizer)."""
         cfg, p = self.config, self.progress
-        elapsed = self.runlog.training_seconds(elapsed)
+        started = time.time()
         batch = self.feed.batch(online)
         metrics = self.run.learner.step(batch)
+        elapsed = self.runlog.training_seconds(elapsed + time.time() - started)
         p.step += 1
         p.samples += len(online)
         p.seconds = elapsed

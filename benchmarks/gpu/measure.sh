@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU measurements of docs/BENCHMARKS.md "On a GPU", as named steps (benchmarks/gpu/README.md says
+# which call runs which):
+#   source benchmarks/gpu/setup.sh && bash benchmarks/gpu/measure.sh tests models learner
+# Each step runs under its own time limit, so a call ends inside the device's 10 minutes whatever hangs,
+# and writes into $RESULTS (kept on the machine while it is warm). After every step the whole of
+# $RESULTS is packed again into $OUT/results.tgz (the device returns at most 8 files), so a call
+# that is cut off still brings back every step that finished.
+#
+# The sizes below are the GPU's; the CPU rehearsal (README.md) runs every step through with small ones:
+#   DEVICE=cpu BIG=bootstrap MID=bootstrap SMALL=bootstrap NEW_TOKENS=8 PROMPTS=2 STEPS=2 BATCHES=4,8 \
+#   TIMED=1 PAIRS=1 DEMO_STEPS=2 LEARNING_STEPS=2 EVAL_SIZE=2 bash benchmarks/gpu/measure.sh env tests ...
+set -uo pipefail
+RESULTS=${RESULTS:-/tmp/softrl-gpu}
+OUT=${OUT:-$RESULTS/out}
+DEVICE=${DEVICE:-cuda}
+BIG=${BIG:-llama-1b-random}            # the learner and the largest end to end
+MID=${MID:-llama-0.5b-random}
+SMALL=${SMALL:-smollm2-135m}           # real weights; TRL's generation settings compared on it
+NEW_TOKENS=${NEW_TOKENS:-128}          # every sample this long: EOS never drawn (fixed work)
+PROMPTS=${PROMPTS:-16}                 # prompts per step, 4 samples each
+STEPS=${STEPS:-8}                      # learner steps of each end-to-end run
+TIMED=${TIMED:-5}                      # timed learner steps per method (after one warm-up)
+BATCHES=${BATCHES:-16,64,256}          # generation batch sizes (samples)
+PAIRS=${PAIRS:-3}                      # end-to-end rounds, softrl and TRL alternately
+TRL_SETTINGS=${TRL_SETTINGS:-dynamic,static,paged}  # TRL's generation settings compared on $SMALL
+TRL_FASTEST=${TRL_FASTEST:-dynamic}    # ... and the fastest of them, for $MID and $BIG
+SOFTRL_MODES=${SOFTRL_MODES:-sync,async}
+LEARNING_STEPS=${LEARNING_STEPS:-32}   # the SmolLM2 arithmetic benchmark's (docs/BENCHMARKS.md) steps
+EVAL_SIZE=${EVAL_SIZE:-30}             # ... and held-out prompts
+DEMO_STEPS=${DEMO_STEPS:-300}          # the demo's own
+mkdir -p "$RESULTS" "$OUT"
+SOFTRL=(python3 -m softrl)
+GEN=(python3 benchmarks/generation_backends.py --device "$DEVICE" --dtype bfloat16 --fixed --bound --pairs 2
+     --batches "$BATCHES" --new-tokens "$NEW_TOKENS")
+SYSTEMS=(python3 -m softrl bench systems --device "$DEVICE" --prompts "$PROMPTS" --samples-per-prompt 4
+         --max-new-tokens "$NEW_TOKENS" --runs "$RESULTS/runs")
+LEARNER=(--parts learner --timed-steps "$TIMED")
+E2E=(--parts e2e,trl --pairs "$PAIRS" --e2e-steps "$STEPS")
+
+run_step() {  # name, seconds, command...
+  local name=$1 limit=$2 start rc
+  shift 2
+  start=$(date +%s)
+  echo "== $name: start $(date -u +%T), limit ${limit}s" | tee -a "$RESULTS/steps.log"
+  timeout --signal=INT --kill-after=15 "$limit" "$@" > "$RESULTS/$name.log" 2>&1
+  rc=$?
+  echo "== $name: rc $rc, $(( $(date +%s) - start )) s" | tee -a "$RESULTS/steps.log"
+  tail -n 4 "$RESULTS/$name.log"
+  tar czf "$OUT/results.tgz" -C "$RESULTS" --exclude=./out --exclude=./runs .
+}
+
+step() {
+  case $1 in
+    env) run_step env 60 python3 benchmarks/gpu/env.py ;;
+    tests) run_step tests 360 make test-gpu PYTHON=python3 ;;
+    models) run_step models 240 bash -c "for m in llama-0.5b-random llama-1b-random; do
+        ${SOFTRL[*]} model prepare \$m --base .whl/base || exit 1; done" ;;
+    smollm2) run_step smollm2 120 "${SOFTRL[@]}" model prepare smollm2-135m ;;
+    learner) run_step learner 300 "${SYSTEMS[@]}" --model "$BIG" "${LEARNER[@]}" --report "$RESULTS/learner" ;;
+    learner-ckpt) run_step learner-ckpt 300 "${SYSTEMS[@]}" --model "$BIG" "${LEARNER[@]}" --gradient-checkpointing \
+        --report "$RESULTS/learner-checkpointing" ;;
+    gen-big) run_step gen-big 300 "${GEN[@]}" --model "$BIG" --json "$RESULTS/generation-big.json" ;;
+    gen-small) run_step gen-small 240 "${GEN[@]}" --model "$SMALL" --chat --json "$RESULTS/generation-small.json" ;;
+    e2e-small) run_step e2e-small 540 "${SYSTEMS[@]}" --model "$SMALL" "${E2E[@]}" --trl-generation "$TRL_SETTINGS" \
+        --report "$RESULTS/e2e-small" ;;
+    e2e-mid|e2e-big) run_step "$1" 540 "${SYSTEMS[@]}" --model "$( [ "$1" = e2e-mid ] && echo "$MID" || echo "$BIG")" \
+        "${E2E[@]}" --trl-generation "$TRL_FASTEST" --modes "$SOFTRL_MODES" --report "$RESULTS/$1" ;;
+    demo) run_step demo 420 "${SOFTRL[@]}" demo --json --steps "$DEMO_STEPS" --device "$DEVICE" --out "$RESULTS/runs" ;;
+    learning) run_step learning 570 "${SOFTRL[@]}" bench learning --base benchmarks/smollm2-arithmetic.yaml \
+        --task gym:basic_arithmetic --methods spo-half,grpo,ppo --seeds 1 --steps "$LEARNING_STEPS" --prompts 4 \
+        --lr 2e-6 --eval-size "$EVAL_SIZE" --eval-every 8 --runs "$RESULTS/runs/bench-smollm2" --report "$RESULTS/learning" ;;
+    *) echo "measure.sh: unknown step '$1' (env tests models smollm2 learner learner-ckpt gen-big gen-small" \
+            "e2e-small e2e-mid e2e-big demo learning)"; return 2 ;;
+  esac
+}
+
+status=0
+for name in "$@"; do step "$name" || status=$?; done
+exit $status
