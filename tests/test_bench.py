@@ -70,8 +70,8 @@ def test_bench_learning_end_to_end(tiny, tmp_path):
 
 def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
     from softrl.bench.report import systems_markdown
-    from softrl.bench.systems import (STEP_PASSES, alternate, batch_rows, in_fresh_process, matmul_peak_flops,
-                                      pair_ratios, runtime_settings)
+    from softrl.bench.end_to_end import alternate, pair_ratios, runtime_settings
+    from softrl.bench.systems import STEP_PASSES, batch_rows, in_fresh_process, matmul_peak_flops
 
     directory = str(tiny[0])
     rows = batch_rows(directory, "countdown", 2, 2, 8)
@@ -119,7 +119,7 @@ def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
 @pytest.mark.parametrize("generation", ["dynamic", "static", "paged"])
 def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path, generation):
     pytest.importorskip("trl")
-    from softrl.bench.systems import trl_grpo
+    from softrl.bench.end_to_end import trl_grpo
 
     r = trl_grpo(str(tiny[0]), "countdown", 2, 2, 2, 8, tmp_path, lr=1e-4, fixed=True, device="cpu",
                  generation=generation)
@@ -129,7 +129,7 @@ def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path, generation):
 
 def test_softrl_is_set_against_trls_fastest_setting_round_by_round():
     from softrl.bench.report import systems_markdown
-    from softrl.bench.systems import against_trl, steady_rate
+    from softrl.bench.end_to_end import against_trl, steady_rate
 
     assert steady_rate([(1.0, 8), (3.0, 24), (5.0, 40)]) == 8.0  # steps after the first: 32 samples in 4 s
     assert steady_rate([(1.0, 8)]) is None
@@ -174,7 +174,8 @@ def test_weight_sync_part_measures_both_methods(tiny, tmp_path):
     """`--parts sync`: one update of the weights to the Ray runtime's workers by each method, timed."""
     pytest.importorskip("ray")
     from softrl.bench.report import systems_markdown
-    from softrl.bench.systems import in_fresh_process, runtime_settings
+    from softrl.bench.end_to_end import runtime_settings
+    from softrl.bench.systems import in_fresh_process
     from softrl.bench.sync import sync_part
 
     out, ratios = sync_part(tmp_path, str(tiny[0]), runtime_settings, {"model.path": str(tiny[0])},

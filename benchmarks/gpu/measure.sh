@@ -47,7 +47,9 @@ run_step() {  # name, seconds, command...
   rc=$?
   echo "== $name: rc $rc, $(( $(date +%s) - start )) s" | tee -a "$RESULTS/steps.log"
   tail -n 4 "$RESULTS/$name.log"
-  tar czf "$OUT/results.tgz" -C "$RESULTS" --exclude=./out --exclude=./runs .
+  # the runs' logs, plots and summaries come back; their weights, optimizer state and stores stay
+  tar czf "$OUT/results.tgz" -C "$RESULTS" --exclude=./out --exclude='*.safetensors' --exclude='*.pt' \
+    --exclude='*.parquet' --exclude='*.arrow' .
 }
 
 step() {

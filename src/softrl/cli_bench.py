@@ -278,7 +278,7 @@ def systems(
     from softrl.models.device import resolve_device
     from softrl.models.loading import ModelLoadError
 
-    from softrl.bench.systems import TRL_GENERATION
+    from softrl.bench.end_to_end import TRL_GENERATION
 
     chosen = set(_csv(parts))
     bad = sorted(set(_csv(trl_generation)) - set(TRL_GENERATION))
