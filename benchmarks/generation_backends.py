@@ -120,6 +120,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|" + ("---|---|" if bandwidth else ""))
     countdown = lambda k: [p.text for p in load_task("countdown", size=k, seed=12345).prompts()]  # noqa: E731
     results = []
+
+    def keep(r: dict) -> None:  # each measurement as it comes: a run cut off keeps the finished ones
+        results.append(r)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"torch": torch.__version__, "device": where,
+                                                   "copy_bytes_per_s": bandwidth, "results": results}, indent=1))
+
     if args.model:
         from softrl.assemble import model_directory
 
@@ -131,24 +138,21 @@ def main() -> None:
                           args.compile, args.calls, args.fixed)
             r["bound_tokens_per_s"] = r["batch"] * bandwidth / weights if bandwidth else None
             print_rows(r, r["bound_tokens_per_s"])
-            results.append(r)
+            keep(r)
     else:
         from softrl.bootstrap import bootstrap
         from softrl.models.prepare import prepare_model
 
         model, tok = load(bootstrap("countdown"), args.dtype, args.device)
         # about 0.1 s a call: ten calls a measurement
-        results.append(run_pairs("countdown bootstrap", model, tok, countdown(16), 4, 24, args.pairs, args.dtype,
-                                 args.compile, calls=10, fixed=args.fixed))
+        keep(run_pairs("countdown bootstrap", model, tok, countdown(16), 4, 24, args.pairs, args.dtype,
+                       args.compile, calls=10, fixed=args.fixed))
         print_rows(results[-1])
         model, tok = load(prepare_model("smollm2-135m"), args.dtype, args.device)
         for prompts in (4, 16):
-            results.append(run_pairs("SmolLM2-135M", model, tok, smollm2_prompts(prompts), 4, 32, args.pairs,
-                                     args.dtype, args.compile, fixed=args.fixed))
+            keep(run_pairs("SmolLM2-135M", model, tok, smollm2_prompts(prompts), 4, 32, args.pairs,
+                           args.dtype, args.compile, fixed=args.fixed))
             print_rows(results[-1])
-    if args.json:
-        Path(args.json).write_text(json.dumps({"torch": torch.__version__, "device": where, "copy_bytes_per_s": bandwidth,
-                                               "results": results}, indent=1))
 
 
 if __name__ == "__main__":

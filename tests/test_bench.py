@@ -148,6 +148,26 @@ def test_softrl_is_set_against_trls_fastest_setting_round_by_round():
     assert "| softrl-async | 2 | 20.0, 16.0 | 18.0 | 24.0 |" in table
 
 
+def test_a_failing_side_is_kept_as_its_error_and_the_others_go_on():
+    from softrl.bench.end_to_end import against_trl, alternate
+    from softrl.bench.report import systems_markdown
+
+    def broken():
+        raise RuntimeError("trl_grpo failed: ['CUDA error']")
+
+    seen = []
+    rounds = alternate({"softrl-sync": lambda: {"samples_per_s": 10.0, "steps": 2}, "trl-paged": broken,
+                        "trl-dynamic": lambda: {"samples_per_s": 4.0, "steps": 2}}, pairs=2,
+                       after_round=lambda results: seen.append(sum(len(v) for v in results.values())))
+    assert seen == [3, 6] and rounds["trl-paged"] == [{"error": "trl_grpo failed: ['CUDA error']"}] * 2
+    out = against_trl(rounds)
+    assert out["trl_fastest"] == "trl-dynamic" and out["vs_trl"]["sync"]["by_pair"] == [2.5, 2.5]
+    assert against_trl({"softrl-sync": rounds["softrl-sync"], "trl-paged": rounds["trl-paged"]}) == {}
+    table = systems_markdown({"model": "m", "task": "t", "batch": "2 x 2", "max_new_tokens": 8, "threads": 1,
+                              "cpu": "x", "rounds": rounds, **out})
+    assert "| trl-paged | - | failed, failed | - | - | - |" in table and "trl-paged failed: trl_grpo failed" in table
+
+
 def test_bench_systems_command_writes_the_ratios(tiny, tmp_path):
     from typer.testing import CliRunner
 

@@ -228,4 +228,5 @@ def test_a_run_makes_one_generator_per_model_for_all_its_evaluations(tiny, tmp_p
     assert run.generator(run.policy.model).decoder is decoder
     assert {rows: id(cache) for rows, (cache, _) in decoder._caches.items()} == caches  # reused, not remade
     assert run.spec(run.policy.model, "eval").generator is run.worker(run.policy.model).spec.generator
-    assert run.generator(run.reference.model) is not run.generator(run.policy.model)
+    run.q0()  # the reference samples once: no generator (and no KV caches) kept for it
+    assert list(run.generators) == [id(run.policy.model)]

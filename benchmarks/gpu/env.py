@@ -19,8 +19,15 @@ def version(module: str) -> str | None:
 
 
 cuda = torch.cuda.is_available()
-smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                      "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout.strip() if cuda else None
+def nvidia_smi() -> str | None:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                               "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return None
+
+
+smi = nvidia_smi() if cuda else None
 print(json.dumps({
     "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
     "transformers": transformers.__version__,

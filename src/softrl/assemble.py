@@ -174,7 +174,7 @@ class Run:
         return encode_prompt(self.tokenizer, text)
 
     def generator(self, model):
-        """`model`'s one generator for the whole run (Q0, rollouts, every evaluation): the static backend's
+        """`model`'s one generator for the whole run (rollouts, every evaluation): the static backend's
         KV caches and compiled decode step are made once per model and shape, not once per evaluation
         (each new one would compile again, and torch.compile stops compiling after a few)."""
         from softrl.models.generation import make_generator
@@ -196,8 +196,11 @@ class Run:
         from softrl.annotate.q0 import estimate_q0, soft_values
 
         c = self.config
+        # a generator of its own, dropped afterwards: the reference samples once, and its KV caches would
+        # otherwise stay on the device for the whole run
+        spec = rollout_spec(c, self.train_task, self.reference.model, self.tokenizer, "reference")
         with self.placement.autocast():
-            rows = estimate_q0(self.spec(self.reference.model, "reference"), self.train_task.prompts(), self.encode_prompt,
+            rows = estimate_q0(spec, self.train_task.prompts(), self.encode_prompt,
                                self.store, c.q0.k, c.beta, model_id(self.model_path), seed=c.seed,
                                progress=progress)
         return soft_values(rows, c.beta)

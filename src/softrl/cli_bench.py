@@ -297,6 +297,11 @@ def systems(
         model = model_directory(model, task)
     except (ConfigError, ValueError) as e:
         fail(str(e))
+    report.mkdir(parents=True, exist_ok=True)
+
+    def write_json(result: dict) -> None:  # as it goes too: a benchmark cut off keeps what it finished
+        (report / "systems.json").write_text(json.dumps(result, indent=1, default=str))
+
     with err.status("benchmarking") as status, one_line_errors():
         try:
             result = run_systems(model, task, runs, chosen, prompts, samples_per_prompt, max_new_tokens,
@@ -304,11 +309,11 @@ def systems(
                                  ray_steps=e2e_steps if ray_steps is None else ray_steps,
                                  trl_steps=e2e_steps, pairs=pairs, lr=lr, fixed=fixed_work,
                                  device=device, checkpointing=checkpointing, trl_generation=tuple(_csv(trl_generation)),
-                                 modes=tuple(_csv(modes)), phase=lambda name: status.update(name))
+                                 modes=tuple(_csv(modes)), phase=lambda name: status.update(name),
+                                 on_progress=write_json)
         except (ConfigError, ModelLoadError, RuntimeError) as e:
             fail(str(e))
-    report.mkdir(parents=True, exist_ok=True)
     table = systems_markdown(result)
     (report / "systems.md").write_text(table)
-    (report / "systems.json").write_text(json.dumps(result, indent=1, default=str))
+    write_json(result)
     typer.echo(json.dumps(result, default=str) if as_json else table)

@@ -125,15 +125,27 @@ def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_p
             "completion_tokens": median(lengths) if lengths else None}
 
 
-def alternate(sides: dict, pairs: int, phase=lambda name: None) -> dict:
+def alternate(sides: dict, pairs: int, phase=lambda name: None, after_round=lambda results: None) -> dict:
     """Run every side once per round, in the same order, for `pairs` rounds (A B A B ...): each side's
-    results in round order. `sides`: name -> a callable returning a result with `samples_per_s`."""
+    results in round order. `sides`: name -> a callable returning a result with `samples_per_s`. A side
+    that fails (RuntimeError, as `in_fresh_process` raises) is kept as {"error": ...} and the others go on;
+    `after_round` gets the results so far after every round (a benchmark cut off keeps them)."""
     results: dict[str, list[dict]] = {name: [] for name in sides}
     for i in range(pairs):
         for name, run in sides.items():
             phase(f"round {i + 1}/{pairs}: {name}")
-            results[name].append(run())
+            try:
+                results[name].append(run())
+            except RuntimeError as e:
+                results[name].append({"error": str(e)})
+        after_round(results)
     return results
+
+
+def median_speed(runs: list[dict]) -> float | None:
+    """Median samples/s of the runs that finished; None if none did."""
+    speeds = [r["samples_per_s"] for r in runs if r.get("samples_per_s")]
+    return median(speeds) if speeds else None
 
 
 def pair_ratios(results: dict[str, list[dict]], top: str, bottom: str, key: str = "samples_per_s") -> dict:
@@ -145,11 +157,14 @@ def pair_ratios(results: dict[str, list[dict]], top: str, bottom: str, key: str 
 def against_trl(rounds: dict[str, list[dict]]) -> dict:
     """softrl's modes against TRL's fastest generation setting (median samples/s over the rounds), round by
     round, over the whole clock (`vs_trl`) and after the first step (`vs_trl_steady`); `softrl_fastest`
-    the mode whose whole-clock median ratio is higher."""
-    speed = lambda name: median(r["samples_per_s"] for r in rounds[name])  # noqa: E731
-    fastest = max((name for name in rounds if name.startswith("trl-")), key=speed)
-    modes = [name.removeprefix("softrl-") for name in rounds if name.startswith("softrl-")]
+    the mode whose whole-clock median ratio is higher. Sides that never finished are left out; {} when
+    no softrl or no TRL side did."""
+    trl = [name for name in rounds if name.startswith("trl-") and median_speed(rounds[name])]
+    modes = [name.removeprefix("softrl-") for name in rounds if name.startswith("softrl-") and median_speed(rounds[name])]
+    if not trl or not modes:  # one side never finished: nothing to compare
+        return {}
+    fastest = max(trl, key=lambda name: median_speed(rounds[name]))
     vs = {mode: pair_ratios(rounds, f"softrl-{mode}", fastest) for mode in modes}
-    return {"trl_fastest": fastest, "vs_trl": vs, "softrl_fastest": max(vs, key=lambda m: vs[m]["median"]),
+    return {"trl_fastest": fastest, "vs_trl": vs, "softrl_fastest": max(vs, key=lambda m: vs[m]["median"] or 0),
             "vs_trl_steady": {mode: pair_ratios(rounds, f"softrl-{mode}", fastest, "steady_samples_per_s")
                               for mode in modes}}

@@ -221,10 +221,12 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
                 max_new_tokens: int = 24, timed_steps: int = 10, e2e_steps: int = 40, ray_steps: int = 30,
                 trl_steps: int = 20, pairs: int = 3, lr: float = 1e-4, fixed: bool = True, device: str = "auto",
                 checkpointing: bool = False, trl_generation: tuple[str, ...] = ("dynamic",),
-                modes: tuple[str, ...] = ("sync", "async"), phase=lambda name: None) -> dict:
+                modes: tuple[str, ...] = ("sync", "async"), phase=lambda name: None,
+                on_progress=lambda partial: None) -> dict:
     """Each part the set names (learner, e2e, ray, trl): the numbers of the module docstring. e2e and
     trl run alternately, `pairs` rounds of softrl in each of its runtime `modes`, then TRL in each of
-    its `trl_generation` settings; softrl is compared with the fastest of them (median samples/s)."""
+    its `trl_generation` settings; softrl is compared with the fastest of them (median samples/s).
+    `on_progress` gets the result so far after every learner method and every round."""
     from softrl.algorithms.common import SPO_BETA
 
     root.mkdir(parents=True, exist_ok=True)
@@ -245,6 +247,7 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
                                  samples_per_prompt=samples_per_prompt, steps=timed_steps, device=device,
                                  checkpointing=checkpointing)
             out["learner"][method] = {**r, "of_peak": r["achieved_flops"] / out["matmul_peak_flops"]}
+            on_progress(out)
         spo, ppo = out["learner"]["spo"], out["learner"]["ppo"]
         ratios.update(spo_over_ppo_time=spo["step_s"] / ppo["step_s"], spo_over_ppo_memory=spo["peak_mib"] / ppo["peak_mib"],
                       learner_of_peak=spo["of_peak"])
@@ -266,12 +269,12 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
                     samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens, root=root, lr=lr,
                     beta=SPO_BETA, fixed=fixed, device=device, generation=generation)
     if sides:
-        out["rounds"] = alternate(sides, pairs, phase)
+        out["rounds"] = alternate(sides, pairs, phase, lambda rounds: on_progress({**out, "rounds": rounds}))
         rounds = out["rounds"]
         if {"softrl-sync", "softrl-async"} <= set(rounds):
             ratios["async_over_sync"] = pair_ratios(rounds, "softrl-async", "softrl-sync")["median"]
-        if any(name.startswith("trl-") for name in rounds) and any(name.startswith("softrl-") for name in rounds):
-            out.update(against_trl(rounds))
+        out.update(against_trl(rounds))
+        if "vs_trl" in out:
             ratios.update(softrl_over_trl=out["vs_trl"][out["softrl_fastest"]]["median"],
                           softrl_over_trl_mode=out["softrl_fastest"])
             steady = out["vs_trl_steady"][out["softrl_fastest"]]["median"]
