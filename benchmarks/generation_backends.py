@@ -86,6 +86,16 @@ def print_rows(r: dict, bound: float | None = None) -> None:
         print("| " + " | ".join(cells) + " |", flush=True)
 
 
+def batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(b) for b in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive integers, got {text!r}")
+    return sizes
+
+
 def load(directory, dtype: str, device: str):
     model, tok = load_causal_lm(directory, dtype=dtype)
     return model.to(resolve_device(device)), tok
@@ -97,8 +107,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--batches", help="comma-separated batch sizes (samples), each batch/n prompts x n; "
-                        "instead of --prompts (--model only)")
+    parser.add_argument("--batches", type=batch_sizes, help="comma-separated batch sizes (samples), each batch/n "
+                        "prompts x n; instead of --prompts (--model only)")
     parser.add_argument("--chat", action="store_true", help="arithmetic questions (else countdown prompts)")
     parser.add_argument("--fixed", action="store_true", help="EOS never drawn: every sample --new-tokens long")
     parser.add_argument("--bound", action="store_true", help="add the weight-read memory-bandwidth bound")
@@ -121,7 +131,8 @@ def main() -> None:
     countdown = lambda k: [p.text for p in load_task("countdown", size=k, seed=12345).prompts()]  # noqa: E731
     results = []
 
-    def keep(r: dict) -> None:  # each measurement as it comes: a run cut off keeps the finished ones
+    def keep(r: dict, bound: float | None = None) -> None:  # printed and written as it comes: a run cut off
+        print_rows(r, bound)                                  # keeps the finished ones
         results.append(r)
         if args.json:
             Path(args.json).write_text(json.dumps({"torch": torch.__version__, "device": where,
@@ -132,13 +143,12 @@ def main() -> None:
 
         model, tok = load(model_directory(args.model, "countdown"), args.dtype, args.device)
         weights = weight_bytes(model)
-        for prompts in [int(b) // args.n for b in args.batches.split(",")] if args.batches else [args.prompts]:
+        for prompts in [max(1, b // args.n) for b in args.batches] if args.batches else [args.prompts]:
             texts = smollm2_prompts(prompts) if args.chat else countdown(prompts)
             r = run_pairs(args.model, model, tok, texts, args.n, args.new_tokens, args.pairs, args.dtype,
                           args.compile, args.calls, args.fixed)
             r["bound_tokens_per_s"] = r["batch"] * bandwidth / weights if bandwidth else None
-            print_rows(r, r["bound_tokens_per_s"])
-            keep(r)
+            keep(r, r["bound_tokens_per_s"])
     else:
         from softrl.bootstrap import bootstrap
         from softrl.models.prepare import prepare_model
@@ -147,12 +157,10 @@ def main() -> None:
         # about 0.1 s a call: ten calls a measurement
         keep(run_pairs("countdown bootstrap", model, tok, countdown(16), 4, 24, args.pairs, args.dtype,
                        args.compile, calls=10, fixed=args.fixed))
-        print_rows(results[-1])
         model, tok = load(prepare_model("smollm2-135m"), args.dtype, args.device)
         for prompts in (4, 16):
             keep(run_pairs("SmolLM2-135M", model, tok, smollm2_prompts(prompts), 4, 32, args.pairs,
                            args.dtype, args.compile, fixed=args.fixed))
-            print_rows(results[-1])
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ class Run:
             if self.value is not None:
                 self.value.checkpoint_activations()
         self.store = ExperienceStore(config.data.store) if rank == 0 else None
-        self.generators: dict[int, tuple] = {}  # id(model) -> (model, its generator)
+        self.generators: dict[int, object] = {}  # id(model) -> its generator (`Run.generator`)
         self.learner = Learner(self.policy, self.reference, config, self.value, self.placement, rank,
                                config.runtime.learners)
 
@@ -179,10 +179,9 @@ class Run:
         (each new one would compile again, and torch.compile stops compiling after a few)."""
         from softrl.models.generation import make_generator
 
-        kept = self.generators.get(id(model))
-        if kept is None or kept[0] is not model:
-            kept = self.generators[id(model)] = (model, make_generator(model, self.tokenizer, self.config.sampling.backend))
-        return kept[1]
+        if id(model) not in self.generators:  # a generator holds its model, so the id is not reused meanwhile
+            self.generators[id(model)] = make_generator(model, self.tokenizer, self.config.sampling.backend)
+        return self.generators[id(model)]
 
     def spec(self, model, source: str, task: Task | None = None) -> RolloutSpec:
         return rollout_spec(self.config, task or self.train_task, model, self.tokenizer, source, self.generator(model))

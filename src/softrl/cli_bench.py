@@ -27,6 +27,15 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def _choices(option: str, noun: str, text: str, allowed, at_least_one: bool = False) -> list[str]:
+    """`text`'s comma-separated names, each one of `allowed`; else one line naming the first bad one."""
+    names = _csv(text)
+    bad = sorted(set(names) - set(allowed)) or ([""] if at_least_one and not names else [])
+    if bad:
+        fail(f"{option}: unknown {noun} {bad[0]!r} (use {', '.join(allowed)})")
+    return names
+
+
 @bench_app.command("learning")
 def learning(
     task: str = TASK_OPT,
@@ -280,16 +289,9 @@ def systems(
 
     from softrl.bench.end_to_end import TRL_GENERATION
 
-    chosen = set(_csv(parts))
-    bad = sorted(set(_csv(trl_generation)) - set(TRL_GENERATION))
-    if bad:
-        fail(f"--trl-generation: unknown setting {bad[0]!r} (use {', '.join(TRL_GENERATION)})")
-    bad = sorted(set(_csv(modes)) - {"sync", "async"})
-    if bad or not _csv(modes):
-        fail(f"--modes: unknown mode {(bad or [''])[0]!r} (use sync, async)")
-    unknown = chosen - {"learner", "e2e", "ray", "trl", "sync"}
-    if unknown:
-        fail(f"--parts: unknown part {sorted(unknown)[0]!r} (use learner, e2e, ray, trl, sync)")
+    settings = _choices("--trl-generation", "setting", trl_generation, TRL_GENERATION)
+    chosen_modes = _choices("--modes", "mode", modes, ("sync", "async"), at_least_one=True)
+    chosen = set(_choices("--parts", "part", parts, ("learner", "e2e", "ray", "trl", "sync")))
     from softrl.assemble import model_directory
 
     try:
@@ -308,8 +310,8 @@ def systems(
                                  timed_steps=timed_steps, e2e_steps=e2e_steps,
                                  ray_steps=e2e_steps if ray_steps is None else ray_steps,
                                  trl_steps=e2e_steps, pairs=pairs, lr=lr, fixed=fixed_work,
-                                 device=device, checkpointing=checkpointing, trl_generation=tuple(_csv(trl_generation)),
-                                 modes=tuple(_csv(modes)), phase=lambda name: status.update(name),
+                                 device=device, checkpointing=checkpointing, trl_generation=tuple(settings),
+                                 modes=tuple(chosen_modes), phase=lambda name: status.update(name),
                                  on_progress=write_json)
         except (ConfigError, ModelLoadError, RuntimeError) as e:
             fail(str(e))

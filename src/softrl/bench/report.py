@@ -108,6 +108,8 @@ def _split(split: dict[str, float]) -> str:
 
 def systems_markdown(result: dict) -> str:
     """The systems numbers as markdown tables, with the ratios (`result["ratios"]`)."""
+    from softrl.bench.end_to_end import median_speed
+
     fixed = " (fixed work: EOS ignored, every sample that long)" if result.get("fixed_work") else ""
     lines = [f"Model `{result['model']}`, task {result['task']}, batch {result['batch']}, "
              f"{result['max_new_tokens']} new tokens{fixed}, lr {result.get('lr')}, beta {result.get('beta', 0):.4g}, "
@@ -130,7 +132,7 @@ def systems_markdown(result: dict) -> str:
             split = _split(done[-1]["split_s"]) if done and done[-1].get("split_s") else "-"
             speeds = ", ".join(f"{r['samples_per_s']:.1f}" if r in done else "failed" for r in runs)
             steady = [r["steady_samples_per_s"] for r in done if r.get("steady_samples_per_s")]
-            middle = f"{statistics.median(r['samples_per_s'] for r in done):.1f}" if done else "-"
+            middle = f"{median_speed(runs):.1f}" if done else "-"
             lines.append(f"| {name} | {done[0]['steps'] if done else '-'} | {speeds} | {middle} | "
                          f"{f'{statistics.median(steady):.1f}' if steady else '-'} | {split} |")
         lines += [f"\n{name} failed: {r['error']}" for name, runs in rounds.items() for r in runs[:1] if "error" in r]
