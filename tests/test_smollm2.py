@@ -76,6 +76,10 @@ def test_random_llama_has_smollm2s_tokenizer_and_the_shape_asked(converted, monk
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))  # seed 0
     with pytest.raises(ValueError, match="--base is for the random models"):
         prepare.prepare_model("smollm2-135m", base=base)
+    (base / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="has no tokenizer transformers can load"):
+        prepare.prepare_model("llama-1b-random", base=base, force=True)
+    assert not (tmp_path / "cache" / "models" / "llama-1b-random").exists()
     _, smollm2 = load_causal_lm(converted)
     assert model.config.num_hidden_layers == 2 and model.config.head_dim == 16
     assert model.config.vocab_size == 49152 and tok("What is 2 + 3?")["input_ids"] == smollm2("What is 2 + 3?")["input_ids"]

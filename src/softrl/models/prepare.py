@@ -117,10 +117,15 @@ def random_llama(name: str, shape: dict, base: Path | None = None):
     base = Path(base) if base is not None else prepare_model("smollm2-135m")
     if not (base / "config.json").exists():
         raise ValueError(f"{base} has no config.json: --base takes a model folder (its config and tokenizer)")
+    try:  # before the model is drawn: a bad base fails at once
+        tokenizer = load_tokenizer(base)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{base} has no tokenizer transformers can load ({str(e).strip().splitlines()[0]}): "
+                         "--base takes a model folder (its config and tokenizer)") from e
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(random_config(base, shape)).to(torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
-    return model, load_tokenizer(base), {"name": name, "random_init_seed": 0, "shape": shape, "params": params,
+    return model, tokenizer, {"name": name, "random_init_seed": 0, "shape": shape, "params": params,
                                          "base": str(base.resolve())}
 
 
