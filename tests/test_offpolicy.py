@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import softrl.objectives as registry
-from softrl.algorithms.offpolicy import importance_weights
+from softrl.algorithms.offpolicy import importance_weights, truncated_fraction
 from softrl.tabular import TabularProblem, exact_groups
 from softrl.tabular.problem import TabularPolicy
 from softrl.tabular.train import make_batch
@@ -31,6 +31,10 @@ def test_weights_hand_computed_and_rows_without_mu_skipped():
     masked = importance_weights(logp, mu, mask, known, "sequence_mask", 1.1)
     assert torch.allclose(masked, torch.tensor([[1.0] * 3, [0.0] * 3], dtype=torch.float64))
     assert torch.equal(importance_weights(logp, mu, mask, known, "none", CAP), torch.ones_like(logp))
+    # what the run logs as tis/clipped_fraction: 2 of the 5 real tokens above the cap; no row is
+    assert truncated_fraction(logp, mu, mask, known, "token_truncate", CAP).item() == pytest.approx(0.4)
+    assert truncated_fraction(logp, mu, mask, known, "sequence_truncate", CAP).item() == 0
+    assert truncated_fraction(logp, mu, mask, known, "sequence_mask", 1.1).item() == pytest.approx(2 / 5)
     skipped = importance_weights(logp, mu, mask, torch.tensor([True, False]), "token_truncate", CAP)
     assert torch.equal(skipped[1], torch.zeros(3, dtype=torch.float64))
     far = importance_weights(torch.zeros(1, 2), torch.full((1, 2), -500.0), torch.ones(1, 2), known[:1],

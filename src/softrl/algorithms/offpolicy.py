@@ -52,6 +52,17 @@ def importance_weights(logp: Tensor, behavior_logp: Tensor, mask: Tensor, has_be
     return w * has_behavior[:, None].to(w.dtype)
 
 
+def truncated_fraction(logp: Tensor, behavior_logp: Tensor, mask: Tensor, has_behavior: Tensor, how: str,
+                       cap: float) -> Tensor:
+    """The fraction of the real tokens of rows with mu whose weight `importance_weights` truncated or
+    masked (its ratio, per token or per sequence, above the cap)."""
+    counted = mask * has_behavior[:, None].to(mask.dtype)  # [B, T]
+    log_ratio = (logp.detach() - behavior_logp) * mask  # [B, T]
+    if how != "token_truncate":
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(mask)
+    return ((log_ratio > math.log(cap)) * counted).sum() / counted.sum().clamp_min(1)
+
+
 def cispo_loss(logp: Tensor, behavior_logp: Tensor, advantages: Tensor, mask: Tensor, has_behavior: Tensor,
                cap: float = 2.0, weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, 2025): REINFORCE with a clipped, detached token importance weight,

@@ -1,5 +1,5 @@
 """SPO's evaluation protocol: n samples per held-out prompt (n = 20, temperature 0.4, top-p 0.95 by
-default), unbiased pass@1 and pass@10, per-sample success and distinct correct answers."""
+default), unbiased pass@k for every k up to n, per-sample success and distinct correct answers."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[
     """Sample n responses per prompt at the protocol's decoding, grade them, summarize; with `stats`,
     also the policy's mean token entropy along them and (given a reference model) KL(pi || pi0)."""
     rows = sample(spec, prompts, encode_prompt, n, temperature, top_p, seed)
-    out = {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], n),
+    out = {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], n, ks=tuple(range(1, n + 1))),
            "temperature": temperature, "top_p": top_p}
     if stats:
         from softrl.eval.diversity import token_stats

@@ -9,7 +9,7 @@ from pydantic import Field
 from torch import Tensor
 
 from softrl.algorithms import grpo, ppo, rloo
-from softrl.algorithms.offpolicy import Correction, importance_weights
+from softrl.algorithms.offpolicy import Correction, importance_weights, truncated_fraction
 from softrl.objectives.base import LossInputs, Objective, Options, register
 
 CLIP_HELP = "ratio clip"
@@ -32,6 +32,16 @@ def is_weights(o: ISCorrection, x: LossInputs) -> Tensor | None:
         return None
     behavior_logp, known = x.behavior()  # pi_old / mu: the loss's own ratio pi / pi_old does the rest
     return importance_weights(x.old_logp, behavior_logp, x.mask, known, o.is_correction, o.is_cap)
+
+
+def with_tis_metrics(o: ISCorrection, x: LossInputs, result: tuple[Tensor, dict[str, Tensor]]
+                     ) -> tuple[Tensor, dict[str, Tensor]]:
+    """`result` (loss, metrics) with the share of tokens whose weight was truncated or masked, if corrected."""
+    if o.is_correction == "none":
+        return result
+    behavior_logp, known = x.behavior()
+    fraction = truncated_fraction(x.old_logp, behavior_logp, x.mask, known, o.is_correction, o.is_cap)
+    return result[0], {**result[1], "tis/clipped_fraction": fraction}
 
 
 def corrected(o: ISCorrection) -> bool:
@@ -66,14 +76,15 @@ def ppo_loss(o: PPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     if x.values is None or x.old_values is None:
         raise ValueError("ppo needs the value model's values")
     advantages, returns = ppo.ppo_advantages(x.old_logp, x.ref_logp, x.old_values, x.reward, x.mask, x.beta, o.lam)
-    return ppo.ppo_loss(x.logp, x.old_logp, x.values, x.old_values, advantages, returns, x.mask, o.clip,
-                        value_coef=o.value_coef, weights=x.weights, is_weights=is_weights(o, x))
+    return with_tis_metrics(o, x, ppo.ppo_loss(x.logp, x.old_logp, x.values, x.old_values, advantages, returns, x.mask,
+                                               o.clip, value_coef=o.value_coef, weights=x.weights,
+                                               is_weights=is_weights(o, x)))
 
 
 def grpo_loss(o: GRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     advantages = grpo.group_advantages(x.reward, x.group_size, eps=o.std_eps)  # [B]
-    return grpo.grpo_loss(x.logp, x.old_logp, x.ref_logp, advantages, x.mask, x.beta, o.clip, weights=x.weights,
-                          is_weights=is_weights(o, x))
+    return with_tis_metrics(o, x, grpo.grpo_loss(x.logp, x.old_logp, x.ref_logp, advantages, x.mask, x.beta, o.clip,
+                                                 weights=x.weights, is_weights=is_weights(o, x)))
 
 
 def dr_grpo_loss(o: DrGRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
@@ -83,12 +94,12 @@ def dr_grpo_loss(o: DrGRPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Ten
     advantages = grpo.group_advantages(x.reward, x.group_size, scale=False)  # [B]
     loss, metrics = grpo.grpo_loss(x.logp, x.old_logp, x.ref_logp, advantages, x.mask, x.beta, o.clip,
                                    token_reduction="sum", weights=x.weights, is_weights=is_weights(o, x))
-    return loss / o.length, metrics
+    return with_tis_metrics(o, x, (loss / o.length, metrics))
 
 
 def rloo_loss(o: RLOOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-    return rloo.rloo_loss(x.logp, x.ref_logp, x.mask, x.reward, x.beta, x.group_size, weights=x.weights,
-                          is_weights=is_weights(o, x))
+    return with_tis_metrics(o, x, rloo.rloo_loss(x.logp, x.ref_logp, x.mask, x.reward, x.beta, x.group_size,
+                                                 weights=x.weights, is_weights=is_weights(o, x)))
 
 
 register(Objective("ppo", PPOOptions, ppo_loss, "PPO with a value model, GAE and the KL folded into the "

@@ -1,9 +1,12 @@
 """The local runtime: one process. `sync` generates a batch, then learns on it; `async` generates
 in a background thread with its own copy of the weights, refreshed every `model_update_interval`
-learner steps, so generation and learning overlap (and online rows can be a few versions stale)."""
+learner steps, so generation and learning overlap (and online rows can be a few versions stale).
+`policy_lag` L makes every online row exactly L updates stale instead: generation runs the weights of
+L steps ago, kept as L snapshots on the host."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import queue
 import threading
@@ -17,14 +20,16 @@ from softrl.runtime.session import Session
 
 class Generation:
     """Where online rows come from: the policy itself (sync, interval 1), or a copy of its weights
-    refreshed every `interval` steps, used inline (sync) or by a background thread (async)."""
+    refreshed every `interval` steps (or always `lag` steps old), used inline (sync) or by a background
+    thread (async)."""
 
-    def __init__(self, session: Session, mode: str, interval: int):
-        self.session, self.mode, self.interval = session, mode, interval
+    def __init__(self, session: Session, mode: str, interval: int, lag: int = 0):
+        self.session, self.mode, self.interval, self.lag = session, mode, interval, lag
+        self.snapshots: collections.deque[tuple[int, dict]] = collections.deque()  # (version, weights), lag > 0
         placement = session.run.placement
         # one model for both only when nothing is stale and generation computes in the trained dtype;
         # else a copy in the compute dtype (bf16 on a GPU: half the bytes read per decoded token)
-        shared = mode == "sync" and interval == 1 and placement.frozen == placement.weights
+        shared = mode == "sync" and interval == 1 and not lag and placement.frozen == placement.weights
         self.model = (session.policy.model if shared
                       else placement.place(copy.deepcopy(session.policy.model), frozen=True).eval())
         self.version = session.learner.version
@@ -85,12 +90,21 @@ class Generation:
                 continue
 
     def learner_stepped(self, step: int) -> None:
-        """Every `interval` steps the generation weights become the learner's."""
+        """Every `interval` steps the generation weights become the learner's; with a lag L, those of
+        L steps ago (until L steps have passed, the weights generation started with)."""
         if self.model is self.session.policy.model or step % self.interval:
             return
-        state = {k: v.detach().clone() for k, v in self.session.policy.model.state_dict().items()}
+        version = self.session.learner.version
+        if self.lag:
+            self.snapshots.append((version, {k: v.detach().to("cpu", copy=True)
+                                             for k, v in self.session.policy.model.state_dict().items()}))
+            if self.snapshots[0][0] > version - self.lag:
+                return
+            version, state = self.snapshots.popleft()
+        else:
+            state = {k: v.detach().clone() for k, v in self.session.policy.model.state_dict().items()}
         with self.lock:
-            self.pending, self.pending_version = state, self.session.learner.version
+            self.pending, self.pending_version = state, version
 
     def _apply_pending(self) -> None:
         with self.lock:
@@ -121,7 +135,11 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
     try:
         session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total), group=group,
                           tasks=tasks, on_eval=on_eval)
-        generation = Generation(session, config.runtime.mode, config.runtime.model_update_interval)
+        rc = config.runtime
+        generation = Generation(session, rc.mode, rc.model_update_interval, rc.policy_lag)
+        if resume and rc.policy_lag:
+            log(f"runtime.policy_lag: the snapshots of the last {rc.policy_lag} steps are not checkpointed: "
+                "generation starts from the restored weights, and the lag grows back to its setting")
         started = time.time()
         while session.progress.step < config.optim.steps:
             online, timings = generation.next()

@@ -169,6 +169,7 @@ class Learner:
         if len(online):
             out["staleness/mean"] = self.version - 1 - online.mean().item()
             out["staleness/max"] = float(self.version - 1 - online.min().item())
+            out["staleness/min"] = float(self.version - 1 - online.max().item())
         out["reward"] = batch.reward.mean().item()
         return out
 
@@ -189,7 +190,9 @@ class Learner:
     def _diagnostics(self, x: LossInputs, entropy: Tensor, part: Batch, weighted: bool, source: str,
                      source_rows: int, share: float, metrics: dict[str, Tensor]) -> None:
         """KL to the reference (sequence log-ratio: on online rows an estimate of KL(pi || pi0)),
-        entropy, importance-weight statistics."""
+        entropy, importance-weight statistics over the rows with mu's log-probs: mean and largest
+        sequence weight pi/mu, their effective sample size as a fraction of the rows, and
+        KL(mu || pi) estimated on mu's own samples as the mean of log mu(y) - log pi(y)."""
         mask = x.mask
         log_ratio = ((x.logp - x.ref_logp) * mask).sum(-1)  # [b]
         _add(metrics, "kl_ref", share * log_ratio.mean())
@@ -204,6 +207,7 @@ class Learner:
             _add(metrics, "iw/mean", share * w.sum() / rows)
             metrics["iw/max"] = torch.maximum(metrics.get("iw/max", w.new_zeros(())), w.max())
             _add(metrics, "iw/ess_fraction", share * (w.sum() ** 2 / (w**2).sum().clamp_min(1e-30) / rows))
+            _add(metrics, "iw/kl_behavior", share * (-log_w * has).sum() / rows)
 
     # --- checkpoints ----------------------------------------------------------------------------
     # In a group, every rank calls these together; the whole state is rank 0's (the other ranks' is
