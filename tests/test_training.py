@@ -338,3 +338,28 @@ def test_ppo_first_step_pushes_up_solved_and_leaves_failed_alone():
     loss.backward()
     assert (logp.grad[0] < 0).all()  # descending the loss raises the solved row's log-probs
     assert torch.equal(logp.grad[1], torch.zeros(T))
+
+
+def test_policy_lag_makes_every_online_row_exactly_that_many_updates_stale(tiny, tmp_path):
+    """runtime.policy_lag 2: step n learns on rows of the policy of step n - 3 (the first steps on the
+    weights generation started with), logged as the staleness each step; the rows carry that version."""
+    from softrl.runtime.local import train
+
+    seed_store(tmp_path)
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
+        "runtime.policy_lag": 2, "optim.steps": 6, "data.mix": {"online": 1.0}}))
+    train(config, log=lambda m: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lags = [(r["staleness/min"], r["staleness/max"]) for r in records if "loss" in r]
+    assert lags == [(0, 0), (1, 1), (2, 2), (2, 2), (2, 2), (2, 2)]
+    online = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id="run")
+    assert sorted(set(online["policy_version"].to_pylist())) == [0, 1, 2, 3]
+    assert all("iw/kl_behavior" in r for r in records if "loss" in r)
+
+
+def test_policy_lag_and_update_interval_are_not_combined():
+    from softrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="runtime.policy_lag: needs runtime.kind=local and "
+                                          "runtime.model_update_interval=1"):
+        load_config(None, ["runtime.policy_lag=4", "runtime.model_update_interval=2"])
