@@ -90,9 +90,11 @@ def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr:
 
 
 def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], None] | None = None,
-            log: Callable[[str], None] = lambda m: None, before: Callable[[RunConfig], None] | None = None) -> None:
+            log: Callable[[str], None] = lambda m: None, before: Callable[[RunConfig], None] | None = None,
+            after: Callable[[RunConfig], None] | None = None) -> None:
     """Train each config in turn; a run with a summary.json is done and kept (a killed benchmark
-    resumes where it stopped), a run without one starts over, after `before(config)` (e.g. its store)."""
+    resumes where it stopped), a run without one starts over, after `before(config)` (e.g. its store);
+    `after(config)` once it has finished."""
     from softrl.runtime.local import train
 
     for i, config in enumerate(configs):
@@ -103,6 +105,8 @@ def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], 
         if before is not None:
             before(config)
         train(config, on_step=(lambda r, i=i, c=config: on_step(i, c, r)) if on_step else None, log=log)
+        if after is not None:
+            after(config)
 
 
 def check_same_settings(config: RunConfig) -> None:

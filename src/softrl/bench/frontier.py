@@ -1,0 +1,347 @@
+"""`softrl bench frontier`: learning from any data, compared fairly. Every method is tuned on its own
+grid (learning rate x its strength knob) on tuning seeds, then run on report seeds at its best point
+and at the point nearest a KL common to all methods; per regime, pass@1 against KL(pi || pi0) with
+each method's frontier, pass@k (k = 1..20) at matched KL, and each method's best pass@1 and its KL.
+
+Regimes (the data each run learns from):
+- lagL: online rows only, each exactly L learner updates stale (`runtime.policy_lag`);
+- half: half of every batch online (lag 1), half from a pool of the reference's samples, an earlier
+  run's rollouts and the task's known solutions (as human data, mu unknown);
+- offline: only a fixed data set made by another policy (the earlier run's rollouts, mu known);
+- human: only the task's known solutions (mu unknown, all correct).
+
+Every run gets its own copy of the pool's store (its own rows never join another run's data), made
+before it starts and removed when it ends. The pool is anydata's (`prepare_pool`).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from softrl.algorithms.common import SPO_BETA
+from softrl.bench.anydata import POOL_SOURCES, prepare_pool
+from softrl.bench.learning import base_overrides, run_all, slug
+from softrl.config import RunConfig, config_from
+
+LRS = (1e-4, 3e-4, 1e-3)
+EARLIER_LR = 2e-4  # the earlier run whose rollouts are the "other policy's" data: anydata's learning rate
+TUNE_SEED = 100  # tuning seeds are 100, 101, ...; report seeds 0, 1, ...
+
+
+@dataclass(frozen=True)
+class Method:
+    objective: dict
+    strengths: tuple[dict, ...] = ({},)  # the strength knob's grid: config overrides, one dict a value
+
+    def label(self, strength: dict) -> str:
+        return ",".join(f"{k.rsplit('.', 1)[-1]}={v:g}" for k, v in strength.items()) or "default"
+
+
+def knob(key: str, *values: float) -> tuple[dict, ...]:
+    return tuple({key: v} for v in values)
+
+
+BETAS = knob("beta", round(SPO_BETA, 4), 0.25)  # the regularisation to pi0 (to mu for OAPL)
+KL_COEFS = knob("beta", 0.01, 0.1)  # the PPO family's k3 penalty
+METHODS: dict[str, Method] = {
+    "spo": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce"}, BETAS),
+    "agro-off": Method({"algorithm": "agro-off"}, BETAS),
+    "oapl": Method({"algorithm": "oapl"}, BETAS),
+    "kl-pg": Method({"algorithm": "kl-pg"}, BETAS),
+    "grpo-tis": Method({"algorithm": "grpo", "is_correction": "token_truncate"}, KL_COEFS),
+    "decoupled-ppo": Method({"algorithm": "decoupled-ppo"}, KL_COEFS),
+    "m2po": Method({"algorithm": "m2po"}, knob("data.objective.tau", 0.04, 0.2)),
+    "gspo": Method({"algorithm": "gspo"}, ({"data.objective.clip_low": 3e-4, "data.objective.clip_high": 4e-4},
+                                           {"data.objective.clip_low": 0.2, "data.objective.clip_high": 0.28})),
+    "cispo": Method({"algorithm": "cispo"}, knob("data.objective.cap", 2.0, 5.0)),
+    "topr": Method({"algorithm": "topr"}),  # no strength knob: its grid is the learning rate alone
+}
+STALE = ("spo", "agro-off", "oapl", "grpo-tis", "decoupled-ppo", "m2po", "gspo", "cispo", "topr")
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    mix: dict
+    methods: tuple[str, ...]
+    lag: int = 1
+    sources: tuple[str, ...] = ()  # the pool's sources it learns from (none: online only)
+
+    @property
+    def generates(self) -> bool:
+        return self.mix.get("online", 0) > 0
+
+
+LAGS = (1, 4, 16, 64, 256)
+REGIMES: dict[str, Regime] = {
+    **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE, lag=k) for k in LAGS},
+    "half": Regime("half", {"online": 0.5, "offline": 0.5}, STALE, sources=tuple(POOL_SOURCES)),
+    "offline": Regime("offline", {"offline": 1.0}, (*STALE, "kl-pg"), lag=0, sources=("earlier",)),
+    "human": Regime("human", {"offline": 1.0}, ("spo", "agro-off", "kl-pg", "topr"), lag=0, sources=("human",)),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every run of one benchmark shares."""
+
+    root: Path
+    task: str = "countdown"
+    steps: int = 300
+    prompts: int = 8
+    samples_per_prompt: int = 4
+    eval_size: int = 50
+    eval_every: int = 100
+    earlier_steps: int = 100
+    lrs: tuple[float, ...] = LRS
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def where(self) -> Path:
+        return self.root / slug(self.task)
+
+
+def point_name(method: str, lr: float, strength: dict) -> str:
+    return f"{method}_lr{lr:g}_{METHODS[method].label(strength)}"
+
+
+def grid(method: str, lrs: tuple[float, ...]) -> list[tuple[float, dict]]:
+    return [(lr, s) for lr in lrs for s in METHODS[method].strengths]
+
+
+def run_config(s: Settings, regime: Regime, method: str, lr: float, strength: dict, seed: int) -> RunConfig:
+    """One run, under ROOT/TASK/frontier/REGIME/POINT-sSEED, with its private store beside it."""
+    overrides = base_overrides(s.task, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size, s.eval_every,
+                               20, s.extra or None)
+    name = f"{point_name(method, lr, strength)}-s{seed}"
+    overrides.update({
+        "name": name, "out_dir": str(s.where / "frontier" / regime.name),
+        "data.store": str(s.where / "frontier-stores" / regime.name / name), "data.mix": regime.mix,
+        "data.objective": METHODS[method].objective, "runtime.policy_lag": regime.lag if regime.generates else 0,
+        "data.offline_sources": list(regime.sources or ["reference"]), "data.offline_passed_only": False,
+    })
+    if regime.generates and "offline" in regime.mix:  # the same batch of rows, half of it generated
+        overrides["sampling.prompts_per_step"] = max(1, s.prompts // 2)
+    overrides.update(s.extra)
+    overrides.update(strength)
+    return config_from(overrides)
+
+
+def check_names(regimes: list[str], methods: list[str] | None) -> None:
+    for name in regimes:
+        if name not in REGIMES:
+            raise ValueError(f"--regimes: unknown regime {name!r} (use {', '.join(REGIMES)})")
+    for name in methods or []:
+        if name not in METHODS:
+            raise ValueError(f"--methods: unknown method {name!r} (use {', '.join(METHODS)})")
+
+
+def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune_seeds: int) -> list[RunConfig]:
+    """Every grid point of every method of every regime, on the tuning seeds; seeds outermost."""
+    check_names(regimes, methods)
+    return [run_config(s, REGIMES[r], m, lr, strength, TUNE_SEED + k) for k in range(tune_seeds) for r in regimes
+            for m in REGIMES[r].methods if methods is None or m in methods for lr, strength in grid(m, s.lrs)]
+
+
+# --- reading finished runs ----------------------------------------------------------------------
+
+def records(run_dir: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.fmean(values) if values else math.nan
+
+
+DIAGNOSTICS = ("iw/ess_fraction", "iw/kl_behavior", "kl_ref", "grad_norm")
+
+
+def outcome(config: RunConfig) -> dict | None:
+    """A finished run's final evaluation (pass@k for every k, KL(pi || pi0), distinct), samples generated,
+    its lag's distribution over the learner steps, and the last third's per-step diagnostics; None if
+    the run has not finished."""
+    if not (config.run_dir / "summary.json").is_file():
+        return None
+    log = records(config.run_dir)
+    evals = [r for r in log if "eval/pass@1" in r]
+    last = evals[-1]
+    steps = [r for r in log if "loss" in r]
+    tail = steps[-max(1, len(steps) // 3):]
+    lags = sorted(r["staleness/mean"] for r in steps if "staleness/mean" in r)
+    out = {
+        "pass@k": [last[f"eval/pass@{k}"] for k in range(1, 21) if f"eval/pass@{k}" in last],
+        "pass@1": last["eval/pass@1"], "pass@10": last.get("eval/pass@10"), "kl": last.get("eval/kl_to_reference"),
+        "distinct": last.get("eval/distinct_correct_per_solved"), "samples": last["samples"],
+        "curve": [(r["step"], r["eval/pass@1"], r.get("eval/kl_to_reference")) for r in evals],
+        "lag": ({"mean": statistics.fmean(lags), "p10": lags[len(lags) // 10], "median": lags[len(lags) // 2],
+                 "max": lags[-1]} if lags else None),
+        "clipped_or_masked": _mean([sum(v for k, v in r.items() if k.endswith(("clipped_fraction", "masked_fraction")))
+                                    for r in tail]),
+    }
+    out.update({k: _mean([r.get(k) for r in tail]) for k in DIAGNOSTICS})
+    return out
+
+
+def frontier(points: list[dict]) -> list[dict]:
+    """The points no other point beats at lower or equal KL: pass@1 rising with KL, by KL."""
+    best, out = -math.inf, []
+    for p in sorted(points, key=lambda p: (p["kl"], -p["pass@1"])):
+        if p["pass@1"] > best:
+            out.append(p)
+            best = p["pass@1"]
+    return out
+
+
+def at_kl(front: list[dict], kl: float) -> float:
+    """The frontier's pass@1 at `kl` (the best pass@1 reached at KL <= kl; nan below its first point)."""
+    reached = [p["pass@1"] for p in front if p["kl"] <= kl]
+    return max(reached) if reached else math.nan
+
+
+def tuned(grid_points: dict[str, list[dict]]) -> tuple[dict[str, dict], float, dict[str, dict]]:
+    """From each method's tuning-grid points: its best (highest pass@1, averaged over tuning seeds), the
+    common KL (the median of the best points' KLs) and each method's point nearest to it."""
+    best = {m: max(points, key=lambda p: p["pass@1"]) for m, points in grid_points.items() if points}
+    target = statistics.median(p["kl"] for p in best.values()) if best else math.nan
+    matched = {m: min(points, key=lambda p: abs(p["kl"] - target)) for m, points in grid_points.items() if points}
+    return best, target, matched
+
+
+def average(outcomes: list[dict]) -> dict:
+    """Seed-mean (and sd) of the numbers of one grid point."""
+    out: dict = {"seeds": len(outcomes)}
+    for key in ("pass@1", "pass@10", "kl", "distinct", "samples", *DIAGNOSTICS, "clipped_or_masked"):
+        values = [o.get(key) for o in outcomes]
+        values = [v for v in values if v is not None and math.isfinite(v)]
+        out[key] = statistics.fmean(values) if values else math.nan
+        out[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    ks = min(len(o["pass@k"]) for o in outcomes)
+    out["pass@k"] = [statistics.fmean(o["pass@k"][k] for o in outcomes) for k in range(ks)]
+    lags = [o["lag"] for o in outcomes if o["lag"]]
+    out["lag"] = {k: statistics.fmean(lag[k] for lag in lags) for k in lags[0]} if lags else None
+    return out
+
+
+def prepare(s: Settings, on_step=None, log=lambda m: None) -> dict:
+    """The pool's store (the earlier run first, once), which every run's private store copies."""
+    return prepare_pool(s.task, s.root, s.earlier_steps, EARLIER_LR, s.prompts, s.samples_per_prompt, s.extra or None,
+                        on_step=on_step, log=log)
+
+
+def copy_pool(pool: Path, config: RunConfig) -> None:
+    """A run's store: a fresh copy of the pool's."""
+    store = Path(config.data.store)
+    shutil.rmtree(store, ignore_errors=True)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(pool, store)
+
+
+def remove_store(config: RunConfig) -> None:
+    shutil.rmtree(config.data.store, ignore_errors=True)
+
+
+def _run_alone(config: RunConfig, pool: Path, threads: int) -> str:
+    import torch
+
+    torch.set_num_threads(threads)
+    run_all([config], before=lambda c: copy_pool(pool, c), after=remove_store)
+    return config.name
+
+
+def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_done=None) -> None:
+    """Train `configs` (finished ones are kept): in this process with `on_step(i, config, record)`, or
+    `jobs` processes at once, each with its share of the CPU threads, `on_done(config)` as each ends.
+    On 2 cores two one-thread runs make about 1.5x the samples of one two-thread run (0.24 vs 0.18 s
+    a step of a lagged run each): the benchmark's runs are small."""
+    pool = s.where / "pool"
+    if jobs <= 1:
+        run_all(configs, on_step=on_step, before=lambda c: copy_pool(pool, c), after=remove_store)
+        return
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        futures = {ex.submit(_run_alone, c, pool, threads): c for c in configs}
+        for future in as_completed(futures):
+            future.result()
+            if on_done is not None:
+                on_done(futures[future])
+
+
+def methods_of(regime: Regime, methods: list[str] | None) -> list[str]:
+    return [m for m in regime.methods if methods is None or m in methods]
+
+
+def grid_points(s: Settings, regime: Regime, methods: list[str] | None, tune_seeds: int) -> dict[str, list[dict]]:
+    """method -> its grid points that finished on every tuning seed, averaged over them."""
+    out: dict[str, list[dict]] = {}
+    for m in methods_of(regime, methods):
+        for lr, strength in grid(m, s.lrs):
+            done = [outcome(run_config(s, regime, m, lr, strength, TUNE_SEED + k)) for k in range(tune_seeds)]
+            if all(done):
+                out.setdefault(m, []).append({"point": point_name(m, lr, strength), "lr": lr, "strength": strength,
+                                              **average(done)})
+    return out
+
+
+def report_plan(s: Settings, regime: Regime, chosen: dict[str, list[dict]], seeds: int) -> list[RunConfig]:
+    """The report seeds' runs at each method's chosen points (best and matched, once if the same)."""
+    configs = []
+    for k in range(seeds):
+        for m, points in chosen.items():
+            for p in {p["point"]: p for p in points}.values():
+                configs.append(run_config(s, regime, m, p["lr"], p["strength"], k))
+    return configs
+
+
+def choose(points: dict[str, list[dict]]) -> dict:
+    """The tuning stage's choices: each method's best point, the common KL and the matched points."""
+    best, target, matched = tuned(points)
+    return {"best": best, "target_kl": target, "matched": matched,
+            "frontiers": {m: frontier(p) for m, p in points.items()}}
+
+
+def reported(s: Settings, regime: Regime, point: dict, method: str, seeds: int) -> dict | None:
+    """The report seeds' average at a chosen point (None until every seed has finished)."""
+    done = [outcome(run_config(s, regime, method, point["lr"], point["strength"], k)) for k in range(seeds)]
+    return {"point": point["point"], "lr": point["lr"], "strength": point["strength"], **average(done)} \
+        if all(done) else None
+
+
+def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_seeds: int, seeds: int) -> dict:
+    """Everything the report of one regime shows: the grid on tuning seeds, the choices, and the report
+    seeds at each method's best and matched points; SPO's and AGRO's place against every baseline's
+    frontier at their matched KL."""
+    points = grid_points(s, regime, methods, tune_seeds)
+    chosen = choose(points)
+    best = {m: reported(s, regime, p, m, seeds) for m, p in chosen["best"].items()}
+    matched = {m: reported(s, regime, p, m, seeds) for m, p in chosen["matched"].items()}
+    verdicts = []
+    for ours in ("spo", "agro-off", "oapl"):
+        mine = matched.get(ours)
+        if mine is None:
+            continue
+        for other, front in chosen["frontiers"].items():
+            if other in ("spo", "agro-off", "oapl"):
+                continue
+            theirs = at_kl(front, mine["kl"])
+            verdicts.append({"method": ours, "baseline": other, "kl": mine["kl"], "pass@1": mine["pass@1"],
+                             "baseline_pass@1": theirs, "margin": mine["pass@1"] - theirs})
+    planned = sum(len(grid(m, s.lrs)) for m in methods_of(regime, methods))
+    return {"regime": regime.name, "lag": regime.lag if regime.generates else None, "mix": regime.mix,
+            "grid_finished": f"{sum(map(len, points.values()))} of {planned}",
+            "sources": list(regime.sources), "grid": points, "target_kl": chosen["target_kl"],
+            "frontiers": {m: [p["point"] for p in f] for m, f in chosen["frontiers"].items()},
+            "best": best, "matched": matched, "against_frontiers": verdicts,
+            "settings": {"task": s.task, "steps": s.steps, "rows_per_step": s.prompts * s.samples_per_prompt,
+                         "lrs": list(s.lrs), "tune_seeds": [TUNE_SEED + k for k in range(tune_seeds)],
+                         "report_seeds": list(range(seeds)), "eval_size": s.eval_size}}

@@ -1,0 +1,103 @@
+"""The report of `softrl bench frontier`, per regime: a table (markdown), the numbers (JSON) and a figure
+(PNG: pass@1 against KL(pi || pi0) with every grid point and each method's frontier; pass@k at matched KL)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def _f(x, digits: int = 3) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _pm(p: dict | None, key: str) -> str:
+    if p is None:
+        return "not run"
+    sd = p.get(f"{key}_sd")
+    return _f(p[key]) + (f" ± {_f(sd)}" if sd and p.get("seeds", 1) > 1 else "")
+
+
+def _lag(p: dict | None) -> str:
+    lag = (p or {}).get("lag")
+    return "-" if not lag else f"{lag['mean']:.1f} / {lag['median']:.0f} / {lag['max']:.0f}"
+
+
+def markdown(result: dict) -> str:
+    s = result["settings"]
+    lines = [f"# Frontier, {s['task']}, regime {result['regime']}", "",
+             f"{s['steps']} learner steps x {s['rows_per_step']} rows; learning rates {s['lrs']}; each method's grid "
+             f"tuned on seed(s) {s['tune_seeds']}, reported on seeds {s['report_seeds']} (mean ± sd); pass@k on "
+             f"{s['eval_size']} held-out prompts x 20 samples (T 0.4, top-p 0.95). Common KL (median of the best "
+             f"points' KL): {_f(result['target_kl'])}. Grid points finished: {result['grid_finished']}.", "",
+             "| method | best point | pass@1 | pass@10 | KL(pi‖pi0) | matched point | pass@1 at matched KL | "
+             "pass@10 at matched KL | its KL | samples generated | lag mean / median / max | ESS fraction | "
+             "clipped or masked | KL(mu‖pi) |",
+             "|" + "---|" * 14]
+    for m, best in result["best"].items():
+        matched = result["matched"].get(m)
+        b = best or {}
+        lines.append(f"| {m} | {b.get('point', '-')} | {_pm(best, 'pass@1')} | {_pm(best, 'pass@10')} | "
+                     f"{_pm(best, 'kl')} | {(matched or {}).get('point', '-')} | {_pm(matched, 'pass@1')} | "
+                     f"{_pm(matched, 'pass@10')} | {_pm(matched, 'kl')} | {_f(b.get('samples'), 0)} | {_lag(best)} | "
+                     f"{_f(b.get('iw/ess_fraction'))} | {_f(b.get('clipped_or_masked'))} | "
+                     f"{_f(b.get('iw/kl_behavior'))} |")
+    ks = (1, 2, 5, 10, 20)
+    lines += ["", "pass@k at matched KL (report seeds):", "",
+              "| method | KL | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|" + "---|" * (len(ks) + 2)]
+    for m, p in result["matched"].items():
+        if p:
+            curve = p["pass@k"]
+            lines.append(f"| {m} | {_f(p['kl'])} | " + " | ".join(_f(curve[k - 1]) if k <= len(curve) else "-"
+                                                                 for k in ks) + " |")
+    if result["against_frontiers"]:
+        lines += ["", "SPO, AGRO and OAPL at their matched point against each baseline's tuning frontier at the same "
+                  "KL (the best pass@1 the baseline's grid reached at no more KL; '-': none of its points is that low):",
+                  "", "| method | baseline | KL | pass@1 | baseline's frontier | margin |", "|---|---|---|---|---|---|"]
+        for v in result["against_frontiers"]:
+            lines.append(f"| {v['method']} | {v['baseline']} | {_f(v['kl'])} | {_f(v['pass@1'])} | "
+                         f"{_f(v['baseline_pass@1'])} | {_f(v['margin'])} |")
+    lines += ["", "Every grid point (tuning seeds):", "", "| point | pass@1 | pass@10 | KL | on its frontier |",
+              "|---|---|---|---|---|"]
+    for m, points in result["grid"].items():
+        front = set(result["frontiers"].get(m, []))
+        for p in points:
+            lines.append(f"| {p['point']} | {_f(p['pass@1'])} | {_f(p['pass@10'])} | {_f(p['kl'])} | "
+                         f"{'yes' if p['point'] in front else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (m, points) in enumerate(result["grid"].items()):
+        c = colors[i % len(colors)]
+        left.scatter([p["kl"] for p in points], [p["pass@1"] for p in points], color=c, s=14, alpha=0.5)
+        front = [p for p in points if p["point"] in set(result["frontiers"].get(m, []))]
+        front.sort(key=lambda p: p["kl"])
+        left.plot([p["kl"] for p in front], [p["pass@1"] for p in front], color=c, label=m)
+        for key, marker in (("best", "*"), ("matched", "o")):
+            p = result[key].get(m)
+            if p:
+                left.errorbar(p["kl"], p["pass@1"], xerr=p["kl_sd"], yerr=p["pass@1_sd"], color=c, marker=marker,
+                              markersize=9 if marker == "*" else 6, markeredgecolor="black", capsize=2)
+        p = result["matched"].get(m)
+        if p:
+            right.plot(range(1, len(p["pass@k"]) + 1), p["pass@k"], color=c, label=f"{m} (KL {p['kl']:.2f})")
+    if not math.isnan(result["target_kl"]):
+        left.axvline(result["target_kl"], color="grey", linestyle="--", linewidth=0.8)
+    left.set(xlabel="KL(pi || pi0) (held-out evaluation)", ylabel="pass@1",
+             title=f"{result['regime']}: grid (dots, tuning seeds), frontiers (lines),\nbest (*) and matched (o) points "
+                   "on report seeds")
+    right.set(xlabel="k", ylabel="pass@k", title="pass@k at matched KL (report seeds)")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

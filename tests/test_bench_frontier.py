@@ -1,0 +1,91 @@
+"""`softrl bench frontier`: the plan (regimes, grids, seeds), the choice of points (frontier, best, matched
+KL), the one-line refusals, and the quick variant end to end on a tiny model (tuning, report seeds,
+reports, resuming without rerunning)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from softrl.bench import frontier as fr
+from softrl.cli import app
+
+
+def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
+    s = fr.Settings(tmp_path, steps=10)
+    plan = fr.tuning_plan(s, ["lag64", "human"], None, 2)
+    per_seed = 8 * 6 + 3 + (3 * 6 + 3)  # lag64: 8 methods x 3 lr x 2 strengths, topr 3; human: 3 x 6 + topr
+    assert len(plan) == 2 * per_seed and len({c.run_dir for c in plan}) == len(plan)
+    lagged = [c for c in plan if Path(c.out_dir).name == "lag64"]
+    assert {c.runtime.policy_lag for c in lagged} == {64} and all(c.data.mix == {"online": 1.0} for c in lagged)
+    assert {c.seed for c in plan} == {100, 101}  # tuning seeds, apart from the report seeds 0..
+    human = [c for c in plan if Path(c.out_dir).name == "human"]
+    assert all(c.data.offline_sources == ["human"] and not c.generates and c.runtime.policy_lag == 0 for c in human)
+    spo = [c for c in lagged if c.data.objective.algorithm == "spo"]
+    assert sorted({(c.optim.lr, round(c.beta, 4)) for c in spo}) == [(lr, b) for lr in fr.LRS for b in (0.0869, 0.25)]
+    m2po = [c for c in lagged if c.data.objective.algorithm == "m2po"]
+    assert {c.data.objective.tau for c in m2po} == {0.04, 0.2}
+    assert all(c.data.store != d.data.store for c, d in zip(plan, plan[1:]))  # a private store each
+    half = fr.run_config(s, fr.REGIMES["half"], "cispo", 1e-4, {}, 0)
+    assert half.sampling.prompts_per_step == 4 and half.data.offline_sources == ["reference", "earlier", "human"]
+    with pytest.raises(ValueError, match="--regimes: unknown regime 'lag2'"):
+        fr.tuning_plan(s, ["lag2"], None, 1)
+    with pytest.raises(ValueError, match="--methods: unknown method 'ppo'"):
+        fr.tuning_plan(s, ["lag1"], ["ppo"], 1)
+
+
+def test_frontier_best_and_matched_points():
+    points = {"a": [{"point": "a1", "kl": 0.1, "pass@1": 0.40}, {"point": "a2", "kl": 0.5, "pass@1": 0.38},
+                    {"point": "a3", "kl": 1.0, "pass@1": 0.60}],
+              "b": [{"point": "b1", "kl": 0.3, "pass@1": 0.50}, {"point": "b2", "kl": 2.0, "pass@1": 0.55}],
+              "c": [{"point": "c1", "kl": 0.6, "pass@1": 0.45}]}
+    assert [p["point"] for p in fr.frontier(points["a"])] == ["a1", "a3"]  # a2 beaten by a1 at less KL
+    assert fr.at_kl(fr.frontier(points["a"]), 0.7) == 0.40 and math.isnan(fr.at_kl(fr.frontier(points["b"]), 0.2))
+    best, target, matched = fr.tuned(points)
+    assert {m: p["point"] for m, p in best.items()} == {"a": "a3", "b": "b2", "c": "c1"}
+    assert target == 1.0  # the median of 1.0, 2.0, 0.6
+    assert {m: p["point"] for m, p in matched.items()} == {"a": "a3", "b": "b1", "c": "c1"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--regimes", "lag1,stale"], "--regimes: unknown regime 'stale'"),
+    (["--methods", "spo,ppo"], "--methods: unknown method 'ppo'"),
+    (["--lrs", "1e-4,fast"], "--lrs: '1e-4,fast' is not a comma-separated list of numbers"),
+    (["--lrs", "0,1e-4"], "--lrs: '0,1e-4' must list numbers > 0"),
+])
+def test_bad_names_are_one_line(tmp_path, args, message):
+    result = CliRunner().invoke(app, ["bench", "frontier", "--runs", str(tmp_path), *args])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_quick_end_to_end_and_resumed(tiny, tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text(f"model:\n  path: {tiny[0]}\ntask:\n  size: 6\nq0:\n  k: 4\nsampling:\n  max_new_tokens: 8\n")
+    report = tmp_path / "report"
+    args = ["bench", "frontier", "--quick", "--steps", "2", "--eval-size", "3", "--eval-every", "2",
+            "--earlier-steps", "2", "--prompts", "2", "--base", str(base), "--runs", str(tmp_path / "runs"),
+            "--report", str(report)]
+    result = CliRunner().invoke(app, [*args, "--jobs", "2"])
+    assert result.exit_code == 0, result.output
+    lag = json.loads((report / "frontier-lag16.json").read_text())
+    assert set(lag["grid"]) == {"spo", "oapl", "grpo-tis", "topr"}
+    assert len(lag["grid"]["spo"]) == 4 and len(lag["grid"]["topr"]) == 2  # 2 lr x 2 strengths; topr lr only
+    assert set(lag["best"]) == set(lag["matched"]) == set(lag["grid"]) and all(lag["best"].values())
+    spo = lag["best"]["spo"]
+    assert len(spo["pass@k"]) == 20 and spo["samples"] == 2 * 2 * 4 and spo["seeds"] == 1
+    assert spo["lag"]["max"] == 1  # 2 steps: the lag grows 0, 1 towards its setting, 16
+    assert {v["baseline"] for v in lag["against_frontiers"]} == {"grpo-tis", "topr"}
+    human = json.loads((report / "frontier-human.json").read_text())
+    assert set(human["grid"]) == {"spo", "topr"} and human["best"]["spo"]["samples"] == 0
+    assert (report / "frontier-lag1.png").stat().st_size > 10_000
+    assert "| spo | spo_lr" in (report / "frontier-human.md").read_text()
+    runs = tmp_path / "runs/countdown/frontier/lag1"
+    assert not list((tmp_path / "runs/countdown/frontier-stores").rglob("*.parquet"))  # private stores removed
+    first = {p.name: (p / "summary.json").stat().st_mtime for p in runs.iterdir()}
+    reported = json.loads((report / "frontier-lag1.json").read_text())
+    again = CliRunner().invoke(app, [*args, "--regimes", "lag1"])
+    assert again.exit_code == 0, again.output
+    assert {p.name: (p / "summary.json").stat().st_mtime for p in runs.iterdir()} == first  # nothing rerun
+    assert json.loads((report / "frontier-lag1.json").read_text()) == reported
