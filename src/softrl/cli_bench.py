@@ -251,6 +251,44 @@ def _run_stage(fr, s, configs: list, jobs: int, update, what: str) -> None:
     fr.run(configs, s, jobs=jobs, on_done=finished)
 
 
+@bench_app.command("staleness")
+def staleness(
+    seeds: int = typer.Option(3, min=1, help="seeds per setting"),
+    steps: int = typer.Option(400, min=10, help="Adam steps of every run"),
+    lrs: str = typer.Option("0.01,0.03,0.1", help="learning rates"),
+    lags: str = typer.Option("0,1,4,16,64", help="lags of the data, in learner steps"),
+    report: Path = typer.Option(Path("runs/staleness"), help="where staleness-tabular.{md,json,png} go"),
+) -> None:
+    """SPO on stale data where the truth is known: a tabular policy that cannot represent pi*, trained on its
+    own samples of L steps before, for each candidate cause (BCE clip, loss, Q0, gradient clipping, learning
+    rate) and the anchor refresh; no model, about 5 minutes."""
+    from softrl.bench.staleness import markdown, plot
+    from softrl.tabular.staleness import VARIANTS, sweep
+
+    learning_rates = _floats("--lrs", lrs)
+    try:
+        lag_list = tuple(int(v) for v in _csv(lags))
+    except ValueError:
+        fail(f"--lags: {lags!r} is not a comma-separated list of whole numbers")
+    if not lag_list or min(lag_list) < 0:
+        fail(f"--lags: {lags!r} must list whole numbers >= 0")
+    total = len(VARIANTS) * len(learning_rates) * len(lag_list)
+    with progress_bar("tabular runs", total=total) as update:
+        done = [0]
+
+        def tick() -> None:
+            done[0] += 1
+            update(done[0])
+
+        rows = sweep(learning_rates, lag_list, seeds, steps=steps, on_run=tick)
+    report.mkdir(parents=True, exist_ok=True)
+    table = markdown(rows)
+    (report / "staleness-tabular.md").write_text(table)
+    (report / "staleness-tabular.json").write_text(json.dumps(rows, indent=1))
+    plot(rows, report / "staleness-tabular.png")
+    typer.echo(table)
+
+
 @bench_app.command("study")
 def study(
     name: str = typer.Argument(..., help="loss, reverse, mc, code, agro or grow"),

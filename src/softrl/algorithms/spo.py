@@ -228,4 +228,7 @@ def spo_loss(
     per_trajectory = torch.stack(list(parts.values())).sum(0)  # [B]
     metrics = {f"loss/{k}": reduce(v, weights).detach() for k, v in parts.items()}
     metrics["spo/q_terminal_minus_r"] = reduce((q[:, -1] - reward).abs().detach(), weights)
+    if loss == "bce":  # failed rows whose Q_T/beta is past the clip: BCE's straight-through gradient there is ~1/eps
+        past = (q[:, -1].detach() / beta > -eps) & (reward < 0)
+        metrics["spo/clipped_fraction"] = reduce(past.to(q.dtype), weights)
     return reduce(per_trajectory, weights), metrics
