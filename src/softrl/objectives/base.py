@@ -77,6 +77,7 @@ class Objective:
     # whose online samples cannot have them, or whose offline pool has none, is refused)
     behavior: Callable[[Options], bool] = lambda options: False
     behavior_every_row: bool = True  # False: only some rows need mu (TOPR's negatives), a pool without any is usable
+    without_behavior: str = "skipped"  # what becomes of a row without mu's log-probs, for the run's log
     distributions: Callable[[Options], bool] = lambda options: False  # needs token_kl ([B, T, V] passes)
 
     def group_size(self, samples_per_prompt: int) -> int:

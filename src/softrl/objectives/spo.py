@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from pydantic import Field
 from torch import Tensor
 
 from softrl.algorithms import spo
+from softrl.algorithms.offpolicy import importance_weights
 from softrl.objectives.base import LossInputs, Objective, Options, register
 
 
@@ -19,6 +21,11 @@ class SPOOptions(Options):
     mc: float = Field(0.0, ge=0, description="weight of the Monte-Carlo (PTS) targets")
     loss: Literal["bce", "squared"] = Field("bce", description="regression loss")
     eps: float = Field(1e-4, gt=0, lt=1, description="BCE clip")
+    is_correction: Literal["none", "sequence_truncate", "sequence_mask"] = Field(
+        "none", description="weigh each row's loss by pi(y)/mu(y), truncated at is_cap or masked above it, so that "
+        "stale rows count as the current policy would sample them (SPO is valid on any data without it: this only "
+        "moves the weight between sequences); rows without mu keep weight 1")
+    is_cap: float = Field(2.0, gt=0, description="C of is_correction")
 
 
 def spo_loss(o: SPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
@@ -29,8 +36,22 @@ def spo_loss(o: SPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     mc_prob = None if x.mc_success is None else spo.success_to_prob(x.mc_success, x.beta)  # [B, M]
     return spo.spo_loss(x.logp, x.ref_logp, x.mask, x.reward - 1, q0, x.beta, terminal=o.terminal,
                         reverse=o.reverse, advantage=o.advantage, mc=o.mc, loss=o.loss, eps=o.eps,
-                        mc_positions=x.mc_positions, mc_target_prob=mc_prob, mc_mask=x.mc_mask, weights=x.weights)
+                        mc_positions=x.mc_positions, mc_target_prob=mc_prob, mc_mask=x.mc_mask,
+                        weights=row_weights(o, x))
+
+
+def row_weights(o: SPOOptions, x: LossInputs) -> Tensor | None:
+    """The rows' weights in place of the mean: `stopgrad(w_i) / B` (times the exact weights, if any),
+    `w_i` the sequence ratio pi/mu truncated or masked at the cap, 1 for a row without mu."""
+    if o.is_correction == "none":
+        return x.weights
+    behavior_logp, known = x.behavior()
+    w = importance_weights(x.logp, behavior_logp, x.mask, known, o.is_correction, o.is_cap)[:, 0]  # [B]
+    w = torch.where(known, w, torch.ones_like(w))
+    return w / len(w) if x.weights is None else w * x.weights
 
 
 register(Objective("spo", SPOOptions, spo_loss, "Soft Policy Optimization (Cohen et al. 2025): Q-regression through the "
-                   "cumulative Q-parameterisation; any data, no value model"))
+                   "cumulative Q-parameterisation; any data, no value model",
+                   behavior=lambda o: o.is_correction != "none", behavior_every_row=False,
+                   without_behavior="kept at weight 1"))

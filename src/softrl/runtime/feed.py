@@ -73,9 +73,8 @@ class DataFeed:
                               f"{source} rows has its sampler's log-probs at temperature 1 (human or imported data): "
                               f"use spo, agro-off or topr{other}")
         if unknown:
-            which = "" if objective.behavior_every_row else " when they are negative"
-            self.log(f"{source} pool: {options.algorithm} skips the {unknown} rows without their sampler's "
-                     f"log-probs{which}")
+            self.log(f"{source} pool: {options.algorithm}: the {unknown} rows without their sampler's log-probs are "
+                     f"{objective.without_behavior}")
 
     def next_prompts(self) -> list[Prompt]:
         return self.prompt_rng.sample(self.prompts, min(self.config.sampling.prompts_per_step, len(self.prompts)))
