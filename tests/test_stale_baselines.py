@@ -133,3 +133,24 @@ def test_toy_fixed_points():
           for n in (2, 4) for data in ("off-policy", "on-policy")}
     assert kl[4, "off-policy"] < 0.01 < 0.05 < kl[2, "off-policy"] < 0.5
     assert kl[2, "on-policy"] > 1 and kl[4, "on-policy"] > 1
+
+
+def test_spo_rows_weighed_by_their_truncated_sequence_ratio():
+    """SPO with is_correction: the mean of w_i L_i, L_i each row's own SPO loss, w_i = min(pi(y)/mu(y), C)
+    (sequence ratios 2, 1.2, 10 here: 10 truncated at 2, or masked), 1 for the row without mu."""
+    spo = registry.get("spo")
+    x = inputs(LOGP.clone(), MU, REWARD, KNOWN, beta=0.5)
+    x.q0 = torch.full((4,), 0.3, dtype=D)
+
+    def row(i):
+        one = registry.LossInputs(logp=x.logp[i:i + 1], ref_logp=x.ref_logp[i:i + 1], old_logp=x.old_logp[i:i + 1],
+                                  mask=x.mask[i:i + 1], reward=x.reward[i:i + 1], q0=x.q0[i:i + 1], beta=0.5)
+        return registry.objective_loss(spo.options(), one)[0].item()
+
+    x.ref_logp = x.ref_logp - 0.2
+    per_row = [row(i) for i in range(4)]
+    for how, w in (("sequence_truncate", [2.0, 1.2, 2.0, 1.0]), ("sequence_mask", [2.0, 1.2, 0.0, 1.0])):
+        loss = registry.objective_loss(spo.options(is_correction=how, is_cap=2.0), x)[0].item()
+        assert loss == pytest.approx(sum(wi * li for wi, li in zip(w, per_row)) / 4, rel=1e-9), how
+    plain = registry.objective_loss(spo.options(), x)[0].item()
+    assert plain == pytest.approx(sum(per_row) / 4, rel=1e-9)
