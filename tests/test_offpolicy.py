@@ -31,6 +31,8 @@ def test_weights_hand_computed_and_rows_without_mu_skipped():
     masked = importance_weights(logp, mu, mask, known, "sequence_mask", 1.1)
     assert torch.allclose(masked, torch.tensor([[1.0] * 3, [0.0] * 3], dtype=torch.float64))
     assert torch.equal(importance_weights(logp, mu, mask, known, "none", CAP), torch.ones_like(logp))
+    token_masked = importance_weights(logp, mu, mask, known, "token_mask", CAP)  # AReaL's cap: ratios above it drop
+    assert torch.allclose(token_masked, torch.tensor([[0.0, 1.0, 0.5], [0.4, 0.0, 1.0]], dtype=torch.float64))
     # what the run logs as tis/clipped_fraction: 2 of the 5 real tokens above the cap; no row is
     assert truncated_fraction(logp, mu, mask, known, "token_truncate", CAP).item() == pytest.approx(0.4)
     assert truncated_fraction(logp, mu, mask, known, "sequence_truncate", CAP).item() == 0

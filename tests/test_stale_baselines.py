@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import softrl.objectives as registry
-from softrl.algorithms.stale import second_moment_mask, soft_value
+from softrl.algorithms.spo import q0_from_rewards
+from softrl.algorithms.stale import second_moment_mask
 
 D = torch.float64
 
@@ -27,25 +28,27 @@ def loss_and_grad(name, x, **options):
 
 # two groups of two rows, two tokens each; row 3 of unknown origin
 LOGP = torch.log(torch.tensor([[0.5, 0.4], [0.2, 0.9], [0.6, 0.5], [0.3, 0.8]], dtype=D))
-MU = torch.log(torch.tensor([[0.25, 0.4], [0.5, 0.3], [0.6, 0.05], [0.3, 0.8]], dtype=D))
+MU = torch.log(torch.tensor([[0.25, 0.4], [0.5, 0.3], [0.6, 0.05], [0.2, 0.5]], dtype=D))  # row 3's is not known
 REWARD = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=D)
 KNOWN = torch.tensor([True, True, True, False])
 A = 0.5 / (math.sqrt(0.5) + 1e-6)  # group advantage of the better row of a {1, 0} group: (1 - 1/2) / std
 
 
 def test_decoupled_ppo_by_hand():
-    """pi_prox = pi (one update per batch): u = 1, so the gradient of a token is -w A / N_tokens, w = pi/mu
-    where pi/mu <= cap, 0 above it (the token still counted in N); beta = 0 drops the k3 term."""
+    """pi_prox = pi (one update per batch): u = 1, so a token's gradient is w (-A + beta (1 - pi0/pi)) / N, the
+    k3 term's derivative being 1 - exp(log pi0 - log pi); w = pi/mu where pi/mu <= cap, 0 above it (the
+    token still counted in N)."""
     logp = LOGP.clone().requires_grad_(True)
-    loss, grad, metrics = loss_and_grad("decoupled-ppo", inputs(logp, MU, REWARD, KNOWN, beta=1e-12), cap=5.0)
+    ref = LOGP - 0.3  # d = log pi0 - log pi = -0.3 at every token: k3 = e^-0.3 + 0.3 - 1
+    loss, grad, metrics = loss_and_grad("decoupled-ppo", inputs(logp, MU, REWARD, KNOWN, beta=0.2, ref=ref), cap=5.0)
     w = torch.tensor([[2.0, 1.0], [0.4, 3.0], [1.0, 0.0], [0.0, 0.0]], dtype=D)  # 0.5/0.05 = 10 > 5: masked
     adv = torch.tensor([A, -A, A, -A], dtype=D)
+    k3 = math.exp(-0.3) + 0.3 - 1
     n = 6  # the tokens of the three rows with mu, the masked one included
-    assert loss == pytest.approx((-(w * adv[:, None])).sum().item() / n, rel=1e-9)
-    assert torch.allclose(grad, -w * adv[:, None] / n)
+    assert loss == pytest.approx((w * (-adv[:, None] + 0.2 * k3)).sum().item() / n, rel=1e-9)
+    assert torch.allclose(grad, w * (-adv[:, None] + 0.2 * (1 - math.exp(-0.3))) / n)
     assert metrics["decoupled/masked_fraction"] == pytest.approx(1 / 6)
     assert metrics["decoupled/skipped_fraction"] == pytest.approx(1 / 4)
-    assert metrics["decoupled/clipped_fraction"] == 0
 
 
 def test_second_moment_mask_by_hand():
@@ -81,7 +84,7 @@ def test_oapl_by_hand():
     logp = LOGP.clone().requires_grad_(True)
     loss, grad, metrics = loss_and_grad("oapl", inputs(logp, MU, REWARD, KNOWN, beta=beta))
     v = beta * math.log((math.exp(1 / beta) + 1) / 2)  # V* of a {1, 0} group
-    assert soft_value(REWARD, 2, beta).tolist() == pytest.approx([v] * 4)
+    assert q0_from_rewards(REWARD.view(2, 2), beta).tolist() == pytest.approx([v] * 2)
     log_ratio = (LOGP - MU).sum(-1)  # log(2 * 1), log(0.4 * 3), log(1 * 10), -
     residual = beta * log_ratio - (REWARD - v)
     assert loss == pytest.approx((residual[:3] ** 2).sum().item() / 3, rel=1e-9)
@@ -137,20 +140,24 @@ def test_toy_fixed_points():
 
 def test_spo_rows_weighed_by_their_truncated_sequence_ratio():
     """SPO with is_correction: the mean of w_i L_i, L_i each row's own SPO loss, w_i = min(pi(y)/mu(y), C)
-    (sequence ratios 2, 1.2, 10 here: 10 truncated at 2, or masked), 1 for the row without mu."""
+    (sequence ratios 2, 1.2, 10 here: 10 truncated at 2, or masked), 1 for the row without mu (whose ratio,
+    2.4, would be truncated to 2); the weights are constants: the gradient is sum_i w_i grad L_i / B."""
     spo = registry.get("spo")
-    x = inputs(LOGP.clone(), MU, REWARD, KNOWN, beta=0.5)
+    logp = LOGP.clone().requires_grad_(True)
+    x = inputs(logp, MU, REWARD, KNOWN, beta=0.5, ref=LOGP - 0.2)
     x.q0 = torch.full((4,), 0.3, dtype=D)
 
     def row(i):
         one = registry.LossInputs(logp=x.logp[i:i + 1], ref_logp=x.ref_logp[i:i + 1], old_logp=x.old_logp[i:i + 1],
                                   mask=x.mask[i:i + 1], reward=x.reward[i:i + 1], q0=x.q0[i:i + 1], beta=0.5)
-        return registry.objective_loss(spo.options(), one)[0].item()
+        loss = registry.objective_loss(spo.options(), one)[0]
+        return loss.item(), torch.autograd.grad(loss, logp)[0]
 
-    x.ref_logp = x.ref_logp - 0.2
     per_row = [row(i) for i in range(4)]
     for how, w in (("sequence_truncate", [2.0, 1.2, 2.0, 1.0]), ("sequence_mask", [2.0, 1.2, 0.0, 1.0])):
-        loss = registry.objective_loss(spo.options(is_correction=how, is_cap=2.0), x)[0].item()
-        assert loss == pytest.approx(sum(wi * li for wi, li in zip(w, per_row)) / 4, rel=1e-9), how
+        loss = registry.objective_loss(spo.options(is_correction=how, is_cap=2.0), x)[0]
+        assert loss.item() == pytest.approx(sum(wi * li for wi, (li, _) in zip(w, per_row)) / 4, rel=1e-9), how
+        expected = sum(wi * gi for wi, (_, gi) in zip(w, per_row)) / 4
+        assert torch.allclose(torch.autograd.grad(loss, logp)[0], expected), how
     plain = registry.objective_loss(spo.options(), x)[0].item()
-    assert plain == pytest.approx(sum(per_row) / 4, rel=1e-9)
+    assert plain == pytest.approx(sum(li for li, _ in per_row) / 4, rel=1e-9)

@@ -1,6 +1,6 @@
 """The tabular reproduction of SPO on stale data (softrl/tabular/staleness.py, `softrl bench staleness`):
-the lag is the one asked, the restricted policy cannot reach pi*, and the mechanism the benchmark
-reports holds: with BCE's tail of failure-row gradients bounded (eps 0.1) stale data costs little."""
+the restricted policy starts at pi0 and cannot reach pi*, and the mechanism the benchmark reports
+holds: with BCE's tail of failure-row gradients bounded (eps 0.1) stale data costs little."""
 
 import json
 
@@ -35,8 +35,8 @@ def test_the_policy_starts_at_pi0_and_cannot_represent_pi_star(problem):
 
 def test_stale_data_hurts_bces_heavy_tail_and_bounding_it_removes_most_of_it(problem):
     def plateau(**change):
-        return sum(summary(train_stale(problem, Setting(lr=0.1, steps=300, seed=k, **change)), Setting())
-                   ["success_plateau"] for k in range(3)) / 3
+        settings = [Setting(lr=0.1, steps=300, seed=k, **change) for k in range(3)]
+        return sum(summary(train_stale(problem, s), s)["success_plateau"] for s in settings) / 3
 
     paper_fresh, paper_stale = plateau(lag=0), plateau(lag=16)
     bounded_fresh, bounded_stale = plateau(lag=0, eps=0.1), plateau(lag=16, eps=0.1)

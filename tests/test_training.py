@@ -340,26 +340,42 @@ def test_ppo_first_step_pushes_up_solved_and_leaves_failed_alone():
     assert torch.equal(logp.grad[1], torch.zeros(T))
 
 
-def test_policy_lag_makes_every_online_row_exactly_that_many_updates_stale(tiny, tmp_path):
+def test_policy_lag_makes_every_online_row_exactly_that_many_updates_stale(tiny, tmp_path, monkeypatch):
     """runtime.policy_lag 2: step n learns on rows of the policy of step n - 3 (the first steps on the
-    weights generation started with), logged as the staleness each step; the rows carry that version."""
+    weights generation started with), logged as the staleness each step; the rows carry that version.
+    A step skipped for a non-finite loss (the 3rd) changes no weights and does not shift the lag."""
+    import softrl.training.learner as learner_module
     from softrl.runtime.local import train
 
+    calls = [0]
+    loss = learner_module.objective_loss
+
+    def nan_on_third(*args):
+        calls[0] += 1
+        out = loss(*args)
+        return (out[0] * float("nan"), out[1]) if calls[0] == 3 else out
+
+    monkeypatch.setattr(learner_module, "objective_loss", nan_on_third)
     seed_store(tmp_path)
     config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
-        "runtime.policy_lag": 2, "optim.steps": 6, "data.mix": {"online": 1.0}}))
+        "runtime.policy_lag": 2, "optim.steps": 7, "data.mix": {"online": 1.0}}))
     train(config, log=lambda m: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    lags = [(r["staleness/min"], r["staleness/max"]) for r in records if "loss" in r]
-    assert lags == [(0, 0), (1, 1), (2, 2), (2, 2), (2, 2), (2, 2)]
+    stepped = [r for r in records if "loss" in r]
+    assert [(r["staleness/min"], r["staleness/max"]) for r in stepped] == [(0, 0), (1, 1)] + [(2, 2)] * 4
+    assert sum("skipped_nonfinite" in r for r in records) == 1
     online = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id="run")
     assert sorted(set(online["policy_version"].to_pylist())) == [0, 1, 2, 3]
-    assert all("iw/kl_behavior" in r for r in records if "loss" in r)
+    # KL(mu || pi) on mu's samples: 0 while the rows are the policy's own, not once they are stale
+    assert stepped[0]["iw/kl_behavior"] == pytest.approx(0, abs=1e-5)
+    assert all(abs(r["iw/kl_behavior"]) > 1e-6 for r in stepped[2:])
 
 
-def test_policy_lag_and_update_interval_are_not_combined():
-    from softrl.config import ConfigError
-
-    with pytest.raises(ConfigError, match="runtime.policy_lag: needs runtime.kind=local and "
+@pytest.mark.parametrize("overrides", [["runtime.model_update_interval=2"], ["runtime.mode=async"],
+                                       ["runtime.kind=ray"]])
+def test_policy_lag_is_refused_with_other_sources_of_staleness(overrides):
+    with pytest.raises(ConfigError, match="runtime.policy_lag: needs runtime.kind=local, runtime.mode=sync and "
                                           "runtime.model_update_interval=1"):
-        load_config(None, ["runtime.policy_lag=4", "runtime.model_update_interval=2"])
+        load_config(None, ["runtime.policy_lag=4", *overrides])
+    with pytest.raises(ConfigError, match="runtime.policy_lag: the run generates nothing"):
+        load_config(None, ["runtime.policy_lag=4", "data.mix={offline: 1}"])

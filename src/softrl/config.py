@@ -185,7 +185,8 @@ class RuntimeConfig(Section):
     model_update_interval: int = Field(1, ge=1, description="learner steps between weight updates to generation")
     policy_lag: int = Field(0, ge=0, le=4096, description="local: online rows of step n are sampled by the policy of step "
                             "n - 1 - policy_lag (the reference's until then): a fixed lag, as an asynchronous system "
-                            "with that many updates in flight; keeps policy_lag copies of the weights")
+                            "with that many updates in flight; keeps policy_lag copies of the weights on the host, "
+                            "in the generation dtype")
     workers: int = Field(2, ge=1, description="ray: rollout-worker actors")
     learners: int = Field(1, ge=1, description="learner processes in one torch.distributed group, each taking "
                           "whole groups of every batch (started by softrl, torchrun, or as Ray actors)")
@@ -250,9 +251,12 @@ class RunConfig(Section):
                 how = f" with is_correction={options.is_correction}" if hasattr(options, "is_correction") else ""
                 raise ValueError(f"{key}: {objective.name}{how} weighs rows by pi/mu, and online samples have mu's "
                                  "log-probs only at sampling.temperature=1 and top_p=1 without temperature_range")
-        if self.runtime.policy_lag and (self.runtime.kind != "local" or self.runtime.model_update_interval != 1):
-            raise ValueError("runtime.policy_lag: needs runtime.kind=local and runtime.model_update_interval=1 "
-                             "(a lag and an update interval are two ways to make rows stale: choose one)")
+        rc = self.runtime
+        if rc.policy_lag and (rc.kind != "local" or rc.mode != "sync" or rc.model_update_interval != 1):
+            raise ValueError("runtime.policy_lag: needs runtime.kind=local, runtime.mode=sync and "
+                             "runtime.model_update_interval=1 (each is another way to make rows stale: choose one)")
+        if rc.policy_lag and not self.generates:
+            raise ValueError("runtime.policy_lag: the run generates nothing (data.mix has no online share)")
         if self.runtime.learners > 1 and self.model.device.startswith("cuda:"):
             raise ValueError(f"model.device: {self.model.device} with runtime.learners > 1: use cuda or auto "
                              "(each learner process takes its own GPU, rank r the r-th)")

@@ -17,8 +17,14 @@ from torch import Tensor
 
 from softrl.algorithms.common import check_shape, check_tokens, masked_sum, reduce
 
-Correction = Literal["none", "token_truncate", "sequence_truncate", "sequence_mask"]
+Correction = Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 CORRECTIONS: tuple[str, ...] = Correction.__args__
+
+
+def _log_ratios(logp: Tensor, behavior_logp: Tensor, mask: Tensor, how: str) -> Tensor:
+    """`log(pi / mu)` `[B, T]` as `how` weighs it: per token, or the row's sequence sum at every token."""
+    log_ratio = (logp.detach() - behavior_logp) * mask  # [B, T], 0 on padding
+    return log_ratio if how.startswith("token") else log_ratio.sum(-1, keepdim=True).expand_as(mask)
 
 
 def importance_weights(logp: Tensor, behavior_logp: Tensor, mask: Tensor, has_behavior: Tensor,
@@ -27,6 +33,7 @@ def importance_weights(logp: Tensor, behavior_logp: Tensor, mask: Tensor, has_be
     pi_old where the loss has a ratio of its own):
 
         token_truncate:     w_t = min(pi(y_t|y_<t) / mu(y_t|y_<t), C)      (Yao et al. 2025)
+        token_mask:         w_t = pi(y_t|y_<t) / mu(y_t|y_<t) * 1[that ratio <= C]   (AReaL's behaviour cap)
         sequence_truncate:  w_t = min(pi(y) / mu(y), C)          (the same for every token of a row)
         sequence_mask:      w_t = pi(y) / mu(y) * 1[pi(y) / mu(y) <= C]
         none:               w_t = 1 (no correction: every row, mu known or not)
@@ -40,15 +47,11 @@ def importance_weights(logp: Tensor, behavior_logp: Tensor, mask: Tensor, has_be
         return torch.ones_like(logp).detach()
     if not cap > 0 or not math.isfinite(cap):
         raise ValueError(f"is_cap must be a finite number > 0, got {cap!r}")
-    log_ratio = (logp.detach() - behavior_logp) * mask  # [B, T], 0 on padding
+    log_ratio = _log_ratios(logp, behavior_logp, mask, how)  # [B, T]
     log_cap = math.log(cap)
-    if how == "token_truncate":
-        w = log_ratio.clamp(max=log_cap).exp()  # [B, T]; in log space: a huge ratio never overflows
-    else:
-        seq = log_ratio.sum(-1, keepdim=True)  # [B, 1]
-        kept = seq.clamp(max=log_cap).exp()
-        w = kept if how == "sequence_truncate" else kept * (seq <= log_cap)  # e^1000 * 0 would be nan
-        w = w.expand_as(logp)
+    w = log_ratio.clamp(max=log_cap).exp()  # in log space: a huge ratio never overflows
+    if how.endswith("mask"):
+        w = w * (log_ratio <= log_cap)  # e^1000 * 0 would be nan
     return w * has_behavior[:, None].to(w.dtype)
 
 
@@ -57,10 +60,8 @@ def truncated_fraction(logp: Tensor, behavior_logp: Tensor, mask: Tensor, has_be
     """The fraction of the real tokens of rows with mu whose weight `importance_weights` truncated or
     masked (its ratio, per token or per sequence, above the cap)."""
     counted = mask * has_behavior[:, None].to(mask.dtype)  # [B, T]
-    log_ratio = (logp.detach() - behavior_logp) * mask  # [B, T]
-    if how != "token_truncate":
-        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(mask)
-    return ((log_ratio > math.log(cap)) * counted).sum() / counted.sum().clamp_min(1)
+    above = _log_ratios(logp, behavior_logp, mask, how) > math.log(cap)
+    return (above * counted).sum() / counted.sum().clamp_min(1)
 
 
 def cispo_loss(logp: Tensor, behavior_logp: Tensor, advantages: Tensor, mask: Tensor, has_behavior: Tensor,

@@ -198,12 +198,14 @@ def spo_loss(
     mc_target_prob: Tensor | None = None,
     mc_mask: Tensor | None = None,
     weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Weighted combination of the SPO objectives, reduced over trajectories.
 
     logp, ref_logp, mask `[B, T]`; reward, q0 `[B]`; `terminal`, `reverse`, `advantage`, `mc`
     weigh the four objectives; `token_reduction` (sum | mean) reduces the reverse-Q terms within a
-    trajectory; `weights` `[B]` optionally replaces the mean over trajectories.
+    trajectory; `weights` `[B]` optionally replaces the mean over trajectories; `is_weights` `[B]`
+    (detached) multiply each trajectory's loss, not the metrics.
     """
     beta = check_beta(beta)
     for name, w in (("terminal", terminal), ("reverse", reverse), ("advantage", advantage), ("mc", mc)):
@@ -230,5 +232,8 @@ def spo_loss(
     metrics["spo/q_terminal_minus_r"] = reduce((q[:, -1] - reward).abs().detach(), weights)
     if loss == "bce":  # failed rows whose Q_T/beta is past the clip: BCE's straight-through gradient there is ~1/eps
         past = (q[:, -1].detach() / beta > -eps) & (reward < 0)
-        metrics["spo/clipped_fraction"] = reduce(past.to(q.dtype), weights)
+        metrics["spo/failed_past_clip"] = reduce(past.to(q.dtype), weights)
+    if is_weights is not None:
+        check_shape("is_weights", is_weights, per_trajectory.shape)
+        per_trajectory = per_trajectory * is_weights.detach()
     return reduce(per_trajectory, weights), metrics

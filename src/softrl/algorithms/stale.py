@@ -15,8 +15,11 @@ import math
 import torch
 from torch import Tensor
 
-from softrl.algorithms.common import check_shape, check_tokens, clipped_surrogate, masked_sum, reduce
+from softrl.algorithms.common import (check_group_size, check_shape, check_tokens, clipped_surrogate, masked_sum,
+                                      reduce)
 from softrl.algorithms.grpo import k3_kl
+from softrl.algorithms.offpolicy import importance_weights, truncated_fraction
+from softrl.algorithms.spo import q0_from_rewards
 
 
 def _known_tokens(mask: Tensor, has_behavior: Tensor) -> Tensor:
@@ -43,34 +46,28 @@ def decoupled_ppo_loss(logp: Tensor, prox_logp: Tensor, behavior_logp: Tensor, r
     check_tokens(mask, logp=logp, prox_logp=prox_logp, behavior_logp=behavior_logp, ref_logp=ref_logp)
     check_shape("advantages", advantages, mask.shape[:1])
     counted = _known_tokens(mask, has_behavior)  # [B, T]
-    log_w = ((prox_logp - behavior_logp) * mask).detach()  # [B, T]
-    log_cap = math.log(cap)
-    kept = (log_w <= log_cap) * counted  # [B, T]
-    w = log_w.clamp(max=log_cap).exp() * kept  # a masked ratio of e^1000 never becomes inf * 0
+    w = importance_weights(prox_logp, behavior_logp, mask, has_behavior, "token_mask", cap)  # [B, T]
     surrogate = clipped_surrogate(logp, prox_logp, advantages[:, None].expand_as(logp).detach(), clip)  # [B, T]
     per_token = w * (surrogate + beta * k3_kl(logp, ref_logp))
-    ratio = torch.exp(logp - prox_logp).detach()
-    metrics = {"decoupled/masked_fraction": ((1 - kept) * counted).sum() / counted.sum().clamp_min(1),
-               "decoupled/clipped_fraction": (((ratio - 1).abs() > clip) * counted).sum() / counted.sum().clamp_min(1),
+    metrics = {"decoupled/masked_fraction": truncated_fraction(prox_logp, behavior_logp, mask, has_behavior,
+                                                               "token_mask", cap),
                "decoupled/skipped_fraction": (~has_behavior).to(logp.dtype).mean()}
     return _token_mean(per_token, counted, weights), metrics
 
 
 def second_moment_mask(log_ratio: Tensor, counted: Tensor, tau: float) -> Tensor:
     """M2PO's token mask `[B, T]`: the tokens with the largest squared log-ratio are dropped, largest
-    first, until the mean of d^2 over the tokens kept is at most tau (none dropped if it already is)."""
-    d2 = (log_ratio.detach() ** 2) * counted  # [B, T]
-    flat, real = d2.flatten(), counted.flatten() > 0
-    values = flat[real].sort().values  # ascending: keep a prefix
-    kept = torch.arange(1, values.numel() + 1, device=values.device, dtype=values.dtype)
-    fits = values.cumsum(0) / kept <= tau  # mean of the k smallest, for every k; monotone in k
-    keep = int(fits.sum())
-    threshold = values[keep - 1] if keep else values.new_tensor(-1.0)
-    # ties at the threshold: keep them all only if the mean still fits, else drop all (conservative)
-    below = flat <= threshold
-    if keep and int((below & real).sum()) > keep:
-        below = flat < threshold
-    return (below & real).view_as(counted).to(counted.dtype)
+    first, until the mean of d^2 over the tokens kept is at most tau (none dropped if it already is).
+    Tokens tied at the cut are all dropped if keeping them all would break the bound. No value is read
+    on the host."""
+    d2 = log_ratio.detach() ** 2  # [B, T]
+    real = counted > 0
+    values = torch.where(real, d2, torch.full_like(d2, math.inf)).flatten().sort().values  # the real ones first
+    k = torch.arange(1, values.numel() + 1, device=values.device, dtype=values.dtype)
+    keep = (values.cumsum(0) / k <= tau).sum()  # the mean of the k smallest grows with k: a prefix fits
+    threshold = torch.where(keep > 0, values[(keep - 1).clamp(min=0)], values.new_tensor(-1.0))
+    below = (d2 <= threshold) & real
+    return torch.where(below.sum() > keep, (d2 < threshold) & real, below).to(counted.dtype)
 
 
 def m2po_loss(logp: Tensor, behavior_logp: Tensor, advantages: Tensor, mask: Tensor, has_behavior: Tensor,
@@ -86,21 +83,13 @@ def m2po_loss(logp: Tensor, behavior_logp: Tensor, advantages: Tensor, mask: Ten
     check_shape("advantages", advantages, mask.shape[:1])
     counted = _known_tokens(mask, has_behavior)  # [B, T]
     log_ratio = (logp.detach() - behavior_logp) * counted  # [B, T]
-    kept = second_moment_mask(log_ratio, counted, tau) if counted.sum() > 0 else counted  # [B, T]
+    kept = second_moment_mask(log_ratio, counted, tau)  # [B, T]
     ratio = torch.exp(log_ratio * kept) * torch.exp(logp - logp.detach())  # [B, T], 1 in value where masked
     per_token = -ratio * advantages[:, None].detach()
-    m2 = (log_ratio**2).sum() / counted.sum().clamp_min(1)
     metrics = {"m2po/masked_fraction": ((1 - kept) * counted).sum() / counted.sum().clamp_min(1),
-               "m2po/second_moment": m2.detach(),
+               "m2po/second_moment": ((log_ratio**2).sum() / counted.sum().clamp_min(1)).detach(),
                "m2po/skipped_fraction": (~has_behavior).to(logp.dtype).mean()}
     return _token_mean(per_token, kept, weights), metrics
-
-
-def soft_value(reward: Tensor, group_size: int, beta: float) -> Tensor:
-    """V* = beta log mean_j exp(r_j / beta) over each group of `group_size` rows, per row: `[B]`."""
-    r = reward.double().view(-1, group_size) / beta  # [G, n]
-    v = beta * (torch.logsumexp(r, -1, keepdim=True) - torch.log(torch.tensor(float(group_size), dtype=r.dtype)))
-    return v.expand_as(r).reshape(-1).to(reward.dtype)
 
 
 def oapl_loss(logp: Tensor, behavior_logp: Tensor, reward: Tensor, mask: Tensor, has_behavior: Tensor, beta: float,
@@ -116,7 +105,9 @@ def oapl_loss(logp: Tensor, behavior_logp: Tensor, reward: Tensor, mask: Tensor,
     check_tokens(mask, logp=logp, behavior_logp=behavior_logp)
     check_shape("reward", reward, mask.shape[:1])
     known = has_behavior.to(logp.dtype)  # [B]
-    target = (reward - soft_value(reward, group_size, vstar_beta or beta)).detach()  # [B]
+    groups = check_group_size(group_size, reward.shape[0])
+    v_star = q0_from_rewards(reward.double().view(groups, group_size), vstar_beta or beta)  # [G]
+    target = (reward - v_star.repeat_interleave(group_size).to(reward.dtype)).detach()  # [B]
     log_ratio = masked_sum(logp - behavior_logp, mask)  # [B]
     per_row = (beta * log_ratio - target) ** 2 * known
     loss = reduce(per_row, weights) / reduce(known, weights).clamp_min(1e-12)
@@ -132,8 +123,9 @@ def gspo_loss(logp: Tensor, behavior_logp: Tensor, advantages: Tensor, mask: Ten
 
         L = -mean_i min(s_i A_i, clip(s_i, 1 - c_low, 1 + c_high) A_i),
         s_i = (pi(y_i) / mu(y_i))^(1 / |y_i|) = exp(mean_t (log pi - log mu)),
-    taken against the behaviour policy that sampled the row, so a stale row outside the (narrow) trust
-    region gives no gradient; mean over the rows with mu. The paper's c_low 3e-4, c_high 4e-4.
+    taken against the behaviour policy that sampled the row: where the clip binds (s above 1 + c_high with
+    A > 0, below 1 - c_low with A < 0) a stale row gives no gradient; on the other side the unclipped
+    s A still counts, its weight s as large as e^10; mean over the rows with mu. The paper's c_low 3e-4, c_high 4e-4.
     advantages `[B]`."""
     check_tokens(mask, logp=logp, behavior_logp=behavior_logp)
     check_shape("advantages", advantages, mask.shape[:1])

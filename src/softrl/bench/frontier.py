@@ -30,6 +30,7 @@ from softrl.config import RunConfig, config_from
 LRS = (1e-4, 3e-4, 1e-3)
 EARLIER_LR = 2e-4  # the earlier run whose rollouts are the "other policy's" data: anydata's learning rate
 TUNE_SEED = 100  # tuning seeds are 100, 101, ...; report seeds 0, 1, ...
+EVAL_SAMPLES = 20  # per held-out prompt: pass@k for k = 1..20
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ BETAS = knob("beta", round(SPO_BETA, 4), 0.25)  # the regularisation to pi0 (to 
 KL_COEFS = knob("beta", 0.01, 0.1)  # the PPO family's k3 penalty
 METHODS: dict[str, Method] = {
     "spo": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce"}, BETAS),
-    # the cause the diagnosis found (docs/BENCHMARKS.md): stale rows weighed by their truncated ratio pi/mu
+    # a candidate fix the diagnosis tests (docs/BENCHMARKS.md): stale rows weighed by their truncated ratio pi/mu
     "spo-is": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "is_correction": "sequence_truncate"},
                      BETAS),
     "agro-off": Method({"algorithm": "agro-off"}, BETAS),
@@ -120,7 +121,7 @@ def grid(method: str, lrs: tuple[float, ...]) -> list[tuple[float, dict]]:
 def run_config(s: Settings, regime: Regime, method: str, lr: float, strength: dict, seed: int) -> RunConfig:
     """One run, under ROOT/TASK/frontier/REGIME/POINT-sSEED, with its private store beside it."""
     overrides = base_overrides(s.task, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size, s.eval_every,
-                               20, s.extra or None)
+                               EVAL_SAMPLES, s.extra or None)
     name = f"{point_name(method, lr, strength)}-s{seed}"
     overrides.update({
         "name": name, "out_dir": str(s.where / "frontier" / regime.name),
@@ -142,6 +143,8 @@ def check_names(regimes: list[str], methods: list[str] | None) -> None:
     for name in methods or []:
         if name not in METHODS:
             raise ValueError(f"--methods: unknown method {name!r} (use {', '.join(METHODS)})")
+        if not any(name in REGIMES[r].methods for r in regimes):
+            raise ValueError(f"--methods: {name!r} runs in none of the regimes asked ({', '.join(regimes)})")
 
 
 def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune_seeds: int) -> list[RunConfig]:
@@ -180,7 +183,7 @@ def outcome(config: RunConfig) -> dict | None:
     tail = steps[-max(1, len(steps) // 3):]
     lags = sorted(r["staleness/mean"] for r in steps if "staleness/mean" in r)
     out = {
-        "pass@k": [last[f"eval/pass@{k}"] for k in range(1, 21) if f"eval/pass@{k}" in last],
+        "pass@k": [last[f"eval/pass@{k}"] for k in range(1, EVAL_SAMPLES + 1) if f"eval/pass@{k}" in last],
         "pass@1": last["eval/pass@1"], "pass@10": last.get("eval/pass@10"), "kl": last.get("eval/kl_to_reference"),
         "distinct": last.get("eval/distinct_correct_per_solved"), "samples": last["samples"],
         "curve": [(r["step"], r["eval/pass@1"], r.get("eval/kl_to_reference")) for r in evals],
@@ -193,10 +196,14 @@ def outcome(config: RunConfig) -> dict | None:
     return out
 
 
+def finite(points: list[dict]) -> list[dict]:
+    return [p for p in points if math.isfinite(p["kl"]) and math.isfinite(p["pass@1"])]
+
+
 def frontier(points: list[dict]) -> list[dict]:
     """The points no other point beats at lower or equal KL: pass@1 rising with KL, by KL."""
     best, out = -math.inf, []
-    for p in sorted(points, key=lambda p: (p["kl"], -p["pass@1"])):
+    for p in sorted(finite(points), key=lambda p: (p["kl"], -p["pass@1"])):
         if p["pass@1"] > best:
             out.append(p)
             best = p["pass@1"]
@@ -211,10 +218,16 @@ def at_kl(front: list[dict], kl: float) -> float:
 
 def tuned(grid_points: dict[str, list[dict]]) -> tuple[dict[str, dict], float, dict[str, dict]]:
     """From each method's tuning-grid points: its best (highest pass@1, averaged over tuning seeds), the
-    common KL (the median of the best points' KLs) and each method's point nearest to it."""
-    best = {m: max(points, key=lambda p: p["pass@1"]) for m, points in grid_points.items() if points}
+    common KL (the median of the best points' KLs) and each method's point nearest to it, on a log scale
+    (KLs span orders of magnitude, and a collapsed run's is in the hundreds)."""
+    usable = {m: finite(points) for m, points in grid_points.items() if finite(points)}
+    best = {m: max(points, key=lambda p: p["pass@1"]) for m, points in usable.items()}
     target = statistics.median(p["kl"] for p in best.values()) if best else math.nan
-    matched = {m: min(points, key=lambda p: abs(p["kl"] - target)) for m, points in grid_points.items() if points}
+
+    def distance(p: dict) -> float:
+        return abs(math.log(max(p["kl"], 1e-6)) - math.log(max(target, 1e-6)))
+
+    matched = {m: min(points, key=distance) for m, points in usable.items()}
     return best, target, matched
 
 
@@ -275,10 +288,14 @@ def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_d
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
         futures = {ex.submit(_run_alone, c, pool, threads): c for c in configs}
-        for future in as_completed(futures):
-            future.result()
-            if on_done is not None:
-                on_done(futures[future])
+        try:
+            for future in as_completed(futures):
+                future.result()
+                if on_done is not None:
+                    on_done(futures[future])
+        except BaseException:  # a failed run (or Ctrl-C) ends the stage now, not after every queued run
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
 
 
 def methods_of(regime: Regime, methods: list[str] | None) -> list[str]:
@@ -329,17 +346,17 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
     chosen = choose(points)
     best = {m: reported(s, regime, p, m, seeds) for m, p in chosen["best"].items()}
     matched = {m: reported(s, regime, p, m, seeds) for m, p in chosen["matched"].items()}
-    verdicts = []
+    verdicts = []  # on the tuning seeds, both sides: the baselines' frontiers are maxima over their grids
     for ours in OURS:
-        mine = matched.get(ours)
+        mine = chosen["matched"].get(ours)
         if mine is None:
             continue
         for other, front in chosen["frontiers"].items():
             if other in OURS:
                 continue
             theirs = at_kl(front, mine["kl"])
-            verdicts.append({"method": ours, "baseline": other, "kl": mine["kl"], "pass@1": mine["pass@1"],
-                             "baseline_pass@1": theirs, "margin": mine["pass@1"] - theirs})
+            verdicts.append({"method": ours, "point": mine["point"], "baseline": other, "kl": mine["kl"],
+                             "pass@1": mine["pass@1"], "baseline_pass@1": theirs, "margin": mine["pass@1"] - theirs})
     planned = sum(len(grid(m, s.lrs)) for m in methods_of(regime, methods))
     return {"regime": regime.name, "lag": regime.lag if regime.generates else None, "mix": regime.mix,
             "grid_finished": f"{sum(map(len, points.values()))} of {planned}",

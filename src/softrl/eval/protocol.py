@@ -45,7 +45,8 @@ def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[
     """Sample n responses per prompt at the protocol's decoding, grade them, summarize; with `stats`,
     also the policy's mean token entropy along them and (given a reference model) KL(pi || pi0)."""
     rows = sample(spec, prompts, encode_prompt, n, temperature, top_p, seed)
-    out = {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], n, ks=tuple(range(1, n + 1))),
+    ks = tuple(sorted({1, 10, *range(1, n + 1)}))  # every k up to n (pass@k curves); pass@10 None below 10
+    out = {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], n, ks),
            "temperature": temperature, "top_p": top_p}
     if stats:
         from softrl.eval.diversity import token_stats

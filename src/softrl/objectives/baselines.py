@@ -21,9 +21,9 @@ class ISCorrection(Options):
 
     is_correction: Correction = Field(
         "none", description="importance weight pi/mu of each row: none (rows count as on-policy), "
-        "token_truncate, sequence_truncate or sequence_mask; rows without mu's log-probs are skipped")
-    is_cap: float = Field(2.0, gt=0, description="C of is_correction: weights truncated at C, or rows beyond C "
-                          "masked (2, as TRL's and verl's defaults)")
+        "token_truncate, token_mask, sequence_truncate or sequence_mask; rows without mu's log-probs are skipped")
+    is_cap: float = Field(2.0, gt=0, description="C of is_correction: weights truncated at C, or tokens / rows beyond "
+                          "C masked (2, as TRL's and verl's defaults)")
 
 
 def is_weights(o: ISCorrection, x: LossInputs) -> Tensor | None:

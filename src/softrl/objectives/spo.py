@@ -9,7 +9,7 @@ from pydantic import Field
 from torch import Tensor
 
 from softrl.algorithms import spo
-from softrl.algorithms.offpolicy import importance_weights
+from softrl.algorithms.offpolicy import importance_weights, truncated_fraction
 from softrl.objectives.base import LossInputs, Objective, Options, register
 
 
@@ -34,21 +34,25 @@ def spo_loss(o: SPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     # in float64 first, as the soft value is.
     q0 = (x.q0.double() - 1).to(x.logp.dtype)  # [B]
     mc_prob = None if x.mc_success is None else spo.success_to_prob(x.mc_success, x.beta)  # [B, M]
-    return spo.spo_loss(x.logp, x.ref_logp, x.mask, x.reward - 1, q0, x.beta, terminal=o.terminal,
-                        reverse=o.reverse, advantage=o.advantage, mc=o.mc, loss=o.loss, eps=o.eps,
-                        mc_positions=x.mc_positions, mc_target_prob=mc_prob, mc_mask=x.mc_mask,
-                        weights=row_weights(o, x))
+    loss, metrics = spo.spo_loss(x.logp, x.ref_logp, x.mask, x.reward - 1, q0, x.beta, terminal=o.terminal,
+                                 reverse=o.reverse, advantage=o.advantage, mc=o.mc, loss=o.loss, eps=o.eps,
+                                 mc_positions=x.mc_positions, mc_target_prob=mc_prob, mc_mask=x.mc_mask,
+                                 weights=x.weights, is_weights=row_weights(o, x))
+    if o.is_correction != "none":
+        behavior_logp, known = x.behavior()
+        metrics["tis/clipped_fraction"] = truncated_fraction(x.logp, behavior_logp, x.mask, known, o.is_correction,
+                                                             o.is_cap)
+    return loss, metrics
 
 
 def row_weights(o: SPOOptions, x: LossInputs) -> Tensor | None:
-    """The rows' weights in place of the mean: `stopgrad(w_i) / B` (times the exact weights, if any),
-    `w_i` the sequence ratio pi/mu truncated or masked at the cap, 1 for a row without mu."""
+    """Each row's weight `[B]`: its sequence ratio pi/mu truncated or masked at the cap (detached), 1 for
+    a row without mu; None without is_correction."""
     if o.is_correction == "none":
-        return x.weights
+        return None
     behavior_logp, known = x.behavior()
     w = importance_weights(x.logp, behavior_logp, x.mask, known, o.is_correction, o.is_cap)[:, 0]  # [B]
-    w = torch.where(known, w, torch.ones_like(w))
-    return w / len(w) if x.weights is None else w * x.weights
+    return torch.where(known, w, torch.ones_like(w))
 
 
 register(Objective("spo", SPOOptions, spo_loss, "Soft Policy Optimization (Cohen et al. 2025): Q-regression through the "

@@ -96,11 +96,18 @@ class Generation:
             return
         version = self.session.learner.version
         if self.lag:
-            self.snapshots.append((version, {k: v.detach().to("cpu", copy=True)
-                                             for k, v in self.session.policy.model.state_dict().items()}))
-            if self.snapshots[0][0] > version - self.lag:
+            if self.snapshots and self.snapshots[-1][0] == version:  # a skipped (non-finite) step changed nothing
                 return
-            version, state = self.snapshots.popleft()
+            dtype = next(self.model.parameters()).dtype  # generation's: bf16 on a GPU halves the copies
+            self.snapshots.append((version, {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype,
+                                                               copy=True)
+                                             for k, v in self.session.policy.model.state_dict().items()}))
+            due = None
+            while self.snapshots[0][0] <= version - self.lag:
+                due = self.snapshots.popleft()
+            if due is None:
+                return
+            version, state = due
         else:
             state = {k: v.detach().clone() for k, v in self.session.policy.model.state_dict().items()}
         with self.lock:

@@ -77,7 +77,8 @@ def train_stale(problem: TabularProblem, s: Setting) -> list[dict]:
             curve.append({"step": step, "success": p[problem.reward == 0].sum().item(),
                           "kl_ref": (p * (seq - ref_seq)).sum().item(),
                           "kl_star": problem.kl_to_optimal([x.detach() for x in logits]),
-                          "clipped": sum(clipped) / max(len(clipped), 1)})  # of the last 10 steps' failed rows
+                          # the share of the last 10 steps' rows that failed with Q_T past the BCE clip
+                          "clipped": sum(clipped) / max(len(clipped), 1)})
             clipped = []
         if step == s.steps:
             break
@@ -94,7 +95,7 @@ def train_stale(problem: TabularProblem, s: Setting) -> list[dict]:
         reward = problem.reward[index]  # [B], 0 solved / -1 failed: SPO's r - 1
         loss, metrics = spo.spo_loss(logp, ref_logp, torch.ones_like(logp), reward, torch.full_like(reward, q0),
                                      problem.beta, loss=s.loss, eps=s.eps)
-        clipped.append(metrics.get("spo/clipped_fraction", torch.zeros(())).item())
+        clipped.append(metrics.get("spo/failed_past_clip", torch.zeros(())).item())
         optimizer.zero_grad()
         loss.backward()
         if s.max_grad_norm is not None:
@@ -105,7 +106,7 @@ def train_stale(problem: TabularProblem, s: Setting) -> list[dict]:
 
 def summary(curve: list[dict], s: Setting) -> dict:
     """The setting, the last point, the mean success over the last quarter (the plateau), and the share of
-    rows that were failed and past the BCE clip over the whole run."""
+    rows that failed with Q_T past the BCE clip over the whole run."""
     tail = curve[-max(1, len(curve) // 4):]
     return {**asdict(s), **curve[-1], "success_plateau": sum(p["success"] for p in tail) / len(tail),
             "clipped": sum(p["clipped"] for p in curve[1:]) / max(len(curve) - 1, 1)}
