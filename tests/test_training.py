@@ -358,7 +358,8 @@ def test_policy_lag_makes_every_online_row_exactly_that_many_updates_stale(tiny,
     monkeypatch.setattr(learner_module, "objective_loss", nan_on_third)
     seed_store(tmp_path)
     config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
-        "runtime.policy_lag": 2, "optim.steps": 7, "data.mix": {"online": 1.0}}))
+        "runtime.policy_lag": 2, "optim.steps": 7, "optim.lr": 1e-2, "data.mix": {"online": 1.0},
+        "data.objective": "{algorithm: topr}"}))  # its negatives move the tiny model, which solves nothing
     train(config, log=lambda m: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     stepped = [r for r in records if "loss" in r]
