@@ -13,11 +13,20 @@ from softrl.algorithms.offpolicy import cispo_loss, topr_loss
 from softrl.objectives.base import LossInputs, Objective, Options, register
 
 
-class CISPOOptions(Options):
+class GroupNormalised(Options):
+    """Options of the objectives with GRPO's group-normalised advantage."""
+
+    std_eps: float = Field(1e-6, gt=0, description="added to the group's reward std")
+
+
+def advantages(o: GroupNormalised, x: LossInputs) -> Tensor:
+    return grpo.group_advantages(x.reward, x.group_size, eps=o.std_eps)  # [B]
+
+
+class CISPOOptions(GroupNormalised):
     algorithm: Literal["cispo"] = "cispo"
     cap: float = Field(2.0, gt=0, description="upper clip of the detached token weight pi/mu (1 + eps_high^IS; "
                        "no lower clip, as in MiniMax-M1)")
-    std_eps: float = Field(1e-6, gt=0, description="added to the group's reward std")
 
 
 class TOPROptions(Options):
@@ -32,9 +41,8 @@ def always(options: Options) -> bool:
 
 
 def cispo(o: CISPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-    advantages = grpo.group_advantages(x.reward, x.group_size, eps=o.std_eps)  # [B]
     behavior_logp, known = x.behavior()
-    return cispo_loss(x.logp, behavior_logp, advantages, x.mask, known, o.cap, weights=x.weights)
+    return cispo_loss(x.logp, behavior_logp, advantages(o, x), x.mask, known, o.cap, weights=x.weights)
 
 
 def topr(o: TOPROptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
@@ -52,19 +60,17 @@ register(Objective("topr", TOPROptions, topr, "TOPR (Le Roux et al.): REINFORCE 
 
 # --- built for stale rollouts (algorithms/stale.py) ------------------------------------------------
 
-class DecoupledPPOOptions(Options):
+class DecoupledPPOOptions(GroupNormalised):
     algorithm: Literal["decoupled-ppo"] = "decoupled-ppo"
     clip: float = Field(0.2, gt=0, description="clip of pi / pi_prox, the trust region around the proximal policy")
     cap: float = Field(5.0, gt=1, description="tokens whose behaviour weight pi_prox / mu exceeds it are masked "
                        "(AReaL's recommended 5)")
-    std_eps: float = Field(1e-6, gt=0, description="added to the group's reward std")
 
 
-class M2POOptions(Options):
+class M2POOptions(GroupNormalised):
     algorithm: Literal["m2po"] = "m2po"
     tau: float = Field(0.04, gt=0, description="bound on the batch's mean squared log-ratio (log pi - log mu)^2 "
                        "over the tokens kept: the largest are masked until it holds (the paper's 0.04)")
-    std_eps: float = Field(1e-6, gt=0, description="added to the group's reward std")
 
 
 class OAPLOptions(Options):
@@ -73,24 +79,21 @@ class OAPLOptions(Options):
                                      "the group (default: the run's beta; NeMo RL's example: 1 with beta 1e-3)")
 
 
-class GSPOOptions(Options):
+class GSPOOptions(GroupNormalised):
     algorithm: Literal["gspo"] = "gspo"
     clip_low: float = Field(3e-4, gt=0, lt=1, description="lower clip of the sequence ratio (the paper's 3e-4)")
     clip_high: float = Field(4e-4, gt=0, description="upper clip of the sequence ratio (the paper's 4e-4)")
-    std_eps: float = Field(1e-6, gt=0, description="added to the group's reward std")
 
 
 def decoupled_ppo(o: DecoupledPPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-    advantages = grpo.group_advantages(x.reward, x.group_size, eps=o.std_eps)  # [B]
     behavior_logp, known = x.behavior()
-    return stale.decoupled_ppo_loss(x.logp, x.old_logp, behavior_logp, x.ref_logp, advantages, x.mask, known, x.beta,
-                                    o.clip, o.cap, weights=x.weights)
+    return stale.decoupled_ppo_loss(x.logp, x.old_logp, behavior_logp, x.ref_logp, advantages(o, x), x.mask, known,
+                                    x.beta, o.clip, o.cap, weights=x.weights)
 
 
 def m2po(o: M2POOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-    advantages = grpo.group_advantages(x.reward, x.group_size, eps=o.std_eps)  # [B]
     behavior_logp, known = x.behavior()
-    return stale.m2po_loss(x.logp, behavior_logp, advantages, x.mask, known, o.tau, weights=x.weights)
+    return stale.m2po_loss(x.logp, behavior_logp, advantages(o, x), x.mask, known, o.tau, weights=x.weights)
 
 
 def oapl(o: OAPLOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
@@ -100,9 +103,8 @@ def oapl(o: OAPLOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
 
 
 def gspo(o: GSPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-    advantages = grpo.group_advantages(x.reward, x.group_size, eps=o.std_eps)  # [B]
     behavior_logp, known = x.behavior()
-    return stale.gspo_loss(x.logp, behavior_logp, advantages, x.mask, known, o.clip_low, o.clip_high,
+    return stale.gspo_loss(x.logp, behavior_logp, advantages(o, x), x.mask, known, o.clip_low, o.clip_high,
                            weights=x.weights)
 
 
