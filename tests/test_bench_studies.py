@@ -66,6 +66,15 @@ def test_finished_run_reused_only_with_its_settings(tmp_path):
     other = config_from({"name": "r", "out_dir": str(tmp_path), "optim.lr": 3e-4})
     with pytest.raises(ValueError, match=r"finished with optim.lr=0.0001, this benchmark asks optim.lr=0.0003: give another --runs"):
         check_same_settings(other)
+    # a run saved before an objective gained an option ran at that option's default: still the same settings
+    saved = config.model_dump(mode="json")
+    del saved["data"]["objective"]["is_correction"]
+    (config.run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    check_same_settings(config)
+    saved["data"]["objective"]["eps"] = 0.1
+    (config.run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(ValueError, match=r"finished with data.objective=.*'eps': 0.1"):
+        check_same_settings(config)
 
 
 def test_feed_draws_the_pts_source_from_pts_rollouts_only(tiny, tmp_path):

@@ -109,6 +109,13 @@ def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], 
             after(config)
 
 
+def _same(a, b) -> bool:
+    """Equal, mappings (an objective's options) on the keys both have: an option added since is at its default."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return all(_same(a[k], b[k]) for k in a.keys() & b.keys())
+    return a == b
+
+
 def check_same_settings(config: RunConfig) -> None:
     """A finished run is reused only if it ran with `config`'s settings (keys both versions know)."""
     import yaml
@@ -121,7 +128,7 @@ def check_same_settings(config: RunConfig) -> None:
     before = {".".join(k): v for k, v in flatten(yaml.safe_load(saved.read_text()) or {})}
     for key, value in flatten(config.model_dump(mode="json")):
         name = ".".join(key)
-        if name in before and before[name] != value:
+        if name in before and not _same(before[name], value):
             raise ValueError(f"{config.run_dir} finished with {name}={before[name]!r}, this benchmark asks "
                              f"{name}={value!r}: give another --runs directory, or delete that run")
 
