@@ -239,6 +239,7 @@ def average(outcomes: list[dict]) -> dict:
         values = [v for v in values if v is not None and math.isfinite(v)]
         out[key] = statistics.fmean(values) if values else math.nan
         out[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    out["pass@1_start"] = statistics.fmean(o["curve"][0][1] for o in outcomes)  # the reference's, at step 0
     ks = min(len(o["pass@k"]) for o in outcomes)
     out["pass@k"] = [statistics.fmean(o["pass@k"][k] for o in outcomes) for k in range(ks)]
     lags = [o["lag"] for o in outcomes if o["lag"]]
@@ -360,6 +361,7 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
     planned = sum(len(grid(m, s.lrs)) for m in methods_of(regime, methods))
     return {"regime": regime.name, "lag": regime.lag if regime.generates else None, "mix": regime.mix,
             "grid_finished": f"{sum(map(len, points.values()))} of {planned}",
+            "reference_pass@1": _mean([p["pass@1_start"] for ps in points.values() for p in ps]),
             "sources": list(regime.sources), "grid": points, "target_kl": chosen["target_kl"],
             "frontiers": {m: [p["point"] for p in f] for m, f in chosen["frontiers"].items()},
             "best": best, "matched": matched, "against_frontiers": verdicts,

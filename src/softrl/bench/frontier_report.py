@@ -29,7 +29,8 @@ def markdown(result: dict) -> str:
              f"{s['steps']} learner steps x {s['rows_per_step']} rows; learning rates {s['lrs']}; each method's grid "
              f"tuned on seed(s) {s['tune_seeds']}, reported on seeds {s['report_seeds']} (mean ± sd); pass@k on "
              f"{s['eval_size']} held-out prompts x 20 samples (T 0.4, top-p 0.95). Common KL (median of the best "
-             f"points' KL): {_f(result['target_kl'])}. Grid points finished: {result['grid_finished']}.", "",
+             f"points' KL): {_f(result['target_kl'])}. Grid points finished: {result['grid_finished']}. The "
+             f"reference's pass@1 (step 0): {_f(result['reference_pass@1'])}.", "",
              "| method | best point | pass@1 | pass@10 | KL(pi‖pi0) | matched point | pass@1 at matched KL | "
              "pass@10 at matched KL | its KL | samples generated | lag mean / median / max | ESS fraction | "
              "clipped or masked | KL(mu‖pi) |",
@@ -93,7 +94,10 @@ def plot(result: dict, out: Path) -> Path:
             right.plot(range(1, len(p["pass@k"]) + 1), p["pass@k"], color=c, label=f"{m} (KL {p['kl']:.2f})")
     if not math.isnan(result["target_kl"]):
         left.axvline(result["target_kl"], color="grey", linestyle="--", linewidth=0.8)
-    left.set(xlabel="KL(pi || pi0) (held-out evaluation)", ylabel="pass@1",
+    if not math.isnan(result["reference_pass@1"]):
+        left.axhline(result["reference_pass@1"], color="black", linestyle=":", linewidth=0.8, label="reference")
+    left.set_xscale("log")  # KLs span orders of magnitude: a collapsed run's is in the hundreds
+    left.set(xlabel="KL(pi || pi0) (held-out evaluation, log scale)", ylabel="pass@1",
              title=f"{result['regime']}: grid (dots, tuning seeds), frontiers (lines),\nbest (*) and matched (o) points "
                    "on report seeds")
     right.set(xlabel="k", ylabel="pass@k", title="pass@k at matched KL (report seeds)")
