@@ -13,6 +13,7 @@ from softrl.cli_common import err, fail, one_line_errors, progress_bar
 
 QUICK = {"regimes": "lag1,lag16,human", "methods": "spo,oapl,grpo-tis,topr", "seeds": 1, "tune_seeds": 1,
          "steps": 30, "lrs": "1e-4,1e-3", "eval_size": 20, "eval_every": 30, "earlier_steps": 20}
+QUICK_TASK = {"task.size": 200, "q0.k": 16}  # Q0 of 1,000 prompts x 32 samples alone would take minutes
 FULL = {"regimes": "lag1,lag4,lag16,lag64,lag256,half,offline,human", "methods": None, "seeds": 4, "tune_seeds": 1,
         "steps": 300, "lrs": "1e-4,3e-4,1e-3", "eval_size": 50, "eval_every": 100, "earlier_steps": 100}
 
@@ -42,7 +43,8 @@ def frontier(
     eval_every: int = typer.Option(None, min=1, help="learner steps between evaluations (default 100)"),
     earlier_steps: int = typer.Option(None, min=1, help="steps of the earlier run whose rollouts are the other "
                                       "policy's data (default 100)"),
-    quick: bool = typer.Option(False, "--quick", help="a few minutes: 3 regimes, 4 methods, 2 learning rates, 30 steps"),
+    quick: bool = typer.Option(False, "--quick", help="a few minutes: 3 regimes, 4 methods, 2 learning rates, 30 steps, "
+                               "200 training prompts"),
     jobs: int = typer.Option(1, min=1, max=8, help="runs at once, each with its share of the CPU threads"),
     report_only: bool = typer.Option(False, "--report-only", help="train nothing: report the runs finished so far "
                                      "(a benchmark run in chunks)"),
@@ -65,7 +67,7 @@ def frontier(
     chosen = _choices("--regimes", "regime", o["regimes"], fr.REGIMES, at_least_one=True)
     only = _choices("--methods", "method", o["methods"], fr.METHODS, at_least_one=True) if o["methods"] else None
     try:
-        extra = read_settings(base) if base is not None else {}
+        extra = {**(QUICK_TASK if quick else {}), **(read_settings(base) if base is not None else {})}
         s = fr.Settings(runs, task, o["steps"], prompts, 4, o["eval_size"], o["eval_every"], o["earlier_steps"],
                         _floats("--lrs", o["lrs"]), extra)
         tuning = fr.tuning_plan(s, chosen, only, o["tune_seeds"])
