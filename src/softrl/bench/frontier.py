@@ -355,9 +355,12 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
         for other, front in chosen["frontiers"].items():
             if other in OURS:
                 continue
+            along = [{"kl": p["kl"], "pass@1": p["pass@1"], "margin": p["pass@1"] - at_kl(front, p["kl"])}
+                     for p in chosen["frontiers"][ours]]  # nan where the baseline has no point that low
             theirs = at_kl(front, mine["kl"])
             verdicts.append({"method": ours, "point": mine["point"], "baseline": other, "kl": mine["kl"],
-                             "pass@1": mine["pass@1"], "baseline_pass@1": theirs, "margin": mine["pass@1"] - theirs})
+                             "pass@1": mine["pass@1"], "baseline_pass@1": theirs, "margin": mine["pass@1"] - theirs,
+                             "along_frontier": along, "baseline_lowest_kl": min(p["kl"] for p in front)})
     planned = sum(len(grid(m, s.lrs)) for m in methods_of(regime, methods))
     return {"regime": regime.name, "lag": regime.lag if regime.generates else None, "mix": regime.mix,
             "grid_finished": f"{sum(map(len, points.values()))} of {planned}",

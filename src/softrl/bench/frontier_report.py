@@ -52,14 +52,16 @@ def markdown(result: dict) -> str:
             lines.append(f"| {m} | {_f(p['kl'])} | " + " | ".join(_f(curve[k - 1]) if k <= len(curve) else "-"
                                                                  for k in ks) + " |")
     if result["against_frontiers"]:
-        lines += ["", "SPO (and SPO-IS), AGRO and OAPL at their matched point against each baseline's frontier at the "
-                  "same KL, both on the tuning seeds (the baseline's: the best pass@1 its grid reached at no more "
-                  "KL; '-': none of its points is that low):",
-                  "", "| method | its point | baseline | KL | pass@1 | baseline's frontier | margin |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "SPO (and SPO-IS), AGRO and OAPL against each baseline's frontier, on the tuning seeds both (the "
+                  "baseline's frontier at a KL: the best pass@1 its grid reached at no more KL; '-': none of its "
+                  "points is that low): at the matched point, and at each point of our own frontier (KL: margin).",
+                  "", "| method | its matched point | baseline | KL | pass@1 | baseline's frontier | margin | "
+                  "along our frontier | baseline's lowest KL |", "|---|---|---|---|---|---|---|---|---|"]
         for v in result["against_frontiers"]:
+            along = ", ".join(f"{p['kl']:.2f}: {_f(p['margin'], 3) if p['margin'] == p['margin'] else '-'}"
+                              for p in v["along_frontier"])
             lines.append(f"| {v['method']} | {v['point']} | {v['baseline']} | {_f(v['kl'])} | {_f(v['pass@1'])} | "
-                         f"{_f(v['baseline_pass@1'])} | {_f(v['margin'])} |")
+                         f"{_f(v['baseline_pass@1'])} | {_f(v['margin'])} | {along} | {_f(v['baseline_lowest_kl'])} |")
     lines += ["", "Every grid point (tuning seeds):", "", "| point | pass@1 | pass@10 | KL | on its frontier |",
               "|---|---|---|---|---|"]
     for m, points in result["grid"].items():
