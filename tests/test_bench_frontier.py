@@ -4,6 +4,7 @@ reports, resuming without rerunning)."""
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,13 @@ def test_quick_end_to_end_and_resumed(tiny, tmp_path):
     assert again.exit_code == 0, again.output
     assert {p.name: (p / "summary.json").stat().st_mtime for p in runs.iterdir()} == first  # nothing rerun
     assert json.loads((report / "frontier-lag1.json").read_text()) == reported
+    kept = report / "frontier-runs.jsonl"
+    assert len(kept.read_text().splitlines()) == len(list(tmp_path.glob("runs/countdown/frontier/*/*-s*")))
+    shutil.rmtree(tmp_path / "runs")  # a fresh machine: only the committed outcomes are left
+    fresh = CliRunner().invoke(app, [*args, "--regimes", "lag1"])
+    assert fresh.exit_code == 0, fresh.output
+    assert not (tmp_path / "runs/countdown/frontier").exists()  # nothing trained, not even the pool
+    assert json.loads((report / "frontier-lag1.json").read_text()) == reported
+    changed = CliRunner().invoke(app, [*args, "--regimes", "lag1", "--report-only", "--eval-size", "4"])
+    assert changed.exit_code != 0 and "was kept with task.eval_size=3, this benchmark asks task.eval_size=4" in changed.output
+    assert "Traceback" not in changed.output

@@ -51,6 +51,8 @@ def frontier(
     base: Path = typer.Option(None, help="YAML of run settings under every run's (model, task options, ...)"),
     runs: Path = typer.Option(Path("runs/frontier"), help="where the runs go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/frontier/report"), help="where frontier-REGIME.{md,json,png} go"),
+    kept: Path = typer.Option(None, help="the finished runs' outcomes, one JSON line each: a run found there is not "
+                              "trained again, and the reports need nothing else (default: REPORT/frontier-runs.jsonl)"),
 ) -> None:
     """Each method tuned on its own grid (learning rate x strength) on tuning seeds, then reported on other
     seeds at its best point and at a KL common to all: pass@1-KL frontiers, pass@k at matched KL, per regime
@@ -68,17 +70,14 @@ def frontier(
     only = _choices("--methods", "method", o["methods"], fr.METHODS, at_least_one=True) if o["methods"] else None
     try:
         extra = {**(QUICK_TASK if quick else {}), **(read_settings(base) if base is not None else {})}
+        stem = f"frontier-{slug(task)}" if task != "countdown" else "frontier"
         s = fr.Settings(runs, task, o["steps"], prompts, 4, o["eval_size"], o["eval_every"], o["earlier_steps"],
-                        _floats("--lrs", o["lrs"]), extra)
+                        _floats("--lrs", o["lrs"]), extra, kept or report / f"{stem}-runs.jsonl")
         tuning = fr.tuning_plan(s, chosen, only, o["tune_seeds"])
     except (ValueError, ConfigError) as e:
         fail(str(e))
     if not report_only:
         with progress_bar("setup", total=None) as update, one_line_errors():
-            # every run's store copies the pool's (its prompts' Q0 included), whatever its regime reads
-            counts = fr.prepare(s, on_step=lambda _, __, r: update(r["step"], total=s.earlier_steps,
-                                                                   description="earlier run (the other policy's data)"))
-            err.print(f"pool: {', '.join(f'{n} {k}' for k, n in counts.items())} rows")
             _run_stage(fr, s, tuning, jobs, update, "tuning")
             for name in chosen:
                 picks = fr.choose(fr.grid_points(s, fr.REGIMES[name], only, o["tune_seeds"]))
@@ -87,18 +86,26 @@ def frontier(
                            jobs, update, f"{name}: report seeds")
     report.mkdir(parents=True, exist_ok=True)
     for name in chosen:
-        result = fr.regime_result(s, fr.REGIMES[name], only, o["tune_seeds"], o["seeds"])
-        stem = report / f"frontier-{slug(task)}-{name}" if task != "countdown" else report / f"frontier-{name}"
+        with one_line_errors():
+            result = fr.regime_result(s, fr.REGIMES[name], only, o["tune_seeds"], o["seeds"])
         table = markdown(result)
-        stem.with_suffix(".md").write_text(table)
-        stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
-        plot(result, stem.with_suffix(".png"))
+        path = report / f"{stem}-{name}"
+        path.with_suffix(".md").write_text(table)
+        path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
+        plot(result, path.with_suffix(".png"))
         typer.echo(table)
     typer.echo(f"reports: {report}/frontier-*")
 
 
 def _run_stage(fr, s, configs: list, jobs: int, update, what: str) -> None:
-    """One stage's runs under the progress bar (learner steps, or runs when several run at once)."""
+    """One stage's runs still to train under the progress bar (learner steps, or runs when several run at
+    once); the pool every run's store copies is made first, once (its prompts' Q0 included)."""
+    configs = fr.pending(s, configs)
+    if not configs:
+        return
+    counts = fr.prepare(s, on_step=lambda _, __, r: update(r["step"], total=s.earlier_steps,
+                                                           description="earlier run (the other policy's data)"))
+    err.print(f"pool: {', '.join(f'{n} {k}' for k, n in counts.items())} rows")
     if jobs <= 1:
         update(0, total=len(configs) * s.steps, description=what)
         fr.run(configs, s, on_step=lambda i, c, r: update(i * s.steps + r["step"],

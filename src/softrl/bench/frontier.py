@@ -16,6 +16,8 @@ before it starts and removed when it ends. The pool is anydata's (`prepare_pool`
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import shutil
 import statistics
@@ -24,8 +26,8 @@ from pathlib import Path
 
 from softrl.algorithms.common import SPO_BETA
 from softrl.bench.anydata import POOL_SOURCES, prepare_pool
-from softrl.bench.learning import base_overrides, run_all, slug
-from softrl.config import RunConfig, config_from
+from softrl.bench.learning import base_overrides, difference, run_all, settings_of, slug
+from softrl.config import ConfigError, RunConfig, config_from
 
 LRS = (1e-4, 3e-4, 1e-3)
 EARLIER_LR = 2e-4  # the earlier run whose rollouts are the "other policy's" data: anydata's learning rate
@@ -104,6 +106,7 @@ class Settings:
     earlier_steps: int = 100
     lrs: tuple[float, ...] = LRS
     extra: dict = field(default_factory=dict)
+    kept: Path | None = None  # the finished runs' outcomes, one JSON line each (see `keep`)
 
     @property
     def where(self) -> Path:
@@ -157,8 +160,6 @@ def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune
 # --- reading finished runs ----------------------------------------------------------------------
 
 def records(run_dir: Path) -> list[dict]:
-    import json
-
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -170,7 +171,7 @@ def _mean(values: list[float]) -> float:
 DIAGNOSTICS = ("iw/ess_fraction", "iw/kl_behavior", "kl_ref", "grad_norm")
 
 
-def outcome(config: RunConfig) -> dict | None:
+def measured(config: RunConfig) -> dict | None:
     """A finished run's final evaluation (pass@k for every k, KL(pi || pi0), distinct), samples generated,
     its lag's distribution over the learner steps, and the last third's per-step diagnostics; None if
     the run has not finished."""
@@ -194,6 +195,67 @@ def outcome(config: RunConfig) -> dict | None:
     }
     out.update({k: _mean([r.get(k) for r in tail]) for k in DIAGNOSTICS})
     return out
+
+
+# --- kept outcomes: a benchmark longer than a machine's life ------------------------------------
+# A run's outcome is a few numbers; its folder is megabytes and lives on one machine. Each finished run
+# appends its outcome, with its settings, to one JSON-lines file that can be committed beside the
+# reports; a run found there is not trained again, and the reports need nothing else.
+
+PLACE_KEYS = ("name", "out_dir", "data.store")  # where a run lives, not how it ran
+
+
+def key(config: RunConfig) -> str:
+    return f"{Path(config.out_dir).name}/{config.name}"
+
+
+def kept(s: Settings) -> dict[str, dict]:
+    """The kept outcomes by `key`; the last line of a key wins."""
+    if s.kept is None or not s.kept.is_file():
+        return {}
+    return _read_kept(s.kept, s.kept.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_kept(path: Path, _mtime: int) -> dict[str, dict]:
+    out = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            entry = json.loads(line)
+            out[entry["key"]] = entry
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f"{path}: line {number} is not a kept outcome (a JSON object with key, settings and "
+                             "outcome): mend or delete that line") from None
+    return out
+
+
+def keep(s: Settings, config: RunConfig) -> None:
+    """Append a run finished in its folder to the kept outcomes (once)."""
+    if s.kept is None or key(config) in kept(s):
+        return
+    result = measured(config)
+    if result is not None:
+        settings = {k: v for k, v in settings_of(config).items() if k not in PLACE_KEYS}
+        s.kept.parent.mkdir(parents=True, exist_ok=True)
+        with s.kept.open("a") as f:
+            f.write(json.dumps({"key": key(config), "settings": settings, "outcome": result}) + "\n")
+
+
+def outcome(s: Settings, config: RunConfig) -> dict | None:
+    """A finished run's outcome: from its folder, else from the kept outcomes (made with the same
+    settings); None if it has not finished."""
+    found = measured(config)
+    if found is not None:
+        return found
+    entry = kept(s).get(key(config))
+    if entry is None:
+        return None
+    differs = difference(entry["settings"], config)
+    if differs:
+        name, before, now = differs
+        raise ConfigError(f"{s.kept}: {key(config)} was kept with {name}={before!r}, this benchmark asks "
+                         f"{name}={now!r}: give another --kept file, or delete that line")
+    return entry["outcome"]
 
 
 def finite(points: list[dict]) -> list[dict]:
@@ -273,14 +335,27 @@ def _run_alone(config: RunConfig, pool: Path, threads: int) -> str:
     return config.name
 
 
+def pending(s: Settings, configs: list[RunConfig]) -> list[RunConfig]:
+    """The runs still to train (a run finished in its folder is kept on the way)."""
+    for config in configs:
+        keep(s, config)
+    return [c for c in configs if outcome(s, c) is None]
+
+
 def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_done=None) -> None:
     """Train `configs` (finished ones are kept): in this process with `on_step(i, config, record)`, or
     `jobs` processes at once, each with its share of the CPU threads, `on_done(config)` as each ends.
     On 2 cores two one-thread runs make about 1.5x the samples of one two-thread run (0.24 vs 0.18 s
     a step of a lagged run each): the benchmark's runs are small."""
     pool = s.where / "pool"
+    configs = pending(s, configs)
+
+    def finished(config: RunConfig) -> None:
+        remove_store(config)
+        keep(s, config)
+
     if jobs <= 1:
-        run_all(configs, on_step=on_step, before=lambda c: copy_pool(pool, c), after=remove_store)
+        run_all(configs, on_step=on_step, before=lambda c: copy_pool(pool, c), after=finished)
         return
     import multiprocessing
     import os
@@ -292,6 +367,7 @@ def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_d
         try:
             for future in as_completed(futures):
                 future.result()
+                keep(s, futures[future])
                 if on_done is not None:
                     on_done(futures[future])
         except BaseException:  # a failed run (or Ctrl-C) ends the stage now, not after every queued run
@@ -308,7 +384,7 @@ def grid_points(s: Settings, regime: Regime, methods: list[str] | None, tune_see
     out: dict[str, list[dict]] = {}
     for m in methods_of(regime, methods):
         for lr, strength in grid(m, s.lrs):
-            done = [outcome(run_config(s, regime, m, lr, strength, TUNE_SEED + k)) for k in range(tune_seeds)]
+            done = [outcome(s, run_config(s, regime, m, lr, strength, TUNE_SEED + k)) for k in range(tune_seeds)]
             if all(done):
                 out.setdefault(m, []).append({"point": point_name(m, lr, strength), "lr": lr, "strength": strength,
                                               **average(done)})
@@ -334,7 +410,7 @@ def choose(points: dict[str, list[dict]]) -> dict:
 
 def reported(s: Settings, regime: Regime, point: dict, method: str, seeds: int) -> dict | None:
     """The report seeds' average at a chosen point (None until every seed has finished)."""
-    done = [outcome(run_config(s, regime, method, point["lr"], point["strength"], k)) for k in range(seeds)]
+    done = [outcome(s, run_config(s, regime, method, point["lr"], point["strength"], k)) for k in range(seeds)]
     return {"point": point["point"], "lr": point["lr"], "strength": point["strength"], **average(done)} \
         if all(done) else None
 

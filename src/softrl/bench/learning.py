@@ -116,6 +116,21 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def settings_of(config: RunConfig) -> dict:
+    """A run's settings, section.key -> value."""
+    from softrl.config import flatten
+
+    return {".".join(k): v for k, v in flatten(config.model_dump(mode="json"))}
+
+
+def difference(before: dict, config: RunConfig) -> tuple[str, object, object] | None:
+    """The first setting (on the keys both know) where `before` differs from `config`: (key, before, now)."""
+    for name, value in settings_of(config).items():
+        if name in before and not _same(before[name], value):
+            return name, before[name], value
+    return None
+
+
 def check_same_settings(config: RunConfig) -> None:
     """A finished run is reused only if it ran with `config`'s settings (keys both versions know)."""
     import yaml
@@ -125,12 +140,11 @@ def check_same_settings(config: RunConfig) -> None:
     saved = config.run_dir / "config.yaml"
     if not saved.is_file():
         return
-    before = {".".join(k): v for k, v in flatten(yaml.safe_load(saved.read_text()) or {})}
-    for key, value in flatten(config.model_dump(mode="json")):
-        name = ".".join(key)
-        if name in before and not _same(before[name], value):
-            raise ValueError(f"{config.run_dir} finished with {name}={before[name]!r}, this benchmark asks "
-                             f"{name}={value!r}: give another --runs directory, or delete that run")
+    differs = difference({".".join(k): v for k, v in flatten(yaml.safe_load(saved.read_text()) or {})}, config)
+    if differs:
+        name, before, now = differs
+        raise ValueError(f"{config.run_dir} finished with {name}={before!r}, this benchmark asks "
+                         f"{name}={now!r}: give another --runs directory, or delete that run")
 
 
 EVAL_KEYS = ("pass@1", "pass@10", "success_per_sample", "kl_to_reference", "mean_token_entropy",
