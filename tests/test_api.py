@@ -100,6 +100,40 @@ def test_several_rewards_are_a_weighted_sum():
         reward_functions([(right, 1.5), short])
 
 
+def test_weights_must_sum_to_one_and_rounding_is_not_a_miss():
+    """Weights summing to 0.8 would cap every reward below 1 (nothing ever solved); thirds sum to
+    0.9999999999999999 in floating point, which must still be solved."""
+    def right(prompt, completion, answer):
+        return completion == str(answer)
+
+    with pytest.raises(RewardError, match="the weights sum to 0.8, not 1"):
+        reward_functions([(right, 0.5), (right, 0.3)])
+    with pytest.raises(RewardError, match="the weights sum to 1.2, not 1"):
+        reward_functions([(right, 0.6), (right, 0.6)])
+    third = 1 / 3
+    assert third + third + third != 1.0 or sum([0.1] * 10) != 1.0  # the rounding this guards against
+    tenths = grades(task_of([(right, 0.1)] * 10), ["3", "5"])
+    assert [(g.reward, g.passed) for g in tenths] == [(1.0, True), (0.0, False)]
+    thirds = grades(task_of([right, right, right]), ["3"])
+    assert thirds[0].reward == 1.0 and thirds[0].passed
+
+
+@pytest.mark.parametrize("spec,options,message", [
+    ("test_api:_exact", {"prompts": "P", "prompt_suffix": "!"}, r"option 'prompt_suffix' is not one reward function "
+     r"test_api:_exact takes \(its options: prompts\)"),
+    ("hf:some/set", {"reward": "test_api:_exact", "size_limit": 3}, "option 'size_limit' is not one hf:some/set takes"),
+])
+def test_a_reward_function_task_refuses_options_it_would_drop(spec, options, message):
+    from softrl.tasks.registry import load_task
+
+    with pytest.raises(ValueError, match=message):
+        load_task(spec, **options)
+
+
+def _exact(prompt, completion, answer):
+    return completion == str(answer)
+
+
 @pytest.mark.parametrize("reward,message", [
     (lambda prompts, completions, **kw: [1.0], "batched reward function <lambda> returned 1 values for 2 completions"),
     (lambda prompts, completions, **kw: "1", "batched reward function <lambda> must return a list of 2 numbers, got str"),

@@ -78,3 +78,78 @@ def test_mini_tinycode_bootstrap_is_graded_in_the_sandbox(tmp_path, monkeypatch)
     card = json.loads((directory / "softrl.json").read_text())
     assert card["config"]["task"] == "tinycode" and card["heldout"]["problems"] == 4
     assert directory.name.startswith("tinycode-s1-")
+
+
+# a first use of a cache entry in a process of its own; its build is counted in `log` and lasts until
+# `release` exists, so the test decides when it ends
+FIRST_USE = """
+import sys, time
+from pathlib import Path
+from softrl.models.loading import built_once
+
+entry, log, release = map(Path, sys.argv[1:])
+
+def build(work):
+    with open(log, "a") as f:
+        f.write("built\\n")
+    deadline = time.time() + 15
+    while not release.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    work.mkdir()
+    (work / "softrl.json").write_text("{}")
+
+print(built_once(entry, build))
+"""
+
+
+def test_concurrent_first_uses_build_the_entry_once(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    entry, log, release = tmp_path / "cache" / "entry", tmp_path / "builds", tmp_path / "release"
+
+    def start():
+        return subprocess.Popen([sys.executable, "-c", FIRST_USE, entry, log, release],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    first = start()
+    deadline = time.time() + 60
+    while not log.exists() and time.time() < deadline:  # the first is building
+        time.sleep(0.02)
+    second = start()
+    told = ""
+    while "waiting" not in told and (line := second.stderr.readline()):
+        told += line
+    release.touch()
+    outs = [p.communicate(timeout=60) for p in (first, second)]
+    assert [p.returncode for p in (first, second)] == [0, 0], [err[-2000:] for _, err in outs]
+    assert "waiting for another process to finish building" in told and str(entry) in told
+    assert [out.strip() for out, _ in outs] == [str(entry)] * 2
+    assert log.read_text() == "built\n" and (entry / "softrl.json").exists()
+    assert sorted(p.name for p in entry.parent.iterdir()) == ["entry", "entry.lock"]
+
+
+def test_a_build_killed_midway_is_cleaned_up_by_the_next(tmp_path):
+    from softrl.models.loading import built_once
+
+    entry = tmp_path / "entry"
+    stale = tmp_path / "entry.tmp999999"  # as a process killed while building leaves it
+    (stale / "half").mkdir(parents=True)
+    builds = []
+
+    def build(work):
+        builds.append(work)
+        work.mkdir()
+        (work / "softrl.json").write_text("{}")
+
+    assert built_once(entry, build) == entry and built_once(entry, build) == entry
+    assert len(builds) == 1 and not stale.exists() and (entry / "softrl.json").exists()
+
+    def failing(work):
+        work.mkdir()
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError):
+        built_once(tmp_path / "other", failing)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry", "entry.lock", "other.lock"]

@@ -41,6 +41,21 @@ def test_toy_table_and_bad_method(tmp_path):
     assert "unknown method 'dpo'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.skipif(SOFTRL is None, reason="softrl console script not installed")
+def test_toy_progress_and_messages_go_to_stderr(tmp_path):
+    """FORCE_COLOR makes rich draw its progress bar though stderr is a pipe: the bar's line erases land on
+    stderr, and stdout holds only the result (one JSON document, or the table)."""
+    args = [SOFTRL, "toy", "--steps", "5", "--methods", "ppo", "--workers", "1", "--out", str(tmp_path)]
+    env = {**os.environ, "FORCE_COLOR": "1"}
+    as_json = subprocess.run([*args, "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert as_json.returncode == 0, as_json.stderr
+    assert "\x1b[2K" in as_json.stderr  # the bar was drawn, on stderr
+    assert [r["method"] for r in json.loads(as_json.stdout)] == ["ppo"]  # nothing else on stdout
+    table = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert table.returncode == 0 and "on-policy" in table.stdout, table.stderr
+    assert "\x1b[2K" not in table.stdout and "plot:" not in table.stdout and "plot:" in table.stderr
+
+
 def test_module_entry_point():
     proc = subprocess.run([sys.executable, "-m", "softrl", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "toy" in proc.stdout

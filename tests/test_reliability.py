@@ -176,6 +176,18 @@ CASES = [
     ("plot-corrupt-metrics", ["plot", "{d}/run"], {"run/metrics.jsonl": '{"step": 1}\n{torn\n{"step": 2}\n'},
      "metrics.jsonl"),
     ("toy-lr-inf", ["toy", "--lr", "inf", "--steps", "1"], {}, "lr"),
+    # --- values that were silently dropped or coerced ---
+    ("steps-boolean", ["train", "optim.steps=true"], {}, "optim.steps: must be a number, not a boolean"),
+    ("objective-option-boolean", ["train", "data.objective.terminal=false"], {}, "data.objective.terminal"),
+    ("mix-boolean", ["train", "data.mix={online: true}"], {}, "data.mix"),
+    ("name-with-newline", ["train", "name=a\nb"], {}, "name: must hold printable characters only"),
+    ("config-duplicate-key", ["train", "{d}/dup.yaml"], {"dup.yaml": "optim:\n  lr: 1.0e-3\n  lr: 3.0e-4\n"},
+     "key 'lr' is given twice (line 3)"),
+    ("config-dotted-and-nested", ["train", "{d}/both.yaml"], {"both.yaml": "optim: {lr: 1.0e-3}\noptim.lr: 3.0e-4\n"},
+     "optim.lr is given twice"),
+    ("config-top-level-false", ["train", "{d}/false.yaml"], {"false.yaml": "false\n"}, "must be a mapping"),
+    ("config-alias-bomb-in-options", ["train", "{d}/bomb.yaml"], {"bomb.yaml": "l0: &l0 [x, x, x, x, x, x, x, x, x]\nl1: &l1 [*l0, *l0, *l0, *l0, *l0, *l0, *l0, *l0, *l0]\nl2: &l2 [*l1, *l1, *l1, *l1, *l1, *l1, *l1, *l1, *l1]\nl3: &l3 [*l2, *l2, *l2, *l2, *l2, *l2, *l2, *l2, *l2]\nl4: &l4 [*l3, *l3, *l3, *l3, *l3, *l3, *l3, *l3, *l3]\nl5: &l5 [*l4, *l4, *l4, *l4, *l4, *l4, *l4, *l4, *l4]\nl6: &l6 [*l5, *l5, *l5, *l5, *l5, *l5, *l5, *l5, *l5]\nl7: &l7 [*l6, *l6, *l6, *l6, *l6, *l6, *l6, *l6, *l6]\nl8: &l8 [*l7, *l7, *l7, *l7, *l7, *l7, *l7, *l7, *l7]\n" + "task:\n  options:\n    x: [*l8, *l8]\n"},
+     "aliases"),
 ]
 
 

@@ -4,6 +4,7 @@ A bad value is a one-line error naming where it came from and the value, and not
 
 import json
 import math
+import re
 from datetime import datetime, timezone
 
 import pytest
@@ -211,3 +212,57 @@ def test_export_then_import_round_trips(tmp_path, suffix):
     result = import_cli(out, tmp_path / "third")
     assert result.exit_code == 0, result.output
     assert ExperienceStore(tmp_path / "third").trajectories().to_pylist() == store.trajectories().to_pylist()
+
+
+# --- `softrl data`: results on stdout (a table, or with --json one JSON document), messages on stderr ---
+
+def small_store(tmp_path):
+    records = write_jsonl(tmp_path / "records.jsonl", [
+        {"prompt": "1 2 -> 3", "response": "1+2", "reward": 1},
+        {"prompt": "1 2 -> 3", "response": "1*2", "reward": 0.0},
+        {"prompt": "4 4 -> 8", "response": "4+4", "passed": True},
+    ])
+    result = CliRunner().invoke(data_app, ["import", str(records), "--source", "human", "--store",
+                                           str(tmp_path / "store")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "" and "imported 3 trajectories" in result.stderr  # a message: stderr only
+    return tmp_path / "store"
+
+
+def test_data_stats_table_goes_to_stdout(tmp_path):
+    store = small_store(tmp_path)
+    result = CliRunner().invoke(data_app, ["stats", "--store", str(store)])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if "human" in line]
+    cells = re.findall(r"[\w.]+", rows[0]) if len(rows) == 1 else []  # the table's borders left out
+    assert cells == ["human", "3", "2", "0.667", "0.667", "0"], result.stdout  # trajectories, prompts, pass rate, ...
+    assert "human" not in result.stderr and "pass rate" not in result.stderr
+
+
+def test_data_stats_json_is_one_document_on_stdout(tmp_path):
+    store = small_store(tmp_path)
+    (store / "trajectories" / "notes.txt").write_text("hello")  # reported as skipped: a message, on stderr
+    result = CliRunner().invoke(data_app, ["stats", "--store", str(store), "--json"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)  # nothing else on stdout
+    assert stats["trajectories"] == 3 and stats["sources"]["human"]["trajectories"] == 3
+    assert stats["sources"]["human"]["pass_rate"] == pytest.approx(2 / 3)
+    assert "notes.txt" in result.stderr and "skipped" in result.stderr
+
+
+def test_data_import_export_dedupe_json_and_messages(tmp_path):
+    store = small_store(tmp_path)
+    runner = CliRunner()
+    out = tmp_path / "all.jsonl"
+    exported = runner.invoke(data_app, ["export", str(out), "--store", str(store)])
+    assert exported.exit_code == 0 and exported.stdout == "" and "exported 3 trajectories" in exported.stderr
+    again = runner.invoke(data_app, ["import", str(out), "--store", str(store), "--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout) == {"imported": 3, "repeated": 0, "store": str(store)}
+    assert again.stderr == ""
+    dedupe = runner.invoke(data_app, ["dedupe", "--store", str(store)])
+    assert dedupe.exit_code == 0 and dedupe.stdout == "" and "3 duplicates removed" in dedupe.stderr
+    assert json.loads(runner.invoke(data_app, ["dedupe", "--store", str(store), "--json"]).stdout) == {
+        "before": 3, "after": 3, "removed": 0}
+    assert json.loads(runner.invoke(data_app, ["export", str(out), "--store", str(store), "--json"]).stdout) == {
+        "exported": 3, "file": str(out)}

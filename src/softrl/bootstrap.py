@@ -11,9 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -23,7 +21,7 @@ from pathlib import Path
 import torch
 
 from softrl.models.chartok import build_char_tokenizer
-from softrl.models.loading import cache_root, encode_response, quiet_transformers
+from softrl.models.loading import built_once, cache_root, encode_response, quiet_transformers
 
 TASKS = ("countdown", "tinycode")  # the tasks with a bootstrap recipe
 # tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell
@@ -184,29 +182,23 @@ def bootstrap(task: str = "countdown", seed: int = 0, force: bool = False,
     if task not in TASKS:
         raise ValueError(f"no bootstrap for task {task!r}; available: {', '.join(TASKS)}")
     config = BootstrapConfig(task=task, seed=seed, **{**TASK_DEFAULTS.get(task, {}), **overrides})
-    final = bootstrap_dir(config)
-    if (final / "softrl.json").exists() and not force:
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    quiet_transformers()
-    work = final.with_name(final.name + f".tmp{os.getpid()}")
-    shutil.rmtree(work, ignore_errors=True)
-    tokenizer = build_char_tokenizer(work)
-    examples = sft_examples(config)
-    model = make_model(config, tokenizer)
-    started = time.time()
-    train_sft(model, tokenizer, examples, config,
-              None if progress is None else lambda s, loss: progress("train", s + 1, config.steps, loss))
-    train_s = time.time() - started
-    if progress is not None:
-        progress("evaluate", 0, 1, 0.0)
-    metrics = evaluate(model, tokenizer, config)
-    model.save_pretrained(work)
-    card = {"kind": "softrl-bootstrap", "config": asdict(config), "parameters": sum(p.numel() for p in model.parameters()),
-            "train_examples": len(examples), "train_seconds": round(train_s, 1), "threads": torch.get_num_threads(),
-            "heldout": metrics}
-    (work / "softrl.json").write_text(json.dumps(card, indent=2))
-    if force:
-        shutil.rmtree(final, ignore_errors=True)
-    os.replace(work, final)  # atomic: a half-built model is never found in the cache
-    return final
+
+    def build(work: Path) -> None:
+        quiet_transformers()
+        tokenizer = build_char_tokenizer(work)
+        examples = sft_examples(config)
+        model = make_model(config, tokenizer)
+        started = time.time()
+        train_sft(model, tokenizer, examples, config,
+                  None if progress is None else lambda s, loss: progress("train", s + 1, config.steps, loss))
+        train_s = time.time() - started
+        if progress is not None:
+            progress("evaluate", 0, 1, 0.0)
+        metrics = evaluate(model, tokenizer, config)
+        model.save_pretrained(work)
+        card = {"kind": "softrl-bootstrap", "config": asdict(config),
+                "parameters": sum(p.numel() for p in model.parameters()), "train_examples": len(examples),
+                "train_seconds": round(train_s, 1), "threads": torch.get_num_threads(), "heldout": metrics}
+        (work / "softrl.json").write_text(json.dumps(card, indent=2))
+
+    return built_once(bootstrap_dir(config), build, force)

@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from softrl.cli_common import DEBUG_ENV, JSON_OPT, err, fail, finite_floats, one_line
+from softrl.cli_common import DEBUG_ENV, JSON_OPT, err, fail, finite_floats, one_line, out as stdout
 from softrl.limits import MAX_SANDBOX_INPUT, MAX_SEED, MAX_TIMEOUT, MAX_TOY_SEQUENCES
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -87,7 +86,7 @@ def toy(
         table.add_column(col, justify="right" if col == "final KL" else "left")
     for row in rows:
         table.add_row(row["method"], row["data"], f"{row['final_kl']:.3g}")
-    Console().print(table)
+    stdout.print(table)
     err.print(f"plot: {out / 'kl.png'}   results: {out / 'results.json'}   ({time.time() - started:.0f} s)")
 
 

@@ -1,4 +1,7 @@
-"""What every `softrl` subcommand shares: one-line errors, the stderr console, progress bars."""
+"""What every `softrl` subcommand shares: one-line errors, the stdout and stderr consoles, progress bars.
+
+A command's result (a table, a report, a path, with `--json` one JSON document) goes to stdout, through
+`out` or `typer.echo`; messages, warnings and progress go to stderr, through `err`."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-err = Console(stderr=True)
+out = Console()  # results: tables (plain text when stdout is not a terminal)
+err = Console(stderr=True)  # messages and progress
 JSON_OPT = typer.Option(False, "--json", help="print one JSON object")
 DEVICE_OPT = typer.Option("auto", "--device", help="auto (CUDA when available), cpu, cuda or cuda:N")
 

@@ -1,4 +1,5 @@
-"""`softrl data ...`: the experience store (import, export, stats, dedupe)."""
+"""`softrl data ...`: the experience store (import, export, stats, dedupe). Results go to stdout (with
+`--json`, one JSON document), messages to stderr."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from softrl.cli_common import JSON_OPT, STORE_OPT, default_store, err, fail, one_line
+from softrl.cli_common import JSON_OPT, STORE_OPT, default_store, err, fail, one_line, out as stdout
 
 data_app = typer.Typer(no_args_is_help=True, help="The experience store: import, export, stats, dedupe.")
 
@@ -34,6 +35,7 @@ def data_import(
     solutions: str = typer.Option(None, "--solutions", help="instead of FILE: the known solutions of this task"),
     task: str = typer.Option("", "--task", help="task name recorded for records that name none"),
     store: Path = STORE_OPT,
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Add trajectories to the store (all or nothing: a bad record writes nothing)."""
     from softrl.data.io import read_trajectories, task_solutions
@@ -51,6 +53,9 @@ def data_import(
         fail(str(e))
     target = open_store(store)
     written = target.append(rows)
+    if as_json:
+        typer.echo(json.dumps({"imported": written, "repeated": len(rows) - written, "store": str(target.root)}))
+        return
     err.print(f"imported {written} trajectories ({len(rows) - written} repeated within the input) into {target.root}")
 
 
@@ -61,6 +66,7 @@ def data_export(
     task: list[str] = typer.Option(None, "--task", help="only these tasks (repeatable)"),
     passed: bool = typer.Option(None, "--passed/--failed", help="only passed (or only failed) trajectories"),
     store: Path = STORE_OPT,
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Write the store's trajectories (deduplicated, MC targets joined) to a file."""
     from softrl.data.io import export
@@ -72,18 +78,21 @@ def data_export(
         n = export(table, out)
     except (ValueError, OSError) as e:  # a write error from a file object names no path: this one is it
         fail(str(e) if str(out) in str(e) else f"{out}: {one_line(e)}")
+    if as_json:
+        typer.echo(json.dumps({"exported": n, "file": str(out)}))
+        return
     err.print(f"exported {n} trajectories to {out}")
 
 
 @data_app.command("stats")
 def data_stats(store: Path = STORE_OPT, as_json: bool = JSON_OPT) -> None:
-    """Trajectories, prompts and pass rate per source."""
+    """Trajectories, prompts and pass rate per source: a table on stdout (--json: the same figures as JSON)."""
     target = open_store(store, create=False)
     stats = target.stats()
+    report_problems(target)
     if as_json:
         typer.echo(json.dumps(stats))
         return
-    report_problems(target)
     table = Table(title=f"{target.root}: {stats['trajectories']} trajectories, {stats['prompts']} prompts "
                         f"({stats['prompts_with_q0']} with Q0), {stats['duplicates']} duplicate rows")
     for column in ("source", "trajectories", "prompts", "pass rate", "mean reward", "with MC targets"):
@@ -91,13 +100,16 @@ def data_stats(store: Path = STORE_OPT, as_json: bool = JSON_OPT) -> None:
     for source, s in stats["sources"].items():
         table.add_row(source, str(s["trajectories"]), str(s["prompts"]), f"{s['pass_rate']:.3f}",
                       f"{s['mean_reward']:.3f}", str(s["with_mc_targets"]))
-    err.print(table)
+    stdout.print(table)
 
 
 @data_app.command("dedupe")
-def data_dedupe(store: Path = STORE_OPT) -> None:
+def data_dedupe(store: Path = STORE_OPT, as_json: bool = JSON_OPT) -> None:
     """Rewrite the store's trajectories without duplicate rows (annotations folded in)."""
     target = open_store(store, create=False)
     before, after = target.dedupe()
     report_problems(target)
+    if as_json:
+        typer.echo(json.dumps({"before": before, "after": after, "removed": before - after}))
+        return
     err.print(f"{before} rows -> {after} trajectories ({before - after} duplicates removed)")

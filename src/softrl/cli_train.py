@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from softrl.cli_annotate import SEED_OPT, TASK_OPTION_OPT
-from softrl.cli_common import DEVICE_OPT, JSON_OPT, err, fail, one_line_errors
+from softrl.cli_common import DEVICE_OPT, JSON_OPT, err, fail, one_line_errors, out as stdout
 from softrl.limits import MAX_PROMPTS, MAX_SEED
 
 # the demo's embedded defaults: SPO with the terminal Q-loss (the paper's main variant), half online
@@ -88,7 +87,7 @@ def demo(
         table.add_column(col, justify="right" if col else "left")
     table.add_row("reference (before)", f"{summary['pass@1_before']:.3f}", f"{summary['pass@10_before']:.3f}")
     table.add_row("SPO (after)", f"{summary['pass@1_after']:.3f}", f"{summary['pass@10_after']:.3f}")
-    Console().print(table)
+    stdout.print(table)
     typer.echo(f"run directory: {summary['run_dir']}\nplot: {summary['plots'][0]}")
 
 
@@ -141,4 +140,4 @@ def eval_command(
     for key, value in result.items():
         if isinstance(value, float):
             table.add_row(key, f"{value:.4f}")
-    Console().print(table)
+    stdout.print(table)

@@ -10,6 +10,7 @@ import copy
 import math
 import re
 import reprlib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -19,7 +20,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
 
 import softrl.objectives as registry
 from softrl.algorithms.common import SPO_BETA
-from softrl.limits import MAX_PROMPTS, MAX_SEED
+from softrl.limits import MAX_PROMPTS, MAX_SEED, StrictModel
 
 SOURCES = ("online", "offline", "mc", "pts")
 
@@ -28,11 +29,8 @@ class ConfigError(ValueError):
     """A configuration problem, in one line that names the key."""
 
 
-class Section(BaseModel):
-    # every number finite: inf and nan pass a `gt=0` bound and then explode inside a run
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-
+class Section(StrictModel):
+    pass
 
 
 DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
@@ -230,8 +228,10 @@ class RunConfig(Section):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not value or value in (".", "..") or "/" in value or "\\" in value or "\0" in value:
+        if not value or value in (".", "..") or "/" in value or "\\" in value:
             raise ValueError("must be one path component (no '/', not '.' or '..'): the run directory is out_dir/name")
+        if any(not c.isprintable() for c in value):  # a newline or NUL makes a folder no shell command can name
+            raise ValueError("must hold printable characters only (no newline, tab or control character)")
         return value
 
     @model_validator(mode="after")
@@ -306,7 +306,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} is not key=value (e.g. optim.lr=3e-4)")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = load_yaml(value) if value.strip() else ""
+        if isinstance(parsed, str) and "\n" in value:  # YAML folds a line break into a space: keep what was given
+            parsed = value
+    except ConfigError as e:
+        raise ConfigError(f"{key.strip()}: {e}") from None
     except yaml.YAMLError:
         parsed = value
     except (RecursionError, ValueError) as e:  # nested too deeply; an integer of thousands of digits
@@ -348,16 +352,62 @@ def read_settings(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} is not a regular file")
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = load_yaml(path.read_text())
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
     except (RecursionError, ValueError) as e:
         raise ConfigError(f"{path}: {_unreadable(e)}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a config is a YAML file") from e
+    if loaded is None:  # an empty file: every default
+        return {}
     if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return {".".join(key): value for key, value in flatten(loaded)}
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {SHORT.repr(loaded)}")
+    settings: dict[str, Any] = {}
+    for key, value in flatten(loaded):
+        dotted = ".".join(key)
+        if dotted in settings:  # `optim: {lr: ...}` and `optim.lr: ...` in one file: one of them would be lost
+            raise ConfigError(f"{path}: {dotted} is given twice")
+        settings[dotted] = value
+    return settings
+
+
+MAX_YAML_NODES = 1_000_000  # values of a config once its aliases are expanded; a real one has hundreds
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML as a config needs it: a key given twice in one mapping is an error (PyYAML keeps the later)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise ConfigError(f"key {key!r} is given twice (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML with no key given twice and at most MAX_YAML_NODES values once aliases are expanded (nine
+    nested aliases of nine make 387 million: a 'YAML bomb' that fills the memory when copied)."""
+    loaded = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    if _expanded_size(loaded, {}) > MAX_YAML_NODES:
+        raise ConfigError(f"more than {MAX_YAML_NODES:,} values once its aliases (*name) are expanded")
+    return loaded
+
+
+def _expanded_size(value: Any, sizes: dict[int, int]) -> int:
+    """Values in `value`, a shared (aliased) one counted at each use; each distinct one visited once."""
+    if not isinstance(value, (dict, list)):
+        return 1
+    if id(value) not in sizes:
+        sizes[id(value)] = 0  # a recursive alias (`&a [*a]`) counts once
+        children = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        sizes[id(value)] = 1 + sum(_expanded_size(v, sizes) for v in children)
+    return sizes[id(value)]
 
 
 def _unreadable(error: Exception) -> str:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from softrl.models.device import DTYPES
@@ -14,6 +18,34 @@ from softrl.models.device import DTYPES
 def cache_root() -> Path:
     """Where built and prepared models are kept: `$SOFTRL_CACHE`, else ~/.cache/softrl."""
     return Path(os.environ.get("SOFTRL_CACHE", Path.home() / ".cache" / "softrl"))
+
+
+def built_once(final: Path, build: Callable[[Path], object], force: bool = False) -> Path:
+    """`final`, a cache folder complete once it holds softrl.json; if missing (or `force`), made by
+    `build(work)` in a temporary folder renamed onto it. One process builds; the others wait, then use it."""
+    if (final / "softrl.json").exists() and not force:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # the lock file stays: removing it would let a waiter hold a lock on a file a newcomer no longer sees
+    with open(final.with_name(final.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a build can take minutes: say why nothing moves
+            print(f"waiting for another process to finish building {final}", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "softrl.json").exists() and not force:
+            return final
+        # with the lock held no build of `final` is running: a temporary folder here is a killed build's
+        for stale in final.parent.glob(f"{final.name}.tmp*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        work = final.with_name(f"{final.name}.tmp{os.getpid()}")
+        try:
+            build(work)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(work, final)  # atomic: a half-built folder is never found in the cache
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return final
 
 
 class ModelLoadError(ValueError):

@@ -13,11 +13,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
 from pathlib import Path
 
-from softrl.models.loading import cache_root
+from softrl.models.loading import built_once, cache_root
 
 KNOWN = {
     "smollm2-135m": {
@@ -79,11 +77,12 @@ def prepare_model(name: str, force: bool = False, base: Path | None = None) -> P
         raise ValueError(f"unknown model {name!r}; known: {', '.join(known_models())}")
     if base is not None and name not in RANDOM:
         raise ValueError(f"--base is for the random models ({', '.join(RANDOM)}), not {name}")
-    out = cache_root() / "models" / name
-    if (out / "softrl.json").exists() and not force:
-        return out
-    if name in RANDOM:
-        return save_atomically(out, *random_llama(name, RANDOM[name], base))
+    made = (lambda: random_llama(name, RANDOM[name], base)) if name in RANDOM else (lambda: from_gguf(name))
+    return built_once(cache_root() / "models" / name, lambda work: save(work, *made()), force)
+
+
+def from_gguf(name: str):
+    """(model, tokenizer, provenance): the package's GGUF file, its checksum verified, dequantized."""
     gguf = locate_gguf(name)
     digest = sha256_of(gguf)
     if digest != KNOWN[name]["sha256"]:
@@ -101,8 +100,7 @@ def prepare_model(name: str, force: bool = False, base: Path | None = None) -> P
         raise ValueError(f"converting {name}: missing {missing}, unexpected {unexpected}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return save_atomically(out, plain, tokenizer, {"name": name, "source": str(gguf), "sha256": digest,
-                                                   "package": KNOWN[name]["package"]})
+    return plain, tokenizer, {"name": name, "source": str(gguf), "sha256": digest, "package": KNOWN[name]["package"]}
 
 
 def random_llama(name: str, shape: dict, base: Path | None = None):
@@ -140,13 +138,7 @@ def random_config(base: Path, shape: dict):
     return config
 
 
-def save_atomically(out: Path, model, tokenizer, provenance: dict) -> Path:
-    work = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(work, ignore_errors=True)
+def save(work: Path, model, tokenizer, provenance: dict) -> None:
     model.save_pretrained(work)
     tokenizer.save_pretrained(work)
     (work / "softrl.json").write_text(json.dumps({"kind": "softrl-prepared", **provenance}, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(work, out)
-    return out

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import Tensor
+
+from softrl.limits import StrictModel
 
 
 @dataclass
@@ -50,11 +52,10 @@ class LossInputs:
         return self.behavior_logp, self.has_behavior
 
 
-class Options(BaseModel):
+class Options(StrictModel):
     """Options every objective has; an objective's own options subclass this with
     `algorithm: Literal["its-name"] = "its-name"`."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     algorithm: str
     weight: float = Field(1.0, ge=0, description="weight of this source's loss in the total")
 

@@ -75,6 +75,7 @@ def _from_import_path(module: str, name: str, config: dict[str, Any]) -> Task:
     if inspect.isclass(target) and issubclass(target, Task):
         return target(**config)
     if callable(target):
+        _only_options(f"reward function {module}:{name}", config, ("prompts",))
         if "prompts" not in config:
             raise ValueError(f"reward function {module}:{name} needs prompts=PATH (records with 'prompt', or "
                              "hf:DATASET): task.options.prompts in a config, --task-option prompts=PATH on the "
@@ -83,8 +84,17 @@ def _from_import_path(module: str, name: str, config: dict[str, Any]) -> Task:
     raise ValueError(f"{module}:{name} is neither a Task subclass nor a reward function")
 
 
+def _only_options(what: str, config: dict[str, Any], known: tuple[str, ...]) -> None:
+    """A task built from records and reward functions takes these options and no others: any other
+    would be dropped without a word."""
+    unknown = sorted(set(config) - set(known))
+    if unknown:
+        raise ValueError(f"option {unknown[0]!r} is not one {what} takes (its options: {', '.join(known)})")
+
+
 def _from_hub_dataset(spec: str, config: dict[str, Any]) -> Task:
     """`hf:DATASET[:CONFIG][:SPLIT]` graded by `reward=module:function` (or a list of them)."""
+    _only_options(spec, config, ("reward",))
     reward = config.get("reward")
     names = [reward] if isinstance(reward, str) else reward
     if not names or not all(isinstance(n, str) and n.count(":") == 1 for n in names):

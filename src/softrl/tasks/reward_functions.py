@@ -91,9 +91,16 @@ def reward_functions(reward: Any) -> list[RewardFunction]:
     given = [item[1] for item in items if _is_pair(item)]
     rest = len(items) - len(given)
     left = 1.0 - sum(w for w in given if isinstance(w, (int, float)))
-    if rest and left < 0:
+    if rest and left < -WEIGHT_TOLERANCE:
         raise RewardError(f"reward: the given weights sum to {1 - left:g}, leaving nothing for the unweighted functions")
+    if not rest and abs(left) > WEIGHT_TOLERANCE:  # below 1 nothing can be solved; above, rewards leave [0, 1]
+        raise RewardError(f"reward: the weights sum to {1 - left:.6g}, not 1: a completion that every function "
+                          "rates 1 must score 1 (solved); scale the weights so that they sum to 1")
+    left = max(left, 0.0)
     return [RewardFunction(*item) if _is_pair(item) else RewardFunction(item, left / rest) for item in items]
+
+
+WEIGHT_TOLERANCE = 1e-9  # weights 1/3 + 1/3 + 1/3 sum to 0.9999999999999999 in floating point
 
 
 def _is_pair(item: Any) -> bool:
@@ -151,6 +158,8 @@ class RewardFunctionTask(Task):
                     own[i] = value
         grades = []
         for i, reward in enumerate(total):
+            for bound in (0.0, 1.0):  # a weighted sum's rounding is not a miss
+                reward = bound if abs(reward - bound) <= WEIGHT_TOLERANCE else reward
             if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
                 raise RewardError(f"{where(i)}: reward must be a finite number in [0, 1], got {reward:g} "
                                   "(softrl's rewards are in [0, 1], 1 = solved: scale the function or set weights)")
