@@ -256,7 +256,81 @@ def test_prompt_ids_carry_the_task_so_q0_is_not_shared_across_rewards():
 
     ids = lambda fn, records: [p.id for p in task_of(fn, records).prompts()]  # noqa: E731
     assert not set(ids(one, RECORDS)) & set(ids(other, RECORDS))
-    assert ids(one, [{"id": 7, "prompt": "a"}]) == ["one:7"]
+    [seven] = ids(one, [{"id": 7, "prompt": "a"}])
+    assert seven.startswith("one.") and seven.endswith(":7") and ids(one, [{"id": 7, "prompt": "a"}]) == [seven]
+
+
+def test_two_rewards_of_one_name_do_not_share_prompt_ids():
+    """Q0 and the stored reference rows are values under one reward: another function of the same name,
+    the same one with other weights or another declared range, gets prompts of its own."""
+    def make(value):
+        def score(prompt, completion):
+            return value
+        return score
+
+    def score(prompt, completion):
+        return 0.0
+
+    def score_again(prompt, completion):
+        return 0.0
+
+    zero = task_of(score).prompts()[0].id
+    assert task_of(score).prompts()[0].id == zero  # the same function: the same ids, in any process
+    score_again.__name__, score_again.__qualname__ = score.__name__, score.__qualname__  # the same reward
+    assert task_of(score_again).prompts()[0].id == zero
+    one = make(1.0)
+    one.__name__, one.__qualname__ = score.__name__, score.__qualname__
+    assert task_of(one).prompts()[0].id != zero  # another body (returns its closure's value): another reward
+    ranged = RewardFunctionTask(reward_functions(score, summed=True), records_of(RECORDS), reward_range=(0.0, 2.0))
+    assert ranged.prompts()[0].id != zero
+
+
+def test_a_declared_range_is_mapped_onto_0_1_and_its_top_is_solved():
+    def fmt(prompt, completion):
+        return 0.2 if completion.startswith("<") else 0.0
+
+    def accuracy(prompt, completion, answer):
+        return 1.0 if completion.strip(" <") == str(answer) else -1.0
+
+    task = RewardFunctionTask(reward_functions([fmt, accuracy], summed=True), records_of(RECORDS),
+                              reward_range=(-1.0, 1.2))  # TRL's plain sum: a format bonus and a penalty
+    result = grades(task, ["<3", "<5"])  # 0.2 + 1 = 1.2, the top; 0.2 - 1 = -0.8
+    assert [(round(g.reward, 12), g.passed) for g in result] == [(1.0, True), (round(0.2 / 2.2, 12), False)]
+    assert [g.passed for g in grades(task, ["3", "4"])] == [False, False]  # 1.0 each: below the top, 1.2
+    narrow = RewardFunctionTask(reward_functions([fmt, accuracy], summed=True), records_of(RECORDS),
+                                reward_range=(-1.0, 1.0))
+    with pytest.raises(RewardError, match=r"in \[-1, 1\], got 1.2 \(1 x fmt 0.2 \+ 1 x accuracy 1\) "
+                                          r"\(task.reward_range\)"):
+        grades(narrow, ["<3", "4"])
+
+    def broken(prompt, completion):
+        return float("nan")
+
+    with pytest.raises(RewardError, match="reward function broken must return a finite number, got nan"):
+        grades(RewardFunctionTask(reward_functions([fmt, broken], summed=True), records_of(RECORDS),
+                                  reward_range=(-1.0, 1.2)), ["<3", "4"])
+
+
+def test_each_objective_sees_its_scale_of_the_reward():
+    import torch
+
+    import softrl.objectives as registry
+    from softrl.config import config_from
+    from softrl.training.learner import Learner
+
+    unit = torch.tensor([0.0, 0.5, 1.0])
+    ranged = type("L", (), {"config": config_from({"task.reward_range": [-1, 2]})})()
+    plain = type("L", (), {"config": config_from({})})()
+    assert Learner.rewards(ranged, unit, registry.get("spo")).tolist() == [0.0, 0.5, 1.0]
+    assert Learner.rewards(ranged, unit, registry.get("topr")).tolist() == [0.0, 0.5, 1.0]
+    assert Learner.rewards(ranged, unit, registry.get("agro-off")).tolist() == [-1.0, 0.5, 2.0]
+    assert Learner.rewards(ranged, unit, registry.get("grpo")).tolist() == [-1.0, 0.5, 2.0]
+    assert Learner.rewards(plain, unit, registry.get("agro-off")).tolist() == [0.0, 0.5, 1.0]
+    with pytest.raises(ConfigError, match=r"task.reward_range: must be \[lo, hi\] with lo < hi"):
+        config_from({"task.reward_range": [2, 2]})
+    from softrl.tasks.registry import load_task
+    with pytest.raises(ValueError, match="reward_range: countdown grades its own rewards on"):
+        load_task("countdown", reward_range=(0.0, 2.0), size=2)
 
 
 def test_bad_use_is_raised_before_training(tiny, tmp_path):

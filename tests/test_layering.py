@@ -11,7 +11,7 @@ ROOT = Path(softrl.__file__).parent
 LAYERS = [
     {"algorithms", "tabular", "limits"},
     {"objectives"},
-    {"config", "config_reference", "rewards", "plots"},
+    {"config", "config_reference", "safe_yaml", "rewards", "plots"},
     {"tasks"},
     {"data", "models"},
     {"rollout"},

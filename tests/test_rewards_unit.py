@@ -116,7 +116,8 @@ def reward_module(tmp_path, monkeypatch):
 def test_reward_function_out_of_range(tmp_path, reward_module, fn, expected):
     task = load_task(f"my_rewards:{fn}", prompts=reward_module)
     prompt = task.prompts()[0]
-    expected = f"task {fn}, prompt {fn}:p1: {expected}"
+    expected = f"task {fn}, prompt {prompt.id}: {expected}"
+    assert prompt.id.startswith(f"{fn}.") and prompt.id.endswith(":p1")
     with pytest.raises(RewardError) as caught:
         task.grade_many([(p, "yes") for p in task.prompts()])
     assert str(caught.value).startswith(expected)
@@ -124,7 +125,7 @@ def test_reward_function_out_of_range(tmp_path, reward_module, fn, expected):
         task.grade(prompt, "yes")  # a direct grade() is checked too
     assert str(caught.value).startswith(expected)
     store = ExperienceStore(tmp_path / "store")
-    with pytest.raises(RewardError, match=f"task {fn}, prompt {fn}:p1"):
+    with pytest.raises(RewardError, match=f"task {fn}, prompt {re.escape(prompt.id)}"):
         worker(task, store).collect(task.prompts(), n=2, version=0, seed=0)
     assert is_empty(store)
 

@@ -2,6 +2,7 @@
 Correct solutions pass and wrong ones fail; bad records are named."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -193,7 +194,7 @@ def test_user_task_and_reward_function_by_import_path(tmp_path, monkeypatch):
     assert task.grade(task.prompts()[0], "yo").passed and not task.grade(task.prompts()[0], "no").passed
     fn_task = load_task("my_tasks:longer_is_better", prompts=str(tmp_path / "prompts.jsonl"))
     prompt = fn_task.prompts()[0]
-    assert prompt.id == "longer_is_better:p1" and fn_task.grade(prompt, "x" * 20).passed and fn_task.grade(prompt, "xy").reward == 0.2
+    assert re.fullmatch(r"longer_is_better\.[0-9a-f]{8}:p1", prompt.id) and fn_task.grade(prompt, "x" * 20).passed and fn_task.grade(prompt, "xy").reward == 0.2
     with pytest.raises(ValueError, match="needs prompts=PATH"):
         load_task("my_tasks:longer_is_better")
     with pytest.raises(ValueError, match="cannot import task my_tasks:Missing"):

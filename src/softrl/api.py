@@ -1,7 +1,9 @@
 """softrl from Python: `train` and `evaluate`, thin over what the `softrl` command uses (the config,
 `assemble`, the runtimes, the evaluation protocol). Errors are raised as softrl's one-line
 exceptions (ConfigError, RecordError, RewardError, ModelLoadError: all ValueErrors), before any
-model is loaded where they can be.
+model is loaded where they can be. Faults while training are one-line exceptions too: Ctrl-C or
+SIGTERM `RunStopped` (a KeyboardInterrupt), a full disk `DiskFullError` (an OSError), a run
+directory another process trains in `RunInUseError` (a ConfigError); see `train`.
 
     import softrl
 
@@ -66,12 +68,15 @@ def run_config(config: RunConfig | dict | str | Path | None) -> RunConfig:
     raise ConfigError(f"config must be a RunConfig, a dict or a YAML path, got {type(config).__name__}")
 
 
-def reward_task(dataset: Any, reward: Any, what: str = "dataset", name: str | None = None) -> Task:
-    """The task of `dataset` records graded by `reward` (tasks/reward_functions.py)."""
+def reward_task(dataset: Any, reward: Any, what: str = "dataset", name: str | None = None,
+                reward_range: tuple[float, float] | None = None) -> Task:
+    """The task of `dataset` records graded by `reward` (tasks/reward_functions.py), whose values (their
+    sum) lie in `reward_range` if declared."""
     from softrl.tasks.records import records_of
     from softrl.tasks.reward_functions import RewardFunctionTask, reward_functions
 
-    return RewardFunctionTask(reward_functions(reward), records_of(dataset, what), name)
+    return RewardFunctionTask(reward_functions(reward, summed=reward_range is not None), records_of(dataset, what),
+                              name, reward_range)
 
 
 def _tasks(config: RunConfig, dataset, reward, eval_dataset) -> tuple[Task, Task] | None:
@@ -84,9 +89,10 @@ def _tasks(config: RunConfig, dataset, reward, eval_dataset) -> tuple[Task, Task
     if config.model.path == "bootstrap":  # the default would be the countdown task's tiny model
         raise ConfigError("model.path: give the model to train (a directory, a hub id, or bootstrap:TASK for a "
                           "built-in task's tiny reference)")
-    train_task = reward_task(dataset, reward)
-    return train_task, reward_task(eval_dataset, reward, "eval_dataset", train_task.name) if eval_dataset is not None \
-        else train_task
+    declared = config.task.reward_range
+    train_task = reward_task(dataset, reward, reward_range=declared)
+    return train_task, reward_task(eval_dataset, reward, "eval_dataset", train_task.name, declared) \
+        if eval_dataset is not None else train_task
 
 
 def _import_offline(config: RunConfig, offline: Any, task: Task | None, log: Callable[[str], None]) -> RunConfig:
@@ -170,7 +176,17 @@ def train(config: RunConfig | dict | str | Path | None = None, *, dataset: Any =
     trajectories to learn from besides the online samples, records `{prompt, completion, reward}` in
     any form `dataset` takes, or the name of a source already in the store; they join
     `data.offline_sources`, drawn by `data.mix`'s offline share. `callbacks`: objects with
-    `on_step(metrics)` and/or `on_eval(result)` (see `Callback`)."""
+    `on_step(metrics)` and/or `on_eval(result)` (see `Callback`).
+
+    Ctrl-C (SIGINT) or SIGTERM while it trains stops the run after the step in progress and writes
+    a checkpoint of that step (a second Ctrl-C, or one during loading, Q0 or an evaluation, stops at
+    once: the newest complete checkpoint stays); then `softrl.runtime.stop.RunStopped` is raised, a
+    KeyboardInterrupt whose one line names the step and its checkpoint (`.step`, `.run_dir`,
+    `.exit_status`), and the same call with `resume=True` continues. A full disk raises
+    `softrl.runtime.runlog.DiskFullError` (an OSError, errno ENOSPC) naming what was being written;
+    earlier checkpoints and store rows are intact, and `resume=True` continues once there is space. A
+    run directory that another process is training in (its `.lock`) is refused with
+    `softrl.runtime.runlog.RunInUseError` (a ConfigError) naming that process's PID."""
     from rich.console import Console
 
     from softrl.runtime.group import torchrun_rank
@@ -190,7 +206,12 @@ def train(config: RunConfig | dict | str | Path | None = None, *, dataset: Any =
         log = (lambda m: None) if not progress else (lambda m: console.print(m, highlight=False))
         importing = not resume and torchrun_rank() in (None, 0)  # once, by rank 0 of a new run
         cfg = _import_offline(cfg, offline, (tasks[0] if tasks else load_tasks(cfg)[0]) if importing else None, log)
-    summary = run_with_progress(cfg, resume, tasks, callbacks, quiet=not progress, console=console)
+    from softrl.runtime.stop import RunStopped
+
+    try:
+        summary = run_with_progress(cfg, resume, tasks, callbacks, quiet=not progress, console=console)
+    except RunStopped as e:  # raised from here: a traceback of one frame under the caller's, not the runtime's
+        raise e.with_traceback(None) from None
     return Run(Path(summary["run_dir"]), Path(summary["run_dir"]) / "final", summary, cfg)
 
 
@@ -198,12 +219,12 @@ def evaluate(model: str | Path, *, dataset: Any = None, reward: Any = None, task
              size: int = 100, task_seed: int = 1, options: dict | None = None, samples: int = 20,
              temperature: float = 0.4, top_p: float = 0.95, max_new_tokens: int = 0,
              reference: str | Path | None = None, seed: int = 0, device: str = "auto",
-             dtype: str = "float32") -> dict:
+             dtype: str = "float32", reward_range: tuple[float, float] | None = None) -> dict:
     """The evaluation protocol of `softrl eval` (pass@1 and pass@10, unbiased; per-sample success;
     distinct correct answers; token entropy; KL to `reference` when given) of `model` (a directory,
     a hub id, or 'bootstrap:TASK') on `dataset` graded by `reward`, or on a task spec `task` (`size`
     prompts from `task_seed` where it generates them: by default the held-out split `softrl train`
-    evaluates on; `options` its keyword options)."""
+    evaluates on; `options` its keyword options). `reward_range` as the config's task.reward_range."""
     from softrl.assemble import model_directory, sampler
     from softrl.eval.protocol import evaluate as protocol
     from softrl.models.loading import load_causal_lm
@@ -213,7 +234,10 @@ def evaluate(model: str | Path, *, dataset: Any = None, reward: Any = None, task
     if not (temperature > 0 and 0 < top_p <= 1 and samples >= 1):
         raise ConfigError(f"temperature must be > 0, top_p in (0, 1] and samples >= 1, got {temperature}, "
                           f"{top_p}, {samples}")
-    s = sampler(reward_task(dataset, reward) if dataset is not None else task, str(model), size=size or None,
+    if reward_range is not None:
+        reward_range = run_config({"task": {"reward_range": reward_range}}).task.reward_range  # checked as in a config
+    graded = reward_task(dataset, reward, reward_range=reward_range) if dataset is not None else task
+    s = sampler(graded, str(model), size=size or None,
                 seed=task_seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, source="eval",
                 dtype=dtype, options=options, device=device)
     ref = None

@@ -54,19 +54,21 @@ def load_tasks(config: RunConfig) -> tuple[Task, Task]:
     from softrl.tasks.registry import generated
 
     t = config.task
-    train = task_split(t.name, t.size, t.seed, t.options)
-    return train, task_split(t.name, t.eval_size, t.eval_seed, t.options) if generated(t.name) else train
+    train = task_split(t.name, t.size, t.seed, t.options, t.reward_range)
+    return train, task_split(t.name, t.eval_size, t.eval_seed, t.options, t.reward_range) if generated(t.name) \
+        else train
 
 
-def task_split(spec: str, size: int | None, seed: int | None, options: dict) -> Task:
+def task_split(spec: str, size: int | None, seed: int | None, options: dict,
+               reward_range: tuple[float, float] | None = None) -> Task:
     """`tasks.registry.load_split`, its errors as a ConfigError naming the task settings."""
     from softrl.tasks.registry import load_split
 
-    twice = sorted({"size", "seed"} & set(options))
+    twice = sorted({"size", "seed", "reward_range"} & set(options))
     if twice:
         raise ConfigError(f"task.options.{twice[0]}: give it as task.{twice[0]} (--{twice[0]} on the command line)")
     try:
-        return load_split(spec, size, seed, **options)
+        return load_split(spec, size, seed, reward_range, **options)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"task: {e}") from e
 

@@ -10,17 +10,16 @@ import copy
 import math
 import re
 import reprlib
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
-                      model_validator)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 import softrl.objectives as registry
 from softrl.algorithms.common import SPO_BETA
 from softrl.limits import MAX_PROMPTS, MAX_SEED, StrictModel
+from softrl.safe_yaml import YAMLInputError, load_yaml
 
 SOURCES = ("online", "offline", "mc", "pts")
 
@@ -29,8 +28,7 @@ class ConfigError(ValueError):
     """A configuration problem, in one line that names the key."""
 
 
-class Section(StrictModel):
-    pass
+Section = StrictModel  # a config section
 
 
 DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
@@ -83,22 +81,19 @@ class TaskConfig(Section):
     eval_seed: int = Field(1, ge=0, le=MAX_SEED, description="seed of the held-out prompts (differs from `seed`)")
     options: dict[str, Any] = Field(default_factory=dict,
                                     description="task keyword options, e.g. a gym dataset's keys or prompt_suffix")
+    reward_range: tuple[float, float] | None = Field(
+        None, description="[lo, hi] of reward functions' values (a plain sum), e.g. [-1, 2]; hi = solved; "
+        "SPO, TOPR and Q0 see it mapped onto [0, 1] (none: [0, 1], weights summing to 1)")
+
+    @field_validator("reward_range")
+    @classmethod
+    def _reward_range(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not value[0] < value[1]:
+            raise ValueError("must be [lo, hi] with lo < hi")
+        return value
 
 
-def _algorithm_of(value: Any) -> str | None:
-    """The union's tag; options that name no algorithm are SPO's (the default loss)."""
-    return value.get("algorithm", "spo") if isinstance(value, dict) else getattr(value, "algorithm", None)
-
-
-def _objective_options():
-    """Every registered objective's options, told apart by `algorithm`: a discriminated union."""
-    names = ", ".join(registry.REGISTRY)
-    return Annotated[Union[tuple(Annotated[o.options, Tag(o.name)] for o in registry.REGISTRY.values())],
-                     Discriminator(_algorithm_of, custom_error_type="unknown_algorithm",
-                                   custom_error_message=f"must be one of {names}")]
-
-
-ObjectiveConfig = _objective_options()
+ObjectiveConfig = registry.options_union()  # every registered objective's options, told apart by `algorithm`
 
 
 class DataConfig(Section):
@@ -309,8 +304,6 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         parsed = load_yaml(value) if value.strip() else ""
         if isinstance(parsed, str) and "\n" in value:  # YAML folds a line break into a space: keep what was given
             parsed = value
-    except ConfigError as e:
-        raise ConfigError(f"{key.strip()}: {e}") from None
     except yaml.YAMLError:
         parsed = value
     except (RecursionError, ValueError) as e:  # nested too deeply; an integer of thousands of digits
@@ -353,8 +346,6 @@ def read_settings(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not a regular file")
     try:
         loaded = load_yaml(path.read_text())
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
     except (RecursionError, ValueError) as e:
@@ -374,45 +365,11 @@ def read_settings(path: str | Path) -> dict[str, Any]:
     return settings
 
 
-MAX_YAML_NODES = 1_000_000  # values of a config once its aliases are expanded; a real one has hundreds
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """YAML as a config needs it: a key given twice in one mapping is an error (PyYAML keeps the later)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable) and key in seen:
-                raise ConfigError(f"key {key!r} is given twice (line {key_node.start_mark.line + 1})")
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_yaml(text: str) -> Any:
-    """YAML with no key given twice and at most MAX_YAML_NODES values once aliases are expanded (nine
-    nested aliases of nine make 387 million: a 'YAML bomb' that fills the memory when copied)."""
-    loaded = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
-    if _expanded_size(loaded, {}) > MAX_YAML_NODES:
-        raise ConfigError(f"more than {MAX_YAML_NODES:,} values once its aliases (*name) are expanded")
-    return loaded
-
-
-def _expanded_size(value: Any, sizes: dict[int, int]) -> int:
-    """Values in `value`, a shared (aliased) one counted at each use; each distinct one visited once."""
-    if not isinstance(value, (dict, list)):
-        return 1
-    if id(value) not in sizes:
-        sizes[id(value)] = 0  # a recursive alias (`&a [*a]`) counts once
-        children = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-        sizes[id(value)] = 1 + sum(_expanded_size(v, sizes) for v in children)
-    return sizes[id(value)]
-
-
 def _unreadable(error: Exception) -> str:
     if isinstance(error, RecursionError):
         return "a value nested too deeply"
+    if isinstance(error, YAMLInputError):
+        return str(error)
     return f"not a value this config takes ({str(error).splitlines()[0][:80]})"
 
 

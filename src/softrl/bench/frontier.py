@@ -16,8 +16,6 @@ before it starts and removed when it ends. The pool is anydata's (`prepare_pool`
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 import shutil
 import statistics
@@ -26,13 +24,13 @@ from pathlib import Path
 
 from softrl.algorithms.common import SPO_BETA
 from softrl.bench.anydata import POOL_SOURCES, prepare_pool
-from softrl.bench.learning import base_overrides, difference, run_all, settings_of, slug
-from softrl.config import ConfigError, RunConfig, config_from
+from softrl.bench.frontier_runs import EVAL_SAMPLES, average, keep, mean, outcome
+from softrl.bench.learning import base_overrides, run_all, slug
+from softrl.config import RunConfig, config_from
 
 LRS = (1e-4, 3e-4, 1e-3)
 EARLIER_LR = 2e-4  # the earlier run whose rollouts are the "other policy's" data: anydata's learning rate
 TUNE_SEED = 100  # tuning seeds are 100, 101, ...; report seeds 0, 1, ...
-EVAL_SAMPLES = 20  # per held-out prompt: pass@k for k = 1..20
 
 
 @dataclass(frozen=True)
@@ -106,7 +104,7 @@ class Settings:
     earlier_steps: int = 100
     lrs: tuple[float, ...] = LRS
     extra: dict = field(default_factory=dict)
-    kept: Path | None = None  # the finished runs' outcomes, one JSON line each (see `keep`)
+    kept: Path | None = None  # the finished runs' outcomes, one JSON line each (frontier_runs.keep)
 
     @property
     def where(self) -> Path:
@@ -157,107 +155,6 @@ def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune
             for m in REGIMES[r].methods if methods is None or m in methods for lr, strength in grid(m, s.lrs)]
 
 
-# --- reading finished runs ----------------------------------------------------------------------
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _mean(values: list[float]) -> float:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.fmean(values) if values else math.nan
-
-
-DIAGNOSTICS = ("iw/ess_fraction", "iw/kl_behavior", "kl_ref", "grad_norm")
-
-
-def measured(config: RunConfig) -> dict | None:
-    """A finished run's final evaluation (pass@k for every k, KL(pi || pi0), distinct), samples generated,
-    its lag's distribution over the learner steps, and the last third's per-step diagnostics; None if
-    the run has not finished."""
-    if not (config.run_dir / "summary.json").is_file():
-        return None
-    log = records(config.run_dir)
-    evals = [r for r in log if "eval/pass@1" in r]
-    last = evals[-1]
-    steps = [r for r in log if "loss" in r]
-    tail = steps[-max(1, len(steps) // 3):]
-    lags = sorted(r["staleness/mean"] for r in steps if "staleness/mean" in r)
-    out = {
-        "pass@k": [last[f"eval/pass@{k}"] for k in range(1, EVAL_SAMPLES + 1) if f"eval/pass@{k}" in last],
-        "pass@1": last["eval/pass@1"], "pass@10": last.get("eval/pass@10"), "kl": last.get("eval/kl_to_reference"),
-        "distinct": last.get("eval/distinct_correct_per_solved"), "samples": last["samples"],
-        "curve": [(r["step"], r["eval/pass@1"], r.get("eval/kl_to_reference")) for r in evals],
-        "lag": ({"mean": statistics.fmean(lags), "p10": lags[len(lags) // 10], "median": lags[len(lags) // 2],
-                 "max": lags[-1]} if lags else None),
-        "clipped_or_masked": _mean([sum(v for k, v in r.items() if k.endswith(("clipped_fraction", "masked_fraction")))
-                                    for r in tail]),
-    }
-    out.update({k: _mean([r.get(k) for r in tail]) for k in DIAGNOSTICS})
-    return out
-
-
-# --- kept outcomes: a benchmark longer than a machine's life ------------------------------------
-# A run's outcome is a few numbers; its folder is megabytes and lives on one machine. Each finished run
-# appends its outcome, with its settings, to one JSON-lines file that can be committed beside the
-# reports; a run found there is not trained again, and the reports need nothing else.
-
-PLACE_KEYS = ("name", "out_dir", "data.store")  # where a run lives, not how it ran
-
-
-def key(config: RunConfig) -> str:
-    return f"{Path(config.out_dir).name}/{config.name}"
-
-
-def kept(s: Settings) -> dict[str, dict]:
-    """The kept outcomes by `key`; the last line of a key wins."""
-    if s.kept is None or not s.kept.is_file():
-        return {}
-    return _read_kept(s.kept, s.kept.stat().st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=4)
-def _read_kept(path: Path, _mtime: int) -> dict[str, dict]:
-    out = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            entry = json.loads(line)
-            out[entry["key"]] = entry
-        except (ValueError, KeyError, TypeError):
-            raise ConfigError(f"{path}: line {number} is not a kept outcome (a JSON object with key, settings and "
-                             "outcome): mend or delete that line") from None
-    return out
-
-
-def keep(s: Settings, config: RunConfig) -> None:
-    """Append a run finished in its folder to the kept outcomes (once)."""
-    if s.kept is None or key(config) in kept(s):
-        return
-    result = measured(config)
-    if result is not None:
-        settings = {k: v for k, v in settings_of(config).items() if k not in PLACE_KEYS}
-        s.kept.parent.mkdir(parents=True, exist_ok=True)
-        with s.kept.open("a") as f:
-            f.write(json.dumps({"key": key(config), "settings": settings, "outcome": result}) + "\n")
-
-
-def outcome(s: Settings, config: RunConfig) -> dict | None:
-    """A finished run's outcome: from its folder, else from the kept outcomes (made with the same
-    settings); None if it has not finished."""
-    found = measured(config)
-    if found is not None:
-        return found
-    entry = kept(s).get(key(config))
-    if entry is None:
-        return None
-    differs = difference(entry["settings"], config)
-    if differs:
-        name, before, now = differs
-        raise ConfigError(f"{s.kept}: {key(config)} was kept with {name}={before!r}, this benchmark asks "
-                         f"{name}={now!r}: give another --kept file, or delete that line")
-    return entry["outcome"]
-
-
 def finite(points: list[dict]) -> list[dict]:
     return [p for p in points if math.isfinite(p["kl"]) and math.isfinite(p["pass@1"])]
 
@@ -293,22 +190,6 @@ def tuned(grid_points: dict[str, list[dict]]) -> tuple[dict[str, dict], float, d
     return best, target, matched
 
 
-def average(outcomes: list[dict]) -> dict:
-    """Seed-mean (and sd) of the numbers of one grid point."""
-    out: dict = {"seeds": len(outcomes)}
-    for key in ("pass@1", "pass@10", "kl", "distinct", "samples", *DIAGNOSTICS, "clipped_or_masked"):
-        values = [o.get(key) for o in outcomes]
-        values = [v for v in values if v is not None and math.isfinite(v)]
-        out[key] = statistics.fmean(values) if values else math.nan
-        out[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
-    out["pass@1_start"] = statistics.fmean(o["curve"][0][1] for o in outcomes)  # the reference's, at step 0
-    ks = min(len(o["pass@k"]) for o in outcomes)
-    out["pass@k"] = [statistics.fmean(o["pass@k"][k] for o in outcomes) for k in range(ks)]
-    lags = [o["lag"] for o in outcomes if o["lag"]]
-    out["lag"] = {k: statistics.fmean(lag[k] for lag in lags) for k in lags[0]} if lags else None
-    return out
-
-
 def prepare(s: Settings, on_step=None, log=lambda m: None) -> dict:
     """The pool's store (the earlier run first, once), which every run's private store copies."""
     return prepare_pool(s.task, s.root, s.earlier_steps, EARLIER_LR, s.prompts, s.samples_per_prompt, s.extra or None,
@@ -338,8 +219,8 @@ def _run_alone(config: RunConfig, pool: Path, threads: int) -> str:
 def pending(s: Settings, configs: list[RunConfig]) -> list[RunConfig]:
     """The runs still to train (a run finished in its folder is kept on the way)."""
     for config in configs:
-        keep(s, config)
-    return [c for c in configs if outcome(s, c) is None]
+        keep(s.kept, config)
+    return [c for c in configs if outcome(s.kept, c) is None]
 
 
 def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_done=None) -> None:
@@ -352,7 +233,7 @@ def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_d
 
     def finished(config: RunConfig) -> None:
         remove_store(config)
-        keep(s, config)
+        keep(s.kept, config)
 
     if jobs <= 1:
         run_all(configs, on_step=on_step, before=lambda c: copy_pool(pool, c), after=finished)
@@ -367,7 +248,7 @@ def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_d
         try:
             for future in as_completed(futures):
                 future.result()
-                keep(s, futures[future])
+                keep(s.kept, futures[future])
                 if on_done is not None:
                     on_done(futures[future])
         except BaseException:  # a failed run (or Ctrl-C) ends the stage now, not after every queued run
@@ -384,7 +265,7 @@ def grid_points(s: Settings, regime: Regime, methods: list[str] | None, tune_see
     out: dict[str, list[dict]] = {}
     for m in methods_of(regime, methods):
         for lr, strength in grid(m, s.lrs):
-            done = [outcome(s, run_config(s, regime, m, lr, strength, TUNE_SEED + k)) for k in range(tune_seeds)]
+            done = [outcome(s.kept, run_config(s, regime, m, lr, strength, TUNE_SEED + k)) for k in range(tune_seeds)]
             if all(done):
                 out.setdefault(m, []).append({"point": point_name(m, lr, strength), "lr": lr, "strength": strength,
                                               **average(done)})
@@ -410,7 +291,7 @@ def choose(points: dict[str, list[dict]]) -> dict:
 
 def reported(s: Settings, regime: Regime, point: dict, method: str, seeds: int) -> dict | None:
     """The report seeds' average at a chosen point (None until every seed has finished)."""
-    done = [outcome(s, run_config(s, regime, method, point["lr"], point["strength"], k)) for k in range(seeds)]
+    done = [outcome(s.kept, run_config(s, regime, method, point["lr"], point["strength"], k)) for k in range(seeds)]
     return {"point": point["point"], "lr": point["lr"], "strength": point["strength"], **average(done)} \
         if all(done) else None
 
@@ -440,7 +321,7 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
     planned = sum(len(grid(m, s.lrs)) for m in methods_of(regime, methods))
     return {"regime": regime.name, "lag": regime.lag if regime.generates else None, "mix": regime.mix,
             "grid_finished": f"{sum(map(len, points.values()))} of {planned}",
-            "reference_pass@1": _mean([p["pass@1_start"] for ps in points.values() for p in ps]),
+            "reference_pass@1": mean([p["pass@1_start"] for ps in points.values() for p in ps]),
             "sources": list(regime.sources), "grid": points, "target_kl": chosen["target_kl"],
             "frontiers": {m: [p["point"] for p in f] for m, f in chosen["frontiers"].items()},
             "best": best, "matched": matched, "against_frontiers": verdicts,

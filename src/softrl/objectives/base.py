@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
 import torch
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 from torch import Tensor
 
 from softrl.limits import StrictModel
@@ -30,7 +30,7 @@ class LossInputs:
     ref_logp: Tensor  # [B, T] log pi0, frozen
     old_logp: Tensor  # [B, T] the trained policy when the batch was made (detached): PPO's ratio denominator
     mask: Tensor  # [B, T] 1 on real response tokens
-    reward: Tensor  # [B] the task's reward, in [0, 1]
+    reward: Tensor  # [B] the reward on the scale the objective asks (`Objective.rewards`)
     q0: Tensor  # [B] beta * log mean_k exp(r_k / beta) over reference samples of the row's prompt
     beta: float
     group_size: int = 1
@@ -80,6 +80,9 @@ class Objective:
     behavior_every_row: bool = True  # False: only some rows need mu (TOPR's negatives), a pool without any is usable
     without_behavior: str = "skipped"  # what becomes of a row without mu's log-probs, for the run's log
     distributions: Callable[[Options], bool] = lambda options: False  # needs token_kl ([B, T, V] passes)
+    # "unit": the reward mapped onto [0, 1] (1 = solved), as SPO's Q_T = r - 1 and its BCE need; "task":
+    # the reward in the task's declared range (the same unless `task.reward_range` is set)
+    rewards: Literal["unit", "task"] = "task"
 
     def group_size(self, samples_per_prompt: int) -> int:
         """Rows per group in a batch of this objective: the run's samples per prompt, or 1."""
@@ -109,3 +112,16 @@ def objective_loss(options: Options, inputs: LossInputs) -> tuple[Tensor, dict[s
     """(loss, metrics) of the objective `options` configure; metrics are detached 0-d tensors (read once per
     step by the learner, so a loss never waits for the device)."""
     return get(options.algorithm).loss(options, inputs)
+
+
+def _algorithm_of(value: Any) -> str | None:
+    """The union's tag; options that name no algorithm are SPO's (the default loss)."""
+    return value.get("algorithm", "spo") if isinstance(value, dict) else getattr(value, "algorithm", None)
+
+
+def options_union():
+    """Every registered objective's options, told apart by `algorithm`: a discriminated union."""
+    names = ", ".join(REGISTRY)
+    return Annotated[Union[tuple(Annotated[o.options, Tag(o.name)] for o in REGISTRY.values())],
+                     Discriminator(_algorithm_of, custom_error_type="unknown_algorithm",
+                                   custom_error_message=f"must be one of {names}")]

@@ -55,7 +55,8 @@ register(Objective("cispo", CISPOOptions, cispo, "CISPO (MiniMax-M1): REINFORCE 
                    behavior=always))
 register(Objective("topr", TOPROptions, topr, "TOPR (Le Roux et al.): REINFORCE on any rows, positives without "
                    "importance weights, negatives tapered by min(pi/mu, 1) (skipped without mu)",
-                   behavior=always, behavior_every_row=False, without_behavior="skipped when negative"))
+                   behavior=always, behavior_every_row=False, without_behavior="skipped when negative",
+                   rewards="unit"))
 
 
 # --- built for stale rollouts (algorithms/stale.py) ------------------------------------------------

@@ -58,4 +58,4 @@ def row_weights(o: SPOOptions, x: LossInputs) -> Tensor | None:
 register(Objective("spo", SPOOptions, spo_loss, "Soft Policy Optimization (Cohen et al. 2025): Q-regression through the "
                    "cumulative Q-parameterisation; any data, no value model",
                    behavior=lambda o: o.is_correction != "none", behavior_every_row=False,
-                   without_behavior="kept at weight 1"))
+                   without_behavior="kept at weight 1", rewards="unit"))

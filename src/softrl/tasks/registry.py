@@ -14,11 +14,20 @@ BUILTIN = ("countdown", "tinycode")
 DATASETS = ("codecontests", "taco", "humaneval", "mbpp", "math")
 
 
-def load_task(spec: str, **config: Any) -> Task:
+def load_task(spec: str, reward_range: tuple[float, float] | None = None, **config: Any) -> Task:
     """`countdown`, `tinycode`, `humaneval` (bundled), `KIND:PATH` for KIND in codecontests, taco,
     humaneval, mbpp, math; `gym:NAME` (reasoning-gym); `hf:DATASET[:CONFIG][:SPLIT]` graded by
     `reward=module:function`; or `package.module:Name`, a Task subclass or a reward function
-    (tasks/reward_functions.py) over the records of `prompts=PATH` (or `prompts=hf:...`)."""
+    (tasks/reward_functions.py) over the records of `prompts=PATH` (or `prompts=hf:...`). `reward_range`
+    declares a reward function's range; other tasks grade on [0, 1] themselves."""
+    task = _load_task(spec, reward_range, config)
+    if reward_range is not None and not isinstance(task, RewardFunctionTask):
+        raise ValueError(f"reward_range: {spec} grades its own rewards on [0, 1]; a range is declared for reward "
+                         "functions (module:function, hf:DATASET)")
+    return task
+
+
+def _load_task(spec: str, reward_range: tuple[float, float] | None, config: dict[str, Any]) -> Task:
     kind, _, rest = spec.partition(":")
     if kind == "countdown" and not rest:
         from softrl.tasks.countdown import CountdownTask
@@ -33,7 +42,7 @@ def load_task(spec: str, **config: Any) -> Task:
 
         return GymTask(rest, **config)
     if kind == "hf":
-        return _from_hub_dataset(spec, config)
+        return _from_hub_dataset(spec, config, reward_range)
     if kind in ("math", "codecontests", "taco", "mbpp") and not rest:
         raise ValueError(f"task {spec!r} needs a dataset path: {kind}:PATH")
     if kind == "math":
@@ -45,7 +54,7 @@ def load_task(spec: str, **config: Any) -> Task:
 
         return CodeTask.load(kind, rest or None, **config)
     if rest:
-        return _from_import_path(kind, rest, config)
+        return _from_import_path(kind, rest, config, reward_range)
     raise ValueError(f"unknown task {spec!r}: use {', '.join(BUILTIN)}, KIND:PATH ({', '.join(DATASETS)}), "
                      "gym:NAME, hf:DATASET or module:Name")
 
@@ -56,11 +65,11 @@ def generated(spec: str) -> bool:
     return spec in BUILTIN or spec.startswith("gym:")
 
 
-def load_split(spec: str, size: int | None = None, seed: int | None = None, **options: Any) -> Task:
+def load_split(spec: str, size: int | None = None, seed: int | None = None, reward_range=None, **options: Any) -> Task:
     """`size` prompts from `seed` where the task generates them; a dataset task takes neither (its
     prompts are the file's)."""
     sized = {k: v for k, v in (("size", size), ("seed", seed)) if v is not None} if generated(spec) else {}
-    return load_task(spec, **sized, **options)
+    return load_task(spec, reward_range, **sized, **options)
 
 
 def _import(module: str, name: str) -> Any:
@@ -70,7 +79,7 @@ def _import(module: str, name: str) -> Any:
         raise ValueError(f"cannot import task {module}:{name}: {e}") from e
 
 
-def _from_import_path(module: str, name: str, config: dict[str, Any]) -> Task:
+def _from_import_path(module: str, name: str, config: dict[str, Any], reward_range) -> Task:
     target = _import(module, name)
     if inspect.isclass(target) and issubclass(target, Task):
         return target(**config)
@@ -80,7 +89,8 @@ def _from_import_path(module: str, name: str, config: dict[str, Any]) -> Task:
             raise ValueError(f"reward function {module}:{name} needs prompts=PATH (records with 'prompt', or "
                              "hf:DATASET): task.options.prompts in a config, --task-option prompts=PATH on the "
                              "command line")
-        return RewardFunctionTask(reward_functions(target), records_of(config["prompts"]))
+        return RewardFunctionTask(reward_functions(target, summed=reward_range is not None),
+                                  records_of(config["prompts"]), reward_range=reward_range)
     raise ValueError(f"{module}:{name} is neither a Task subclass nor a reward function")
 
 
@@ -92,7 +102,7 @@ def _only_options(what: str, config: dict[str, Any], known: tuple[str, ...]) -> 
         raise ValueError(f"option {unknown[0]!r} is not one {what} takes (its options: {', '.join(known)})")
 
 
-def _from_hub_dataset(spec: str, config: dict[str, Any]) -> Task:
+def _from_hub_dataset(spec: str, config: dict[str, Any], reward_range) -> Task:
     """`hf:DATASET[:CONFIG][:SPLIT]` graded by `reward=module:function` (or a list of them)."""
     _only_options(spec, config, ("reward",))
     reward = config.get("reward")
@@ -100,4 +110,5 @@ def _from_hub_dataset(spec: str, config: dict[str, Any]) -> Task:
     if not names or not all(isinstance(n, str) and n.count(":") == 1 for n in names):
         raise ValueError(f"{spec} needs reward=module:function (or a list of them): task.options.reward in a "
                          "config, --task-option reward=module:function on the command line")
-    return RewardFunctionTask(reward_functions([_import(*n.split(":")) for n in names]), records_of(spec))
+    return RewardFunctionTask(reward_functions([_import(*n.split(":")) for n in names], summed=reward_range is not None),
+                              records_of(spec), reward_range=reward_range)

@@ -17,6 +17,7 @@ softrl's range: 1 = solved.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import math
 from collections.abc import Callable, Iterable
@@ -82,12 +83,15 @@ def _number(value: Any, where: str, name: str) -> float:
     return number
 
 
-def reward_functions(reward: Any) -> list[RewardFunction]:
-    """`f`, `[f, g, ...]` or `[(f, weight), ...]` as RewardFunctions; unweighted ones share what the
-    given weights leave of 1."""
+def reward_functions(reward: Any, summed: bool = False) -> list[RewardFunction]:
+    """`f`, `[f, g, ...]` or `[(f, weight), ...]` as RewardFunctions. Unweighted ones share what the
+    given weights leave of 1 (the weights sum to 1: rewards in [0, 1] stay there); `summed` (a declared
+    reward range) makes them weigh 1 each, a plain sum as TRL's and verl's."""
     items = list(reward) if isinstance(reward, (list, tuple)) and not _is_pair(reward) else [reward]
     if not items:
         raise RewardError("reward: give at least one reward function")
+    if summed:
+        return [RewardFunction(*item) if _is_pair(item) else RewardFunction(item) for item in items]
     given = [item[1] for item in items if _is_pair(item)]
     rest = len(items) - len(given)
     left = 1.0 - sum(w for w in given if isinstance(w, (int, float)))
@@ -95,7 +99,8 @@ def reward_functions(reward: Any) -> list[RewardFunction]:
         raise RewardError(f"reward: the given weights sum to {1 - left:g}, leaving nothing for the unweighted functions")
     if not rest and abs(left) > WEIGHT_TOLERANCE:  # below 1 nothing can be solved; above, rewards leave [0, 1]
         raise RewardError(f"reward: the weights sum to {1 - left:.6g}, not 1: a completion that every function "
-                          "rates 1 must score 1 (solved); scale the weights so that they sum to 1")
+                          "rates 1 must score 1 (solved); scale the weights so that they sum to 1, or declare "
+                          "the sum's range (task.reward_range)")
     left = max(left, 0.0)
     return [RewardFunction(*item) if _is_pair(item) else RewardFunction(item, left / rest) for item in items]
 
@@ -107,20 +112,44 @@ def _is_pair(item: Any) -> bool:
     return isinstance(item, tuple) and len(item) == 2 and callable(item[0]) and not callable(item[1])
 
 
+def grading_digest(rewards: list[RewardFunction], reward_range: tuple[float, float]) -> str:
+    """8 hex digits of what decides a reward: each function's module, name, code and weight, and the range."""
+    parts = [repr(reward_range)]
+    for r in rewards:
+        fn = r.fn if hasattr(r.fn, "__code__") else type(r.fn)
+        code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__", None)
+        parts += [getattr(fn, "__module__", ""), getattr(fn, "__qualname__", r.name), repr(r.weight),
+                  _code_text(code) if code is not None else ""]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
+
+
+def _code_text(code) -> str:
+    """A code object as stable text: its bytecode, names and constants (nested functions' code in turn;
+    their repr would hold a memory address)."""
+    consts = [_code_text(c) if hasattr(c, "co_code") else repr(sorted(map(repr, c))) if isinstance(c, frozenset)
+              else repr(c) for c in code.co_consts]  # a frozenset's order follows the string hash's seed
+    return "|".join([code.co_code.hex(), repr(code.co_names), *consts])
+
+
 class RewardFunctionTask(Task):
     """Prompts from records, graded by the sum of the reward functions over each record's fields."""
 
     def __init__(self, rewards: list[RewardFunction], records: Iterable[tuple[str, dict[str, Any]]],
-                 name: str | None = None):
+                 name: str | None = None, reward_range: tuple[float, float] | None = None):
         self.rewards = rewards
+        self.declared = reward_range is not None
+        self.reward_range = tuple(reward_range or (0.0, 1.0))  # the weighted sum's [lo, hi]; hi = solved
         self.name = name or "+".join(r.name for r in rewards)
+        # ids carry the grading, not only its name: Q0 and the stored reference rows are values under
+        # this reward, and another function of the same name (or this one edited) must not reuse them
+        grading = f"{self.name}.{grading_digest(rewards, self.reward_range)}"
         self._prompts, self._solutions, seen = [], {}, {}
         for where, record in records:
             text, as_given, solutions = prompt_of(record, where)
             # ids carry the task's name: Q0 is the soft value under this reward, not another's
             key = record.get("id")
-            key = f"{self.name}:{key}" if isinstance(key, (str, int)) and not isinstance(key, bool) \
-                else prompt_id_of(f"{self.name}\0{text}")
+            key = f"{grading}:{key}" if isinstance(key, (str, int)) and not isinstance(key, bool) \
+                else prompt_id_of(f"{grading}\0{text}")
             if key in seen:  # the same prompt twice (or a repeated id): each stays its own prompt
                 seen[key] += 1
                 key = f"{key}#{seen[key]}"
@@ -142,7 +171,7 @@ class RewardFunctionTask(Task):
 
     def grade_many(self, pairs: list[tuple[Prompt, str]], workers: int | None = None) -> list[Grade]:
         """Every function once over all pairs (a batched one in one call), then the weighted sum, each
-        checked to be a finite number in [0, 1]."""
+        checked to be a finite number in the reward range, and mapped onto [0, 1] (hi = solved)."""
         if not pairs:
             return []
         as_given = [p.meta.get("prompt", p.text) for p, _ in pairs]
@@ -150,21 +179,29 @@ class RewardFunctionTask(Task):
         records = [p.meta.get("record", {}) for p, _ in pairs]
         where = lambda i: f"task {self.name}, prompt {pairs[i][0].id}"  # noqa: E731
         total = [0.0] * len(pairs)
+        values: list[list[float]] = [[] for _ in pairs]  # each function's value, to name them in an error
         own: list[Grade | bool | None] = [None] * len(pairs)  # a lone function's own verdict, if it gave one
         for fn in self.rewards:
             for i, value in enumerate(fn(as_given, completions, records, where)):
-                total[i] += fn.weight * _number(value, where(i), fn.name)
+                values[i].append(_number(value, where(i), fn.name))
+                total[i] += fn.weight * values[i][-1]
                 if len(self.rewards) == 1 and isinstance(value, (bool, Grade)):
                     own[i] = value
+        low, high = self.reward_range
+        tolerance = WEIGHT_TOLERANCE * (high - low)
         grades = []
         for i, reward in enumerate(total):
-            for bound in (0.0, 1.0):  # a weighted sum's rounding is not a miss
-                reward = bound if abs(reward - bound) <= WEIGHT_TOLERANCE else reward
-            if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
-                raise RewardError(f"{where(i)}: reward must be a finite number in [0, 1], got {reward:g} "
-                                  "(softrl's rewards are in [0, 1], 1 = solved: scale the function or set weights)")
+            for bound in (low, high):  # a weighted sum's rounding is not a miss
+                reward = bound if abs(reward - bound) <= tolerance else reward
+            if not math.isfinite(reward) or not low <= reward <= high:
+                terms = " + ".join(f"{fn.weight:g} x {fn.name} {v:g}" for fn, v in zip(self.rewards, values[i]))
+                raise RewardError(f"{where(i)}: reward must be a finite number in [{low:g}, {high:g}], got {reward:g}"
+                                  + (f" ({terms})" if len(self.rewards) > 1 else "")
+                                  + (" (task.reward_range)" if self.declared else
+                                     " (declare another range with task.reward_range)"))
             verdict = own[i]
-            grade = (Grade(reward, verdict.passed, verdict.details) if isinstance(verdict, Grade)
-                     else Grade(reward, reward >= 1.0 if verdict is None else verdict))
+            unit = (reward - low) / (high - low)  # what the store, Q0 and SPO keep: 1 = solved
+            grade = (Grade(unit, verdict.passed, verdict.details) if isinstance(verdict, Grade)
+                     else Grade(unit, reward >= high if verdict is None else verdict))
             grades.append(self.checked(pairs[i][0], grade))
         return grades

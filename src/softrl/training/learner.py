@@ -102,10 +102,19 @@ class Learner:
         values = self.value.values(part.padded) if self.value is not None else None
         # one update per batch: PPO's pi_old is the policy now; a row's own sampler mu is behavior_logp
         return LossInputs(
-            policy.logp, ref_logp, policy.logp.detach(), policy.mask, part.reward, part.q0, self.config.beta,
+            policy.logp, ref_logp, policy.logp.detach(), policy.mask, self.rewards(part.reward, objective), part.q0,
+            self.config.beta,
             group_size, token_kl=policy.kl, values=values, old_values=None if values is None else values.detach(),
             mc_positions=part.mc_positions, mc_success=part.mc_success, mc_mask=part.mc_mask,
             behavior_logp=part.behavior_logp[:, : policy.logp.shape[1]], has_behavior=part.has_behavior), policy.entropy
+
+    def rewards(self, unit: Tensor, objective: registry.Objective) -> Tensor:
+        """The rows' rewards (kept on [0, 1] in batches and the store) on the scale `objective` asks."""
+        declared = self.config.task.reward_range
+        if objective.rewards == "unit" or declared is None:
+            return unit
+        low, high = declared
+        return low + (high - low) * unit
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch` (skipped when the loss is not finite); returns metrics.
