@@ -166,6 +166,28 @@ def test_records_need_a_prompt_and_messages_are_a_conversation():
     assert seen == [chat]  # the reward sees the messages, the model the template's rendering
 
 
+def test_a_conversation_s_completion_is_the_assistant_message_as_in_trl():
+    """TRL hands a conversational dataset's reward functions completions as message lists
+    (`completion[0]["content"]`), a plain one's as strings; one dataset may mix both."""
+    seen = []
+
+    def batched(prompts, completions, **kwargs):
+        seen.append(completions)
+        return [float((c[0]["content"] if isinstance(c, list) else c) == "4") for c in completions]
+
+    def per_sample(prompt, completion):
+        seen.append(completion)
+        return 1.0
+
+    chat = [{"role": "user", "content": "2+2?"}]
+    records = [{"prompt": chat}, {"prompt": "2+2="}]
+    assert [g.reward for g in grades(task_of(batched, records), ["4", "4"])] == [1.0, 1.0]
+    assert seen == [[[{"role": "assistant", "content": "4"}], "4"]]
+    seen.clear()
+    grades(task_of(per_sample, records), ["5", "6"])
+    assert seen == [[{"role": "assistant", "content": "5"}], "6"]
+
+
 def test_data_import_takes_chat_prompts(tmp_path):
     """`softrl data import` reads a prompt given as chat messages (or `messages`) as the same text
     the chat template renders and the API's datasets store."""

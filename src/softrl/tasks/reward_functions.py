@@ -9,7 +9,8 @@ assistant turn is its known solution), and any other fields. A reward function s
 The form is read from the signature: a parameter named `completions` (or an attribute
 `f.batched = True`) makes it batched, called by keyword as TRL calls it (`prompts=` only where the
 signature takes it); a per-sample function gets the prompt and the completion as its first two
-arguments. Completions are always strings. A function gets the fields its signature names, or all of
+arguments. A completion is a string, or, where the prompt is chat messages, as in TRL, the list of the
+one assistant message `[{"role": "assistant", "content": text}]`. A function gets the fields its signature names, or all of
 them when it takes `**kwargs`. Several functions are summed with weights: unweighted ones share what
 the given weights leave of 1 (1/n each when none is given), so rewards in [0, 1] stay in [0, 1],
 softrl's range: 1 = solved.
@@ -175,7 +176,9 @@ class RewardFunctionTask(Task):
         if not pairs:
             return []
         as_given = [p.meta.get("prompt", p.text) for p, _ in pairs]
-        completions = [r for _, r in pairs]
+        # TRL's convention: a conversation's completion is the assistant's message, a list of one
+        completions = [[{"role": "assistant", "content": r}] if isinstance(given, list) else r
+                       for given, (_, r) in zip(as_given, pairs)]
         records = [p.meta.get("record", {}) for p, _ in pairs]
         where = lambda i: f"task {self.name}, prompt {pairs[i][0].id}"  # noqa: E731
         total = [0.0] * len(pairs)
