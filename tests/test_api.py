@@ -453,3 +453,75 @@ def test_a_lora_run_saves_whole_merged_weights(tiny, tmp_path):
     assert set(final) == set(reference)
     changed = {k for k in final if not (final[k] == reference[k]).all()}
     assert changed and all("q_proj" in k or "v_proj" in k for k in changed), changed
+
+
+def test_a_prompt_beyond_any_context_is_refused_before_anything_is_tokenized(tiny, tmp_path, monkeypatch):
+    """softrl.train(dataset=...) with a 15 MB prompt (46 s and 6.9 GB of tokenizing, then refused for
+    the model's positions): refused in one line naming it, its size and what the model takes, before
+    any prompt is tokenized or any model loaded; a prompt over the 16 MiB record limit is refused as
+    `dataset[i]` (no line limit caught it in Python)."""
+    import time
+
+    from softrl import assemble
+    from softrl.models import wrappers
+
+    tokenized, loaded = [], []
+    monkeypatch.setattr(assemble, "encode_prompt", lambda tokenizer, text: tokenized.append(len(text)) or [1])
+    load = wrappers.PolicyModel.load
+    monkeypatch.setattr(wrappers.PolicyModel, "load", lambda *a, **k: loaded.append(1) or load(*a, **k))
+    started = time.time()
+    with pytest.raises(ValueError, match=r"prompt 'prompt-\w+' of task '\w+' has 15,000,000 characters, more than "
+                                         r"the model's 256 positions at 32 characters a token could hold: at most "
+                                         r"8,192 characters"):
+        softrl.train(small(tiny, tmp_path), dataset=[*RECORDS, {"prompt": "x" * (15 * 10**6), "answer": 1}],
+                     reward=answered, progress=False)
+    assert tokenized == [] and loaded == [] and time.time() - started < 30
+    with pytest.raises(RecordError, match=r"^dataset\[1\]: the prompt has 16,777,217 characters, over the 16 MiB "
+                                          r"limit of a record: at most 16,777,216$"):
+        softrl.train(small(tiny, tmp_path), dataset=[RECORDS[0], {"prompt": "x" * (16 * 2**20 + 1), "answer": 1}],
+                     reward=answered, progress=False)
+
+
+def test_hub_ids_come_from_the_local_cache_without_asking_the_hub(tiny, tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE unset: a model and an `hf:` dataset in the local caches load from them and the
+    hub is never asked (transformers and datasets ask it first, even for a cached id: half a minute of
+    retries where no network answers); one the cache lacks is refused at once (test_reliability.py).
+    HF_HUB_OFFLINE=0 hands an id to them as it is, to download."""
+    from softrl.models.loading import ModelLoadError, local_source
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hf" / "hub" / "models--softrl-test--tiny"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    (repo / "snapshots" / revision).mkdir(parents=True)
+    for f in Path(tiny[0]).iterdir():
+        (repo / "snapshots" / revision / f.name).write_bytes(f.read_bytes())
+    data = tmp_path / "arith"  # cached below as the hub dataset softrl-test/arith
+    data.mkdir()
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    script = f"""
+import json, shutil, time
+from pathlib import Path
+import datasets, datasets.config
+datasets.load_dataset({str(data)!r}, split="train")
+cache = Path(datasets.config.HF_DATASETS_CACHE)
+shutil.copytree(next(cache.glob("arith/*/*/*/dataset_info.json")).parent, cache / "softrl-test___arith/default/0.0.0/x")
+from softrl.models.loading import load_causal_lm
+from softrl.tasks.records import records_of
+started = time.time()
+model, tokenizer = load_causal_lm("softrl-test/tiny")
+rows = records_of("hf:softrl-test/arith")
+print(json.dumps([model.config.max_position_embeddings, [r["prompt"] for _, r in rows], time.time() - started]))
+"""
+    hub = ("HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    env = {**{k: v for k, v in os.environ.items() if k not in hub}, "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    positions, prompts, seconds = json.loads(out.stdout.strip().splitlines()[-1])
+    assert positions == 256 and prompts == [r["prompt"] for r in RECORDS], out.stdout
+    assert "huggingface.co" not in out.stderr and seconds < 20, out.stderr[-2000:]  # asked, it retries for 30 s
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert local_source("softrl-test/none") == "softrl-test/none"  # to transformers, which downloads it
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="softrl-test/none: no such local directory, and the hub id is not in"):
+        local_source("softrl-test/none")

@@ -86,7 +86,8 @@ def test_feed_draws_the_pts_source_from_pts_rollouts_only(tiny, tmp_path):
     prompts = task.prompts()
     store = ExperienceStore(tmp_path / "store")
     rows = [Trajectory(p.id, f"{source} {i}", reward=float(i % 2), passed=bool(i % 2), task="countdown",
-                       source=source, response_tokens=[5, 6, 7 + i, 9 + len(source)], tokenizer=tokenizer_fingerprint(tiny[2]))
+                       source=source, prompt_tokens=[3, 4], response_tokens=[5, 6, 7 + i, 9 + len(source)],
+                       tokenizer=tokenizer_fingerprint(tiny[2]))
             for p in prompts for source in ("reference", "pts") for i in range(4)]
     store.append(rows)
     config = config_from({"task.name": "countdown", "task.size": 4, "data.store": str(tmp_path / "store"),

@@ -9,7 +9,7 @@ import softrl
 ROOT = Path(softrl.__file__).parent
 # bottom to top; a package may import its own layer and the layers below
 LAYERS = [
-    {"algorithms", "tabular", "limits"},
+    {"algorithms", "tabular", "limits", "hub", "files"},
     {"objectives"},
     {"config", "config_reference", "safe_yaml", "rewards", "plots"},
     {"tasks"},

@@ -7,8 +7,11 @@ metrics line, a damaged newest checkpoint, a run killed before its first checkpo
 import gzip
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,11 @@ def jsonl(*records) -> str:
 
 
 GOOD = {"prompt": "Use 1 2 3 to make 6", "response": "1+2+3", "reward": 1.0}
+# a model of 512 positions, its config only: a case that needs its weights or tokenizer fails otherwise
+CONFIG_ONLY = {"model/config.json": json.dumps({"model_type": "llama", "max_position_embeddings": 512})}
+# a 15 MB prompt, under the record limit: it took 46 s and 6.9 GB to be tokenized, then refused
+HUGE_PROMPT = {**CONFIG_ONLY, "huge.jsonl": jsonl({"id": "huge", "problem": "x" * (15 * 10**6), "answer": "7"})}
+HUGE_REFUSED = "prompt 'huge' of task 'math' has 15,000,000 characters, more than the model's 512 positions"
 
 # (id, arguments after `softrl`, {relative path: content} to create first, what the error must name).
 # "{d}" in an argument is the case's directory; every case may touch the store in {d}/store.
@@ -110,6 +118,8 @@ CASES = [
     ("export-unknown-suffix", ["data", "export", "{d}/out.txt", "--store", "{d}/store"], {}, "out.txt"),
     ("export-under-a-file", ["data", "export", "{d}/file/out.jsonl", "--store", "{d}/store"], {"file": "x"}, "file"),
     ("export-no-store", ["data", "export", "{d}/out.jsonl", "--store", "{d}/nostore"], {}, "nostore"),
+    ("export-into-the-store", ["data", "export", "{d}/store/trajectories/x.parquet", "--store", "{d}/store"], {},
+     "inside the store"),
     ("stats-no-store", ["data", "stats", "--store", "{d}/nostore"], {}, "nostore"),
     # --- sandbox ---
     ("sandbox-timeout-inf", ["sandbox", "run", "{d}/p.py", "--timeout", "inf"], {"p.py": "print(1)"}, "timeout"),
@@ -124,6 +134,19 @@ CASES = [
     # --- limits ---
     ("import-record-over-limit", ["data", "import", "{d}/big.jsonl", "--store", "{d}/store"],
      {"big.jsonl": jsonl({**GOOD, "prompt": "x" * (17 * 2**20)})}, "big.jsonl:1"),
+    ("eval-prompt-beyond-any-context", ["eval", "--model", "{d}/model", "--task", "math:{d}/huge.jsonl"], HUGE_PROMPT,
+     HUGE_REFUSED),
+    ("train-prompt-beyond-any-context", ["train", "model.path={d}/model", "task.name=math:{d}/huge.jsonl"], HUGE_PROMPT,
+     HUGE_REFUSED),
+    ("q0-prompt-beyond-any-context", ["q0", "math:{d}/huge.jsonl", "--model", "{d}/model", "--store", "{d}/store"],
+     HUGE_PROMPT, "at most 16,384 characters"),
+    # --- hub ids the local cache ({d}/hf, empty) lacks: refused at once, the hub never asked ---
+    ("eval-hub-model-not-cached", ["eval", "--model", "someorg/nosuchmodel"], {},
+     "model someorg/nosuchmodel: no such local directory, and the hub id is not in the local cache ({d}/hf/hub)"),
+    ("train-hub-model-not-cached", ["train", "model.path=someorg/nosuchmodel"], {},
+     "(`hf download someorg/nosuchmodel`, with the same hf_home)"),
+    ("import-hub-dataset-not-cached", ["data", "import", "hf:someorg/nosuchdata", "--store", "{d}/store"], {},
+     "hub dataset someorg/nosuchdata is not in the local datasets cache ({d}/hf/datasets)"),
     ("import-exported-row-wrong-type", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
      {"rows.jsonl": jsonl({"prompt_id": "p", "response_text": "r", "reward": 1.0, "response_tokens": [1.5]})},
      "response_tokens"),
@@ -154,6 +177,16 @@ CASES = [
      "behavior_logprobs"),
     ("import-prompt-id-not-text", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
      {"rows.jsonl": jsonl({**GOOD, "prompt_id": 5})}, "prompt_id"),
+    # an empty token list or prompt passed import, then ended the first training step in a reshape error
+    ("import-response-tokens-empty", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
+     {"rows.jsonl": jsonl(GOOD, {"prompt_id": "p", "prompt_text": "q", "response_text": "r", "reward": 1.0,
+                                 "tokenizer": "t", "prompt_tokens": [3], "response_tokens": []})},
+     "rows.jsonl:2: field 'response_tokens' must hold at least one token"),
+    ("import-row-without-prompt", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
+     {"rows.jsonl": jsonl(GOOD, {"prompt_id": "p", "response_text": "r", "reward": 1.0, "response_tokens": []})},
+     "rows.jsonl:2: field 'prompt_text' must hold the prompt's text"),
+    ("import-record-prompt-empty", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
+     {"rows.jsonl": jsonl(GOOD, {**GOOD, "prompt": ""})}, "rows.jsonl:2: field 'prompt' must be a non-empty text"),
     ("import-lone-surrogate", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
      {"rows.jsonl": '{"prompt": "p", "response": "r\\ud800", "reward": 1}\n'}, "rows.jsonl:1"),
     ("plot-record-without-step", ["plot", "{d}/run"], {"run/metrics.jsonl": '{"loss": 1}\n'}, "metrics.jsonl, line 1"),
@@ -191,6 +224,12 @@ CASES = [
 ]
 
 
+def hub_free_environ() -> dict[str, str]:
+    """This environment without the Hugging Face cache and hub settings (the test's own HF_HOME rules)."""
+    hub = ("HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return {k: v for k, v in os.environ.items() if k not in hub}
+
+
 def snapshot(store: Path) -> dict:
     return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
 
@@ -206,7 +245,7 @@ def test_bad_input_is_one_line_and_the_store_is_unchanged(tmp_path, args, files,
     if argv[0] == "train":  # a tiny run wherever the case leaves it so: a bad value fails before any work
         argv += [f"data.store={store}", f"out_dir={tmp_path}/runs"] * (not any(a.startswith("out_dir=") for a in argv))
     out = subprocess.run([SOFTRL, *argv], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "SOFTRL_DEBUG": ""})
+                         env={**hub_free_environ(), "SOFTRL_DEBUG": "", "HF_HOME": str(tmp_path / "hf")})
     text = out.stdout + out.stderr
     assert out.returncode in (1, 2), text[-1500:]
     assert "Traceback" not in text, text[-3000:]
@@ -422,6 +461,29 @@ def test_an_exported_row_with_a_truncating_type_is_refused(tmp_path):
             read_trajectories(path, None)
 
 
+def test_import_with_a_model_refuses_token_ids_outside_its_vocabulary(tmp_path, tiny):
+    """Token ids of the model's tokenizer beyond its vocabulary passed import and ended the first
+    training step in an index error: `data import --model` refuses the row in one line naming file,
+    line, id and the ids the model has, and writes nothing; the good row alone imports."""
+    from softrl.data import ExperienceStore
+    from softrl.models.loading import tokenizer_fingerprint
+
+    n = tiny[1].get_input_embeddings().num_embeddings
+    good = {"prompt_id": "p", "prompt_text": "q", "response_text": "r", "reward": 1.0,
+            "tokenizer": tokenizer_fingerprint(tiny[2]), "prompt_tokens": [3], "response_tokens": [4, 5]}
+    rows = write(tmp_path / "rows.jsonl", jsonl(good, {**good, "response_text": "s", "response_tokens": [4, n]}))
+    store = tmp_path / "store"
+    args = [SOFTRL, "data", "import", str(rows), "--model", str(tiny[0]), "--store", str(store)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        f"error: {rows}:2: field 'response_tokens' holds token id {n}, outside the model's vocabulary (ids 0 to {n - 1})"]
+    assert not store.exists()
+    write(rows, jsonl(good))
+    assert subprocess.run(args, capture_output=True, text=True, timeout=300).returncode == 0
+    assert ExperienceStore(store).trajectories().num_rows == 1
+
+
 # --- what is skipped is said --------------------------------------------------------------------
 def test_train_names_the_store_part_files_it_skips(tmp_path, tiny):
     seed_store(tmp_path)
@@ -440,3 +502,228 @@ def test_pts_names_a_source_the_store_lacks(tmp_path, tiny):
                           "--size", "6", "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "no trajectories of source 'nosuchsource'" in " ".join(out.stderr.split())
+
+
+# --- faults while training: a signal, a second run of the same name, a full disk ----------------
+def newest_checkpoint(run: Path) -> Path:
+    found = sorted(p for p in (run / "checkpoints").iterdir() if p.name.startswith("step-"))
+    return found[-1]
+
+
+def assert_loads(checkpoint: Path) -> int:
+    """The checkpoint's step; it loads (state and weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
+    AutoModelForCausalLM.from_pretrained(checkpoint / "policy")
+    assert checkpoint.name == f"step-{state['progress']['step']:06d}"
+    return state["progress"]["step"]
+
+
+def wait_for(path: Path, proc: subprocess.Popen, what: str, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended before {what}: {proc.communicate()[1][-2000:]}"
+        assert time.time() < deadline, f"no {what} after {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["sigterm", "ctrl-c-twice"])
+def test_a_signal_stops_the_run_in_one_line_and_resume_continues(tmp_path, tiny, signals):
+    """SIGTERM stops after the step in progress, with a checkpoint of it; a second Ctrl-C stops at
+    once. Either way: exit status 128 + the signal, one line naming the step of the newest complete
+    checkpoint (which loads; no temporary folder is left) and the command that continues, no
+    traceback; that command then finishes the run with every step logged once."""
+    args = run_args(tmp_path, tiny, **{"optim.steps": 8, "log.checkpoint_every": 2})
+    run = tmp_path / "run"
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(run / "checkpoints" / "step-000002", proc, "the first checkpoint")
+    for i, sig in enumerate(signals):
+        time.sleep(0.3 * i)  # two signals at once would be delivered as one
+        proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signals[0], stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    said = [line for line in stderr.splitlines() if "stopped by" in line]
+    assert len(said) == 1 and said[0] == stderr.strip().splitlines()[-1], stderr[-2000:]
+    newest = newest_checkpoint(run)
+    step = assert_loads(newest)
+    name = signal.Signals(signals[0]).name
+    assert said[0].startswith(f"stopped by {name} at step {step} (checkpoint {newest}): continue with softrl train "), said
+    assert said[0].endswith(" --resume")
+    assert not list((run / "checkpoints").glob(".*.tmp")) and not (run / "final").exists()
+    logged = [s for s, _ in losses(tmp_path)]
+    if len(signals) == 1:  # stopped after the step in progress, which was checkpointed
+        assert step == max(logged) >= 2
+    before = dict(losses(tmp_path))
+
+    again = shlex.split(said[0].split("continue with ", 1)[1])
+    assert again[:2] == ["softrl", "train"]
+    resumed = subprocess.run([SOFTRL, *again[1:]], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {newest.name}" in " ".join(resumed.stderr.split())
+    after = losses(tmp_path)
+    assert [s for s, _ in after] == list(range(1, 9))  # continuous: no step twice, none missing
+    assert all(before[s] == loss for s, loss in after if s <= step)  # what was kept is kept
+    assert (run / "final").is_dir() and not (run / ".lock").exists()
+
+
+def test_ctrl_c_in_python_raises_run_stopped_and_resume_ends_as_an_uninterrupted_run(finished, tmp_path, tiny):
+    """softrl.train: Ctrl-C during step 2 ends that step, checkpoints it (checkpoints are due only at
+    the end here) and raises RunStopped, a KeyboardInterrupt of one line with the step and how to
+    continue; resume=True then ends with the losses of the uninterrupted run."""
+    import softrl
+    from softrl.config import load_config
+    from softrl.runtime.stop import RunStopped
+
+    seed_store(tmp_path)
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"log.checkpoint_every": 4}))
+    handler = signal.getsignal(signal.SIGINT)
+
+    class CtrlC(softrl.Callback):
+        def on_step(self, metrics):
+            if metrics["step"] == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        softrl.train(config, callbacks=[CtrlC()], progress=False)
+    e = caught.value
+    assert isinstance(e, RunStopped) and e.step == 2 and e.exit_status == 130
+    run = tmp_path / "run"
+    assert str(e) == (f"stopped by SIGINT at step 2 (checkpoint {run / 'checkpoints' / 'step-000002'}): "
+                      "continue with resume=True (softrl.train) or --resume (softrl train)")
+    assert len(caught.traceback) <= 2  # raised from softrl.train, not from deep in the runtime
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000002"]
+    assert signal.getsignal(signal.SIGINT) is handler  # the handlers are put back
+    softrl.train(config, resume=True, progress=False)
+    straight = dict(finished[1])
+    assert [s for s, _ in losses(tmp_path)] == [1, 2, 3, 4]
+    assert all(abs(straight[s] - loss) < 1e-4 for s, loss in losses(tmp_path))
+
+
+def test_a_second_run_of_the_same_name_is_refused_while_the_first_trains(tmp_path, tiny):
+    """Started while another process trains in the run directory, a run, and a --resume of it, are
+    refused in one line naming the directory and that process; they touch nothing there. The lock
+    dies with its process: after kill -9 the directory can be taken again."""
+    from softrl.runtime.faults import RunLock
+
+    args = run_args(tmp_path, tiny, **{"optim.steps": 1000, "log.checkpoint_every": 1000})
+    run = tmp_path / "run"
+    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(run / "metrics.jsonl", first, "the first run's metrics")
+        assert (run / ".lock").read_text().strip() == str(first.pid)
+        config = (run / "config.yaml").read_bytes()
+        second = [subprocess.Popen(args + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  for extra in ([], ["--resume"])]
+        for proc in second:
+            _, stderr = proc.communicate(timeout=300)
+            assert proc.returncode == 2 and "Traceback" not in stderr, stderr[-2000:]
+            assert stderr.strip() == (f"error: run directory {run} is in use by process {first.pid}, which is still "
+                                      "training in it: wait for it to end or stop it (then --resume), or give this "
+                                      "run another name=..."), stderr[-2000:]
+        assert first.poll() is None and (run / "config.yaml").read_bytes() == config
+        assert not (run / "checkpoints").exists()  # a --resume that got in would have started the run over
+    finally:
+        first.kill()
+        first.communicate()
+    assert (run / ".lock").exists()  # left by the killed run, and locking nothing
+    RunLock(run).acquire().release()
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "metrics", "store"])
+def test_a_full_disk_is_one_line_and_what_was_written_before_stays(tmp_path, tiny, monkeypatch, where):
+    """ENOSPC while writing step 4's checkpoint, step 3's metrics line or step 3's online samples:
+    one DiskFullError line naming it; the checkpoint of step 2 loads, no temporary file or torn line
+    is left, the store rows before it are all there, the run directory is released, and --resume
+    finishes the run once there is space."""
+    import errno
+
+    import pyarrow.parquet as pq
+    import torch
+
+    from softrl.config import load_config
+    from softrl.data import ExperienceStore
+    from softrl.runtime import runlog
+    from softrl.runtime.local import train
+    from softrl.runtime.faults import DiskFullError
+
+    seed_store(tmp_path)
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path)))  # 4 steps, a checkpoint every 2
+    run, store = tmp_path / "run", tmp_path / "store"
+    full = OSError(errno.ENOSPC, "No space left on device")
+    rows = []  # online rows in the store when the disk filled
+    if where == "checkpoint":
+        save = torch.save
+
+        def torch_save(state, f, *a, **k):
+            if state["progress"]["step"] == 4:
+                f.write(b"\x80" * 100)  # some of it got out
+                raise full
+            return save(state, f, *a, **k)
+
+        monkeypatch.setattr(torch, "save", torch_save)
+        said = f"disk full while writing checkpoint step 4 in {run / 'checkpoints'}: earlier checkpoints and"
+    elif where == "metrics":
+        write = os.write
+
+        def os_write(fd, data):
+            if os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl") and b'"step": 3,' in bytes(data):
+                write(fd, bytes(data)[:20])  # a torn line, unless it is taken back
+                raise full
+            return write(fd, data)
+
+        monkeypatch.setattr(runlog.os, "write", os_write)
+        said = f"disk full while writing metrics step 3 to {run / 'metrics.jsonl'}: earlier checkpoints (in"
+    else:
+        write_table = pq.write_table
+
+        def pq_write(table, path, *a, **k):
+            if "policy_version" in table.column_names and table.num_rows and \
+                    table.column("source")[0].as_py() == "online" and set(table.column("policy_version").to_pylist()) == {2}:
+                rows.append(ExperienceStore(store).trajectories(source="online", unique=False).num_rows)
+                Path(path).write_bytes(b"PAR1 half")
+                raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+            return write_table(table, path, *a, **k)
+
+        monkeypatch.setattr(pq, "write_table", pq_write)
+        said = f"disk full while writing online samples (store rows) in {store}: earlier checkpoints (in"
+    with pytest.raises(DiskFullError) as caught:
+        train(config, log=lambda m: None)
+    message = str(caught.value)
+    assert message.startswith(said) and message.endswith("store rows are intact; free space, then --resume")
+    assert "\n" not in message and caught.value.errno == errno.ENOSPC
+    assert newest_checkpoint(run).name == "step-000002" and assert_loads(newest_checkpoint(run)) == 2
+    assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
+    assert not [p for p in store.rglob("*") if p.name.startswith(".")]
+    assert all(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines())  # none torn
+    assert not (run / ".lock").exists()
+    if where == "store":
+        assert rows == [ExperienceStore(store).trajectories(source="online", unique=False).num_rows] and rows[0] >= 8
+    monkeypatch.undo()
+    summary = train(config, resume=True, log=lambda m: None)
+    assert summary["steps"] == 4 and [s for s, _ in losses(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_a_full_disk_ends_softrl_train_in_one_line(tmp_path, tiny, monkeypatch):
+    import errno
+
+    import torch
+    from typer.testing import CliRunner
+
+    from softrl.cli import app
+
+    seed_store(tmp_path)
+    save = torch.save
+
+    def torch_save(state, f, *a, **k):
+        if state["progress"]["step"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(state, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", torch_save)
+    out = CliRunner().invoke(app, ["train", *tiny_overrides(str(tiny[0]), str(tmp_path))])
+    assert out.exit_code == 1 and "Traceback" not in out.output, out.output[-2000:]
+    assert (f"error: disk full while writing checkpoint step 2 in {tmp_path / 'run' / 'checkpoints'}: earlier "
+            "checkpoints and store rows are intact; free space, then --resume") in out.output.splitlines()

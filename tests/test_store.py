@@ -134,6 +134,53 @@ def test_prompts_annotations_and_dedupe(tmp_path):
     assert {r["id"]: r for r in store.trajectories().to_pylist()}[a.id]["mc_targets"][0]["k"] == 20
 
 
+def test_two_dedupes_at_once_one_is_refused(tmp_path):
+    store = ExperienceStore(tmp_path)
+    store.append([full_trajectory()])
+    store.append([full_trajectory()])  # the same row again
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                               "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)\n"
+                               "time.sleep(60)", str(tmp_path / ".dedupe.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # another dedupe is under way
+        with pytest.raises(StoreError, match="another dedupe of this store is running"):
+            store.dedupe()
+        assert store.trajectories(unique=False).num_rows == 2  # untouched
+    finally:
+        holder.kill()
+        holder.wait()
+    assert store.dedupe() == (2, 1)  # the lock dies with its holder
+
+
+@pytest.mark.parametrize("name", ["out.parquet", "out.jsonl.gz"])
+def test_an_export_is_whole_or_not_at_all_and_never_among_the_parts(tmp_path, monkeypatch, name):
+    import errno
+    import json as jsonlib
+
+    from softrl.data import io
+
+    store = ExperienceStore(tmp_path / "store")
+    store.append([full_trajectory(), full_trajectory(response_tokens=[3])])
+    table = store.trajectories()
+    with pytest.raises(ValueError, match="inside the store"):
+        io.export(table, tmp_path / "store" / "trajectories" / name, tmp_path / "store")
+    assert store.trajectories(unique=False).num_rows == 2
+    out = tmp_path / name
+    assert io.export(table, out, tmp_path / "store") == 2
+    before = out.read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real = jsonlib.dumps
+    monkeypatch.setattr(io.pq, "write_table", full)
+    monkeypatch.setattr(io.json, "dumps", lambda row, **k: full() if row.get("response_tokens") == [3] else
+                        real(row, **k))  # the second row finds the disk full
+    with pytest.raises(OSError, match="No space left"):
+        io.export(table, out, tmp_path / "store")
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [name, "store"]
+
+
 def rows(prompt, n, **extra):
     return [{"prompt_id": prompt, "response_text": f"{prompt}-{i}", **extra} for i in range(n)]
 

@@ -286,6 +286,64 @@ def test_empty_offline_sources(tiny, tmp_path):
     assert any("online samples only" in m for m in said)
 
 
+def test_a_run_refuses_stored_token_ids_outside_the_model_vocabulary(tiny, tmp_path):
+    """A stored row whose token ids (of the run's tokenizer) go beyond the model's embeddings ended the
+    first step in an index error: the run refuses it before, naming store, row, prompt, id and vocabulary."""
+    from softrl.data import Trajectory
+    from softrl.models.loading import tokenizer_fingerprint
+    from softrl.runtime.local import train
+    from softrl.tasks.registry import load_task
+
+    n = tiny[1].get_input_embeddings().num_embeddings
+    prompt = load_task("countdown", size=6).prompts()[1]
+    bad = Trajectory(prompt.id, "1+2", 1.0, True, task="countdown", prompt_text=prompt.text, source="human",
+                     prompt_tokens=[3], response_tokens=[4, n + 7], tokenizer=tokenizer_fingerprint(tiny[2]))
+    seed_store(tmp_path)
+    ExperienceStore(tmp_path / "store").append([bad])
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"optim.steps": 1}))
+    with pytest.raises(ConfigError, match=rf"^data.store: offline pool of {tmp_path}/store: row '{bad.id}' \(prompt "
+                                          rf"'{prompt.id}', source 'human'\) holds token id {n + 7} in response_tokens, "
+                                          rf"outside the model's vocabulary \(ids 0 to {n - 1}\)"):
+        train(config, log=lambda m: None)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_the_offline_pool_names_stored_rows_of_none_of_the_task_prompts(tiny, tmp_path):
+    """Human records imported without the task keep prompt ids made from their text, which no task
+    prompt has: a run trained on none of them, saying only "offline pool: 0 trajectories". Now the
+    run is refused when that leaves the offline pool empty, and warned when it leaves some out; the
+    records imported with --task's prompts (`task_prompt_ids`) are the task's prompts."""
+    from softrl.data import Trajectory
+    from softrl.data.io import read_trajectories, task_prompt_ids
+    from softrl.runtime.feed import DataFeed
+    from softrl.tasks.registry import load_task
+
+    task = load_task("countdown", size=6)
+    prompts = task.prompts()
+    records = tmp_path / "human.jsonl"
+    records.write_text("".join(json.dumps({"prompt": p.text.strip(), "response": "1+2", "reward": 1}) + "\n"
+                               for p in prompts))
+    store = ExperienceStore(tmp_path / "store")
+    store.append(read_trajectories(records, "human"))
+    config = load_config(None, [f"data.store={tmp_path}/store", "task.size=6", "data.offline_sources=[human]"])
+    q0 = {p.id: 0.5 for p in prompts}
+    with pytest.raises(ConfigError, match=rf"^data.offline_sources: the offline pool would be empty: 6 human rows in "
+                                          rf"{tmp_path}/store are not trained on: their prompt ids are none of task "
+                                          r"countdown's 6 prompt ids \(e.g. 'prompt-\w+' in the store, 'countdown-0-0' in "
+                                          r"the task\); they name no task: import them again with `softrl data import "
+                                          r"FILE --source human --task countdown`"):
+        DataFeed(config, store, task, q0, tiny[2], log=lambda m: None)
+    keyed = read_trajectories(records, "human", "countdown", task_prompt_ids(load_task("countdown")))
+    assert [r.prompt_id for r in keyed] == [p.id for p in prompts] and keyed[0].prompt_text == prompts[0].text
+    other = load_task("countdown", size=60).prompts()[50]  # a prompt of a run of another task.size: not warned of
+    store.append(keyed + [Trajectory(other.id, "1+2", 1.0, True, task="countdown", prompt_text=other.text, source="human")])
+    said = []
+    feed = DataFeed(config, store, task, q0, tiny[2], log=said.append)
+    assert len(feed.mixture.sources["offline"].rows) == 6
+    assert [m.split(" are not trained on")[0] for m in said if m.startswith("warning")] == [
+        f"warning: offline pool: 6 human rows in {tmp_path}/store"]
+
+
 def test_offline_only_mix_generates_nothing(tiny, tmp_path):
     """agro-off on fixed data: no online sampling, every batch row from the store, eval with KL stats."""
     from softrl.runtime.local import train
@@ -380,3 +438,51 @@ def test_policy_lag_is_refused_with_other_sources_of_staleness(overrides):
         load_config(None, ["runtime.policy_lag=4", *overrides])
     with pytest.raises(ConfigError, match="runtime.policy_lag: the run generates nothing"):
         load_config(None, ["runtime.policy_lag=4", "data.mix={offline: 1}"])
+
+
+def test_the_same_seed_gives_the_same_numbers_with_the_store_made_or_reused(tmp_path, tiny):
+    """The first run estimates Q0 and fills the store, the second reuses both: their sampling must not
+    depend on that, and PyTorch's deterministic algorithms (runtime.deterministic, on by default) keep
+    the reductions' order fixed, so every logged number is the same."""
+    from softrl.plots import read_metrics
+    from softrl.runtime.local import train
+
+    seed_store(tmp_path)
+    runs = []
+    for name in ("first", "second"):
+        train(load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), name=name, **{"optim.steps": 3})))
+        assert torch.are_deterministic_algorithms_enabled()
+        clock = ("time", "seconds", "per_s", "/s", "mem")  # how long it took, not what it computed
+        runs.append([{k: v for k, v in r.items() if not any(c in k for c in clock)}
+                     for r in read_metrics(tmp_path / name)])
+    assert runs[0] == runs[1] and len(runs[0]) >= 4
+    train(load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), name="fast",
+                                           **{"optim.steps": 1, "runtime.deterministic": "false"})))
+    assert not torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # as the other tests' runs leave it
+
+
+def test_q0_says_how_much_it_samples_and_reports_its_progress(tmp_path, tiny):
+    """Before the first step Q0 samples the reference on every training prompt (minutes for 1e5 of
+    them): the run says so first in one line (prompts x samples), then its "q0" phase counts the
+    prompts done from 0 to the task's size, a chunk at a time rather than once at the end. A second
+    run over the same store has Q0 of every prompt already: nothing to say, its phase is done at once."""
+    from softrl.runtime.local import train
+
+    seed_store(tmp_path)
+    for name, size, fresh in (("first", 10, 10), ("second", 10, 0)):
+        events = []
+        config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), name=name,
+                                                  **{"task.size": size, "optim.steps": 1}))
+        train(config, log=lambda m: events.append(("log", m)),
+              on_phase=lambda phase, done, total: events.append((phase, done, total)))
+        q0 = [e[1:] for e in events if e[0] == "q0"]
+        said = [e[1] for e in events if e[0] == "log" and e[1].startswith("Q0")]
+        assert q0[0] == (size - fresh, size) and q0[-1] == (size, size), q0
+        assert all(total == size for _, total in q0) and [d for d, _ in q0] == sorted(d for d, _ in q0)
+        if fresh:
+            assert said == [f"Q0: sampling the reference model on {fresh} prompts x 4 samples = {4 * fresh} samples"]
+            assert events.index(("log", said[0])) < events.index(("q0", 0, size))  # said before it starts
+            assert len({d for d, _ in q0}) >= 3  # counted as it goes (chunks of 4 prompts): 0, 4, 8, 10
+        else:
+            assert said == [] and q0 == [(size, size)]

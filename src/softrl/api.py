@@ -183,10 +183,10 @@ def train(config: RunConfig | dict | str | Path | None = None, *, dataset: Any =
     once: the newest complete checkpoint stays); then `softrl.runtime.stop.RunStopped` is raised, a
     KeyboardInterrupt whose one line names the step and its checkpoint (`.step`, `.run_dir`,
     `.exit_status`), and the same call with `resume=True` continues. A full disk raises
-    `softrl.runtime.runlog.DiskFullError` (an OSError, errno ENOSPC) naming what was being written;
+    `softrl.runtime.faults.DiskFullError` (an OSError, errno ENOSPC) naming what was being written;
     earlier checkpoints and store rows are intact, and `resume=True` continues once there is space. A
     run directory that another process is training in (its `.lock`) is refused with
-    `softrl.runtime.runlog.RunInUseError` (a ConfigError) naming that process's PID."""
+    `softrl.runtime.faults.RunInUseError` (a ConfigError) naming that process's PID."""
     from rich.console import Console
 
     from softrl.runtime.group import torchrun_rank

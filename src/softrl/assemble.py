@@ -15,9 +15,9 @@ import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
 from softrl.data import ExperienceStore
 from softrl.models.device import Placement
-from softrl.models.loading import encode_prompt, encode_response, load_causal_lm
+from softrl.models.loading import encode_prompt, encode_response, load_causal_lm, model_positions
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
-from softrl.rollout import RolloutSpec, RolloutWorker
+from softrl.rollout import RolloutSpec, RolloutWorker, check_prompt_lengths
 from softrl.tasks.base import Task
 from softrl.training.learner import Learner
 
@@ -129,6 +129,7 @@ def sampler(task: str | Task, model: str = "bootstrap", *, size: int | None = No
         where = Placement.create(device, dtype, autocast="off")
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    check_prompt_lengths(task_obj.name, task_obj.prompts(), model_positions(directory))  # before the weights load
     lm, tokenizer = load_causal_lm(directory, dtype)
     lm = where.place(lm)
     spec = RolloutSpec.for_model(task_obj, lm, tokenizer, max_new_tokens or task_obj.max_new_tokens, backend=backend,
@@ -152,7 +153,12 @@ class Run:
         self.config = config
         self.train_task, self.eval_task = (tasks or load_tasks(config)) if rank == 0 else (None, None)
         self.placement = placement(config)
+        self.placement.deterministic(config.runtime.deterministic)
         self.model_path = resolve_model(config)
+        if rank == 0:  # before the weights load and any prompt is tokenized
+            positions = model_positions(self.model_path)
+            for task in {id(t): t for t in (self.train_task, self.eval_task)}.values():
+                check_prompt_lengths(task.name, task.prompts(), positions)
         self.policy = PolicyModel.load(self.model_path, config.model.dtype, config.model.lora)
         self.placement.place(self.policy.model)
         self.reference = ReferenceModel.from_policy(self.policy)
@@ -191,9 +197,10 @@ class Run:
     def worker(self, model) -> RolloutWorker:
         return rollout_worker(self.config, self.train_task, model, self.tokenizer, self.store, self.generator(model))
 
-    def q0(self, progress=None) -> dict[str, float]:
+    def q0(self, progress=None, log=None) -> dict[str, float]:
         """Q0 of every training prompt at the run's beta (sampled from the reference now where the
-        store has none for this model and K)."""
+        store has none for this model and K); `progress(done, prompts)` as it goes, `log` one line first
+        (`annotate.q0.estimate_q0`)."""
         from softrl.annotate.q0 import estimate_q0, soft_values
 
         c = self.config
@@ -203,7 +210,7 @@ class Run:
         with self.placement.autocast():
             rows = estimate_q0(spec, self.train_task.prompts(), self.encode_prompt,
                                self.store, c.q0.k, c.beta, model_id(self.model_path), seed=c.seed,
-                               progress=progress)
+                               progress=progress, log=log)
         return soft_values(rows, c.beta)
 
     def evaluate(self, model) -> dict:

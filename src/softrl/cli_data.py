@@ -33,23 +33,27 @@ def data_import(
     file: Path = typer.Argument(None, help="JSONL / JSON / Parquet of {prompt, response, reward} records, or an export"),
     source: str = typer.Option(None, "--source", help="source name for the rows, e.g. human or import:mydata"),
     solutions: str = typer.Option(None, "--solutions", help="instead of FILE: the known solutions of this task"),
-    task: str = typer.Option("", "--task", help="task name recorded for records that name none"),
+    task: str = typer.Option("", "--task", help="task of records that name none; a record of it whose prompt is one "
+                                                "of the task's prompts gets that prompt's id"),
+    model: str = typer.Option(None, "--model", help="check rows' token ids against this model's vocabulary"),
     store: Path = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Add trajectories to the store (all or nothing: a bad record writes nothing)."""
     from softrl.data.io import read_trajectories, task_solutions
-    from softrl.tasks.records import RecordError
-    from softrl.tasks.registry import load_task
 
     if (file is None) == (solutions is None):
         fail("give either FILE or --solutions TASK")
     try:
         if solutions is not None:
-            rows = task_solutions(load_task(solutions), source or "human")
+            rows = task_solutions(_load_task(solutions), source or "human")
         else:
-            rows = read_trajectories(file, source, task)
-    except (RecordError, ValueError, OSError) as e:
+            vocabulary = _vocabulary(model, task) if model else None
+            prompt_ids = _prompt_ids(task) if task else None
+            rows = read_trajectories(file, source, task, prompt_ids, vocabulary)
+            if prompt_ids is not None:
+                _say_unmatched(rows, task, prompt_ids)
+    except (ValueError, OSError) as e:  # RecordError, ModelLoadError and ConfigError are ValueErrors
         fail(str(e))
     target = open_store(store)
     written = target.append(rows)
@@ -57,6 +61,44 @@ def data_import(
         typer.echo(json.dumps({"imported": written, "repeated": len(rows) - written, "store": str(target.root)}))
         return
     err.print(f"imported {written} trajectories ({len(rows) - written} repeated within the input) into {target.root}")
+
+
+def _load_task(spec: str):
+    from softrl.tasks.registry import load_task
+
+    return load_task(spec)
+
+
+def _prompt_ids(task: str) -> dict | None:
+    """The prompts of `task` (its default size and seed) by text, or None (said) where it does not load."""
+    from softrl.data.io import task_prompt_ids
+
+    try:
+        return task_prompt_ids(_load_task(task))
+    except (ValueError, TypeError, OSError, ImportError) as e:
+        err.print(f"note: task {task!r} does not load ({one_line(e)}): records keep prompt ids made from their "
+                  "text, which a run of a task trains on only where they are its prompts' ids",
+                  markup=False, highlight=False, soft_wrap=True)
+        return None
+
+
+def _say_unmatched(rows, task: str, prompt_ids: dict) -> None:
+    """One line where records of `task` have prompts that are none of its prompts."""
+    ids = {i for i, _ in prompt_ids.values()}
+    unmatched = [r for r in rows if r.task == task and r.prompt_id not in ids]
+    if unmatched:
+        err.print(f"note: {len(unmatched)} of the {len(rows)} records have prompts that are none of task {task}'s "
+                  f"(at its default size and seed; e.g. {unmatched[0].prompt_text[:60]!r}): they keep prompt ids made "
+                  "from their text, which a run of the task does not train on; give them the task's 'prompt_id' where "
+                  "they are its prompts", markup=False, highlight=False, soft_wrap=True)
+
+
+def _vocabulary(model: str, task: str) -> tuple[str, int]:
+    """`--model` (a directory, a hub id, 'bootstrap' or a prepared name) as (tokenizer fingerprint, ids)."""
+    from softrl.assemble import model_directory
+    from softrl.models.loading import vocabulary
+
+    return vocabulary(model_directory(model, task or "countdown"))
 
 
 @data_app.command("export")
@@ -75,7 +117,7 @@ def data_export(
     table = target.trajectories(source=source or None, task=task or None, passed=passed)
     report_problems(target)
     try:
-        n = export(table, out)
+        n = export(table, out, store)
     except (ValueError, OSError) as e:  # a write error from a file object names no path: this one is it
         fail(str(e) if str(out) in str(e) else f"{out}: {one_line(e)}")
     if as_json:

@@ -15,7 +15,7 @@ QUICK = {"regimes": "lag1,lag16,human", "methods": "spo,oapl,grpo-tis,topr", "se
          "steps": 30, "lrs": "1e-4,1e-3", "eval_size": 20, "eval_every": 30, "earlier_steps": 20}
 QUICK_TASK = {"task.size": 200, "q0.k": 16}  # Q0 of 1,000 prompts x 32 samples alone would take minutes
 FULL = {"regimes": "lag1,lag4,lag16,lag64,lag256,half,offline,human", "methods": None, "seeds": 4, "tune_seeds": 1,
-        "steps": 300, "lrs": "1e-4,3e-4,1e-3", "eval_size": 50, "eval_every": 100, "earlier_steps": 100}
+        "steps": 300, "lrs": "3e-5,1e-4,3e-4,1e-3", "eval_size": 50, "eval_every": 100, "earlier_steps": 100}
 
 
 def _floats(option: str, text: str) -> tuple[float, ...]:
@@ -37,7 +37,7 @@ def frontier(
     seeds: int = typer.Option(None, min=1, help="report seeds 0..N-1 (default 4; --quick 1)"),
     tune_seeds: int = typer.Option(None, min=1, help="tuning seeds 100..100+N-1 (default 1)"),
     steps: int = typer.Option(None, min=1, help="learner steps of every run (default 300; --quick 30)"),
-    lrs: str = typer.Option(None, help="the learning-rate grid (default 1e-4,3e-4,1e-3; --quick 1e-4,1e-3)"),
+    lrs: str = typer.Option(None, help="the learning-rate grid (default 3e-5,1e-4,3e-4,1e-3; --quick 1e-4,1e-3)"),
     prompts: int = typer.Option(8, min=1, help="prompts per step (x 4 samples = the batch)"),
     eval_size: int = typer.Option(None, min=1, help="held-out prompts per evaluation (default 50; --quick 20)"),
     eval_every: int = typer.Option(None, min=1, help="learner steps between evaluations (default 100)"),

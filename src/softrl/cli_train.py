@@ -27,12 +27,35 @@ DEMO = {
 }
 
 
-def run_training(config, resume: bool, quiet: bool = False) -> dict:
-    """Train with a progress bar (step, reward, KL, samples/s); errors as one line."""
-    from softrl.api import run_with_progress
+def run_training(config, resume: bool, quiet: bool = False, again: list[str] | None = None) -> dict:
+    """Train with a progress bar (step, reward, KL, samples/s); errors as one line. SIGINT (Ctrl-C)
+    or SIGTERM stop the run after the step in progress (a second one at once) with one line saying
+    the step and how to continue (`again`: the `softrl train` arguments that resume it; by default
+    the run directory's config.yaml), exit status 130 or 143; a full disk is one line, status 1."""
+    import os
+    import shlex
 
-    with one_line_errors():
-        return run_with_progress(config, resume, quiet=quiet, console=err)
+    from softrl.api import run_with_progress
+    from softrl.cli_common import DEBUG_ENV
+    from softrl.runtime.faults import DiskFullError
+    from softrl.runtime.stop import RunStopped
+
+    try:
+        with one_line_errors():
+            return run_with_progress(config, resume, quiet=quiet, console=err)
+    except RunStopped as e:
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a further Ctrl-C while exiting would end it in a traceback
+            signal.signal(sig, signal.SIG_IGN)
+        args = again if again is not None else [str(config.run_dir / "config.yaml")]
+        typer.echo(e.line(shlex.join(["softrl", "train", *args, "--resume"])), err=True)
+        raise typer.Exit(e.exit_status) from None
+    except DiskFullError as e:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 def train_command(
@@ -44,12 +67,13 @@ def train_command(
     from softrl.config import ConfigError, load_config
 
     args = list(args or [])
+    given = list(args)
     path = args.pop(0) if args and "=" not in args[0] else None
     try:
         config = load_config(path, args)
     except ConfigError as e:
         fail(str(e))
-    summary = run_training(config, resume)
+    summary = run_training(config, resume, again=given)
     typer.echo(json.dumps(summary) if as_json else f"run directory: {summary['run_dir']}")
 
 
@@ -75,6 +99,12 @@ def demo(
     if run_dir.exists():  # a demo starts over; the store (and its Q0 samples) is kept
         import shutil
 
+        from softrl.runtime.faults import check_not_in_use
+
+        try:
+            check_not_in_use(run_dir)  # not under a demo of the same name still training
+        except ConfigError as e:
+            fail(str(e))
         shutil.rmtree(run_dir)
     summary = run_training(config, resume=False, quiet=as_json)
     if as_json:

@@ -180,6 +180,8 @@ class RuntimeConfig(Section):
                             "n - 1 - policy_lag (the reference's until then): a fixed lag, as an asynchronous system "
                             "with that many updates in flight; keeps policy_lag copies of the weights on the host, "
                             "in the generation dtype")
+    deterministic: bool = Field(True, description="PyTorch's deterministic algorithms: the same seed on the same "
+                                "machine gives the same numbers (off: faster on CUDA, not reproducible)")
     workers: int = Field(2, ge=1, description="ray: rollout-worker actors")
     learners: int = Field(1, ge=1, description="learner processes in one torch.distributed group, each taking "
                           "whole groups of every batch (started by softrl, torchrun, or as Ray actors)")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from softrl.data.schema import Trajectory
+from softrl.limits import MAX_CHARS_PER_TOKEN, MAX_RECORD_CHARS
 from softrl.models.generation import Generator, SamplingParams
 from softrl.tasks.base import Prompt, Task
 
@@ -41,9 +42,8 @@ class RolloutSpec:
 
         if generator is None:
             generator = make_generator(model, tokenizer, backend, max_batch=options.get("max_per_call", 256))
-        positions = getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 0
         return cls(task, generator, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                   tokenizer_fingerprint(tokenizer), max_new_tokens, max_length=int(positions), **options)
+                   tokenizer_fingerprint(tokenizer), max_new_tokens, max_length=positions_of(model), **options)
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,47 @@ class Context:
     prompt: Prompt
     prompt_tokens: list[int]
     prefix: tuple[int, ...] = ()  # a response prefix to continue
+
+
+def positions_of(model) -> int:
+    """The model's positions (prompt + response), 0 where its config does not say."""
+    return int(getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 0)
+
+
+def max_prompt_chars(max_length: int) -> int:
+    """The most characters a prompt may have to be tokenized at all: the model's positions x
+    `limits.MAX_CHARS_PER_TOKEN` (no text packs more into a token), else `limits.MAX_RECORD_CHARS`."""
+    return max_length * MAX_CHARS_PER_TOKEN if max_length else MAX_RECORD_CHARS
+
+
+def check_prompt_lengths(task: str, prompts: list[Prompt], max_length: int) -> None:
+    """A ValueError naming the first prompt too long for a model of `max_length` positions whatever
+    its tokens: one that would take a minute and gigabytes to tokenize only to be refused then
+    (`rollouts`). Costs a length per prompt: done before any work on them."""
+    limit = max_prompt_chars(max_length)
+    for p in prompts:
+        if len(p.text) > limit:
+            bound = (f"the model's {max_length} positions at {MAX_CHARS_PER_TOKEN} characters a token"
+                     if max_length else "the record limit")
+            raise ValueError(f"prompt {p.id!r} of task {task!r} has {len(p.text):,} characters, more than {bound} "
+                             f"could hold: at most {limit:,} characters; shorten it or leave it out")
+
+
+def refuse_long_prompts(spec: RolloutSpec, prompts: list[Prompt]) -> None:
+    """`check_prompt_lengths` for the model `spec` samples."""
+    check_prompt_lengths(spec.task.name, prompts, spec.max_length)
+
+
+def contexts_of(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str], list[int]],
+                known: dict[str, list[int]] | None = None) -> list[Context]:
+    """The prompts tokenized, none before every one is known to be short enough (`refuse_long_prompts`);
+    `known`: token ids by prompt id, reused and added to."""
+    refuse_long_prompts(spec, prompts)
+    known = {} if known is None else known
+    for p in prompts:
+        if p.id not in known:
+            known[p.id] = encode(p.text)
+    return [Context(p, known[p.id]) for p in prompts]
 
 
 def rollouts(spec: RolloutSpec, contexts: list[Context], k: int, seed: int) -> list[Trajectory]:
@@ -95,7 +136,7 @@ class RolloutWorker:
         self._tokens: dict[str, list[int]] = {}
 
     def collect(self, prompts: list[Prompt], n: int, version: int, seed: int) -> list[Trajectory]:
-        contexts = [Context(p, self._tokens.setdefault(p.id, self.encode_prompt(p.text))) for p in prompts]
+        contexts = contexts_of(self.spec, prompts, self.encode_prompt, self._tokens)
         rows = rollouts(replace(self.spec, policy_version=version), contexts, n, seed)
         if self.store is not None:
             self.store.append(rows)

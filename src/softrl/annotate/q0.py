@@ -19,7 +19,7 @@ import torch
 
 from softrl.algorithms.spo import q0_from_rewards
 from softrl.data.store import ExperienceStore
-from softrl.rollout import Context, RolloutSpec, rollouts
+from softrl.rollout import RolloutSpec, contexts_of, refuse_long_prompts, rollouts
 from softrl.tasks.base import Prompt
 
 
@@ -51,22 +51,34 @@ def is_done(row: dict | None, k: int, model: str) -> bool:
             and bool(row.get("q0_rewards")))
 
 
+def plan(prompts: int, k: int, known: int) -> str:
+    """The line said before Q0 is estimated: how much sampling is to come."""
+    return (f"Q0: sampling the reference model on {prompts:,} prompts x {k} samples = {prompts * k:,} samples"
+            + (f" ({known:,} prompts have Q0 in the store already)" if known else ""))
+
+
 def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str], list[int]], store: ExperienceStore,
                 k: int, beta: float, model: str, seed: int = 0, chunk: int = 4,
-                progress: Callable[[int, int], None] | None = None) -> dict[str, dict]:
-    """Q0 rows for every prompt (those already in the store for this model and K are kept)."""
+                progress: Callable[[int, int], None] | None = None,
+                log: Callable[[str], None] | None = None) -> dict[str, dict]:
+    """Q0 rows for every prompt (those already in the store for this model and K are kept). Every
+    prompt is checked to fit the model before any is sampled; `log` gets one line saying how many
+    samples are to come, `progress` (prompts done, prompts) from the start and after every chunk."""
     if k < 1:
         raise ValueError(f"k must be >= 1 samples per prompt, got k={k}")
     known = store.prompts()
     todo = [p for p in prompts if not is_done(known.get(p.id), k, model)]
+    refuse_long_prompts(spec, todo)
     done = len(prompts) - len(todo)
+    if log is not None and todo:
+        log(plan(len(todo), k, done))
     if progress is not None:
         progress(done, len(prompts))
     for start in range(0, len(todo), chunk):
         rows, trajectories = [], []
         for prompt in todo[start : start + chunk]:
             # the seed depends on the prompt, not on where a resumed run starts
-            samples = rollouts(spec, [Context(prompt, encode(prompt.text))], k, seed + zlib.crc32(prompt.id.encode()))
+            samples = rollouts(spec, contexts_of(spec, [prompt], encode), k, seed + zlib.crc32(prompt.id.encode()))
             trajectories += samples
             rows.append(q0_row(prompt, spec.task.name, [s.reward for s in samples], [s.passed for s in samples],
                                beta, model))

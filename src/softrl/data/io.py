@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from softrl.data.schema import TRAJECTORY_SCHEMA, Trajectory
+from softrl.files import whole_file
 from softrl.tasks.base import RewardError, Task, check_reward, prompt_id_of
 from softrl.tasks.records import RecordError, field, prompt_of, read_records
 
@@ -25,9 +26,17 @@ def _reward(value: Any, where: str) -> float:
         raise RecordError(str(e)) from None
 
 
-def record_to_trajectory(record: dict[str, Any], where: str, source: str | None, task: str) -> Trajectory:
+Vocabulary = tuple[str, int]  # (tokenizer fingerprint, the model's number of token ids)
+
+
+def record_to_trajectory(record: dict[str, Any], where: str, source: str | None, task: str,
+                         prompt_ids: dict[str, tuple[str, str]] | None = None,
+                         vocabulary: Vocabulary | None = None) -> Trajectory:
     """An exported store row (it has `response_text`) or a `{prompt (a text or chat messages),
-    response (or completion), reward[, passed, prompt_id, task]}` record."""
+    response (or completion), reward[, passed, prompt_id, task]}` record. `prompt_ids`: the prompts
+    of `task` (`task_prompt_ids`): a record of it that gives no prompt id and whose prompt is one of
+    them gets that prompt's id and text. `vocabulary`: a row's token ids under this tokenizer must
+    be below the number of ids."""
     if "response_text" in record:
         known = {f.name for f in TRAJECTORY_SCHEMA}
         row = {k: v for k, v in record.items() if k in known}
@@ -40,7 +49,7 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
                 raise RecordError(f"{where}: field 'created_at' is not an ISO date ({e})") from None
         row["reward"] = _reward(row.get("reward", 0.0), where)
         _check_types(row, where)
-        _check_values(row, where)
+        _check_values(row, where, vocabulary)
         trajectory = Trajectory.from_row({"reward": 0.0, "passed": False, **row})
         if source:
             trajectory.source = source
@@ -55,9 +64,22 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
         raise RecordError(f"{where}: field 'passed' must be true or false, got {passed_given!r}")
     reward = _reward(record.get("reward", float(bool(passed_given))), where)
     passed = passed_given if passed_given is not None else reward >= 1
-    return Trajectory(field(record, "prompt_id", where, str, "") or prompt_id_of(prompt), response, reward, passed,
-                      task=field(record, "task", where, str, "") or task, prompt_text=prompt,
+    if not prompt:
+        raise RecordError(f"{where}: field 'prompt' must be a non-empty text (a model needs at least one prompt token)")
+    prompt_id, named = field(record, "prompt_id", where, str, ""), field(record, "task", where, str, "") or task
+    if not prompt_id and named == task and prompt.strip() in (prompt_ids or {}):
+        prompt_id, prompt = prompt_ids[prompt.strip()]
+    return Trajectory(prompt_id or prompt_id_of(prompt), response, reward, passed, task=named, prompt_text=prompt,
                       source=source or "import", policy_version=-1)
+
+
+def task_prompt_ids(task: Task) -> dict[str, tuple[str, str]]:
+    """A task's prompt text (without surrounding white space) -> (its prompt id, its text), the first
+    of prompts with the same text."""
+    ids: dict[str, tuple[str, str]] = {}
+    for p in task.prompts():
+        ids.setdefault(p.text.strip(), (p.id, p.text))
+    return ids
 
 
 def _check_types(row: dict[str, Any], where: str) -> None:
@@ -89,15 +111,19 @@ def offline_trajectories(records: list[tuple[str, dict[str, Any]]], task: Task, 
     return rows, unknown
 
 
-def _check_values(row: dict[str, Any], where: str) -> None:
-    """What the column types allow but a learner cannot use: negative token ids, log-probs that are
-    not finite and <= 0 or not one per response token, Monte-Carlo targets outside the response."""
+def _check_values(row: dict[str, Any], where: str, vocabulary: Vocabulary | None = None) -> None:
+    """What the column types allow but a learner cannot use: negative token ids (or, with a
+    `vocabulary`, ids the model does not have), a prompt or a response of no tokens, log-probs that
+    are not finite and <= 0 or not one per response token, Monte-Carlo targets outside the response."""
     def bad(name: str, why: str) -> RecordError:
         return RecordError(f"{where}: field {name!r} {why}")
 
     for name in ("prompt_tokens", "response_tokens"):
         if any(t < 0 for t in row.get(name) or []):
             raise bad(name, "holds a negative token id")
+        if vocabulary and row.get("tokenizer") == vocabulary[0] and max(row.get(name) or [0]) >= vocabulary[1]:
+            raise bad(name, f"holds token id {max(row[name])}, outside the model's vocabulary "
+                      f"(ids 0 to {vocabulary[1] - 1})")
     tokens, logprobs = row.get("response_tokens") or [], row.get("behavior_logprobs")
     if logprobs is not None:
         if not all(math.isfinite(v) and v <= 0 for v in logprobs):
@@ -112,11 +138,25 @@ def _check_values(row: dict[str, Any], where: str) -> None:
                       f"got {target!r}")
     if not isinstance(row.get("created_at"), (datetime, type(None))):
         raise bad("created_at", f"must be an ISO date, got {row['created_at']!r}")
+    # a run of the row's tokenizer feeds its token ids as they are, so it needs both lists (a row of
+    # no tokenizer, or another run's, is tokenised from its texts, so it needs a prompt text)
+    given = [name for name in ("prompt_tokens", "response_tokens") if row.get(name)]
+    if row.get("tokenizer") and len(given) == 1:
+        other = "response_tokens" if given == ["prompt_tokens"] else "prompt_tokens"
+        raise bad(other, f"must hold at least one token (the row gives {given[0]} of tokenizer "
+                  f"{row['tokenizer']!r}), got {row.get(other)!r}")
+    if not row.get("prompt_text") and not (row.get("tokenizer") and given):
+        raise bad("prompt_text", "must hold the prompt's text (or 'prompt_tokens' and 'response_tokens' at least one "
+                  "token each, with their 'tokenizer'): a model needs at least one prompt token")
 
 
-def read_trajectories(path: str | Path, source: str | None, task: str = "") -> list[Trajectory]:
-    """Every record of a file as trajectories; the first bad record stops the import (nothing written)."""
-    return [record_to_trajectory(record, where, source, task) for where, record in read_records(path)]
+def read_trajectories(path: str | Path, source: str | None, task: str = "",
+                      prompt_ids: dict[str, tuple[str, str]] | None = None,
+                      vocabulary: Vocabulary | None = None) -> list[Trajectory]:
+    """Every record of a file as trajectories (`record_to_trajectory`); the first bad record stops
+    the import (nothing written)."""
+    return [record_to_trajectory(record, where, source, task, prompt_ids, vocabulary)
+            for where, record in read_records(path)]
 
 
 def task_solutions(task: Task, source: str = "human") -> list[Trajectory]:
@@ -127,16 +167,22 @@ def task_solutions(task: Task, source: str = "human") -> list[Trajectory]:
             for (p, s), g in zip(pairs, grades)]
 
 
-def export(table: pa.Table, out: str | Path) -> int:
-    """Rows to `.parquet`, `.jsonl` or `.jsonl.gz` (timestamps as ISO strings); returns rows written."""
+def export(table: pa.Table, out: str | Path, store: str | Path | None = None) -> int:
+    """Rows to `.parquet`, `.jsonl` or `.jsonl.gz` (timestamps as ISO strings); returns rows written.
+    The file appears whole or not at all (written beside it, then renamed: a full disk or a kill leaves
+    an earlier file of that name as it was), and never inside `store`, among its parts."""
     out = Path(out)
-    if out.suffix == ".parquet":
-        pq.write_table(table, out)
-    elif out.name.endswith((".jsonl", ".jsonl.gz")):
-        opener = gzip.open if out.suffix == ".gz" else open
-        with opener(out, "wt", encoding="utf-8") as f:
-            for row in table.to_pylist():
-                f.write(json.dumps(row, default=lambda v: v.isoformat()) + "\n")
-    else:
+    if not (out.suffix == ".parquet" or out.name.endswith((".jsonl", ".jsonl.gz"))):
         raise ValueError(f"cannot export to {out}: use a .parquet, .jsonl or .jsonl.gz file name")
+    if store is not None and out.resolve().is_relative_to(Path(store).resolve()):
+        raise ValueError(f"cannot export to {out}: it is inside the store {store}, whose files are its parts; "
+                         "write it elsewhere")
+    with whole_file(out) as work:
+        if out.suffix == ".parquet":
+            pq.write_table(table, work)
+        else:
+            opener = gzip.open if out.suffix == ".gz" else open
+            with opener(work, "wt", encoding="utf-8") as f:
+                for row in table.to_pylist():
+                    f.write(json.dumps(row, default=lambda v: v.isoformat()) + "\n")
     return table.num_rows

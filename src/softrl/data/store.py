@@ -14,10 +14,12 @@ reported by name in `problems` and skipped; they are never deleted.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import uuid
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,7 +270,22 @@ class ExperienceStore:
     def dedupe(self) -> tuple[int, int]:
         """Rewrite the readable trajectory parts of a snapshot as one part without duplicates and with
         annotations folded in; returns (rows before, rows after). Unreadable files are left alone, and
-        parts written meanwhile by other writers are not touched."""
+        parts written meanwhile by other writers are not touched. One dedupe at a time: a second,
+        meanwhile, is refused (both would rewrite the same parts)."""
+        with self._alone("dedupe"):
+            return self._dedupe()
+
+    @contextmanager
+    def _alone(self, what: str):
+        """Hold the store's lock for `what`, or a StoreError if another process holds it."""
+        with open(self.root / f".{what}.lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreError(f"{self.root}: another {what} of this store is running; wait for it to end") from None
+            yield
+
+    def _dedupe(self) -> tuple[int, int]:
         snapshot = self.snapshot()
         before = self._read("trajectories", snapshot, columns=["id"]).num_rows
         table = self.trajectories(snapshot)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from softrl.algorithms.passk import mean_pass_at_k
-from softrl.rollout import Context, RolloutSpec, rollouts
+from softrl.rollout import RolloutSpec, contexts_of, rollouts
 from softrl.tasks.base import Prompt
 
 
@@ -36,7 +36,7 @@ def sample(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[st
            temperature: float = 0.4, top_p: float = 0.95, seed: int = 0) -> list:
     """n graded responses per prompt at the protocol's decoding (Trajectory rows, grouped by prompt)."""
     spec = replace(spec, temperature=temperature, temperature_range=None, top_p=top_p)
-    return rollouts(spec, [Context(p, encode_prompt(p.text)) for p in prompts], n, seed)
+    return rollouts(spec, contexts_of(spec, prompts, encode_prompt), n, seed)
 
 
 def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[str], list[int]], n: int = 20,

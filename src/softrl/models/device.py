@@ -11,6 +11,8 @@ the compute dtype, since nothing ever updates them.
 
 from __future__ import annotations
 
+import os
+
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
@@ -68,6 +70,15 @@ class Placement:
         if where.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 for what stays in fp32
         return cls(where, weights, compute)
+
+    def deterministic(self, on: bool) -> None:
+        """Same seed, same machine, same numbers: PyTorch's deterministic algorithms where it has them
+        (on the CPU too: a parallel reduction's order otherwise varies from run to run in the last
+        bits, and 300 steps of sampling make that another run). cuBLAS then needs a fixed workspace,
+        set before its first call; an op without a deterministic kernel warns instead of failing."""
+        if on and self.device.type == "cuda":
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(on, warn_only=True)
 
     @property
     def frozen(self) -> torch.dtype:

@@ -59,10 +59,47 @@ def quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
+def local_source(path: str | Path) -> str:
+    """What `from_pretrained` is given for `path`: a local directory (or what is no hub id) as it is,
+    and a hub id too with HF_HUB_OFFLINE=0 set (transformers may download it: softrl.hub); else the
+    id's folder in the local hub cache, read without asking the hub (transformers would, even for a
+    cached id, for half a minute where no network answers). An id the cache lacks is a ModelLoadError
+    at once."""
+    from softrl.hub import ONLINE_HINT, looks_like_hub_id, online
+
+    if not looks_like_hub_id(path) or online():
+        return str(path)
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(str(path), "config.json")
+    except ValueError:  # not a valid repo id
+        found = None
+    if isinstance(found, str):
+        return str(Path(found).parent)  # the snapshot of the cached revision
+    raise ModelLoadError(f"model {path}: no such local directory, and the hub id is not in the local cache "
+                         f"({constants.HF_HUB_CACHE}): download it where the hub is reachable (`hf download {path}`, "
+                         f"with the same HF_HOME), give a local model directory, " + ONLINE_HINT)
+
+
+def model_positions(path: str | Path) -> int:
+    """The positions (prompt + response) the model at `path` declares, read from its config without
+    loading its weights; 0 where it does not say or cannot be read (loading it then says why)."""
+    source = local_source(path)  # before transformers is imported: a refusal takes no time
+    from transformers import AutoConfig
+
+    quiet_transformers()
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError):
+        return 0
+    return int(getattr(config, "max_position_embeddings", 0) or 0)
+
+
 def load_tokenizer(path: str | Path, pad_token: str | None = None):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(local_source(path))
     if pad_token is not None:
         tokenizer.pad_token = pad_token
     if tokenizer.pad_token_id is None:
@@ -74,18 +111,20 @@ def load_tokenizer(path: str | Path, pad_token: str | None = None):
 
 
 def load_causal_lm(path: str | Path, dtype: str = "float32", pad_token: str | None = None):
-    """(model, tokenizer) from a local directory (or a hub id where a hub is reachable)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    quiet_transformers()
+    """(model, tokenizer) from a local directory, or a hub id in the local hub cache (from the hub
+    itself with HF_HUB_OFFLINE=0: `local_source`)."""
     local = Path(path)
     if not local.exists() and (local.is_absolute() or str(path).startswith(".") or str(path).count("/") != 1):
         raise ModelLoadError(f"model directory {path} does not exist: run `softrl bootstrap countdown` for the "
                              "built-in reference, or `softrl model prepare smollm2-135m` for real weights")
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got dtype={dtype!r}")
+    source = local_source(path)  # a hub id the cache lacks: refused now, before transformers is imported
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    quiet_transformers()
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read a model config at {path} ({str(e).splitlines()[0]}): "
                              "point --model (model.path) at a transformers model directory with config.json, "
@@ -97,11 +136,31 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", pad_token: str | No
         raise ModelLoadError(f"architecture {arch!r} at {path} is not a causal LM this transformers supports: "
                              "use a model with a *ForCausalLM class (Llama, Qwen2, GPT-2, ...)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
     except OSError as e:
         raise ModelLoadError(f"cannot load weights from {path} ({str(e).splitlines()[0]}): "
                              "the directory needs model.safetensors (or pytorch_model.bin) next to config.json") from e
-    return model.eval(), load_tokenizer(path, pad_token)
+    return model.eval(), load_tokenizer(source, pad_token)
+
+
+def vocabulary(path: str | Path) -> tuple[str, int]:
+    """(tokenizer fingerprint, number of token ids the model embeds) of a model directory, without
+    loading its weights: what a row's token ids must fit to be fed to this model."""
+    from transformers import AutoConfig
+
+    quiet_transformers()
+    if not Path(path).exists() and (Path(path).is_absolute() or str(path).startswith(".") or str(path).count("/") != 1):
+        raise ModelLoadError(f"model directory {path} does not exist")
+    try:
+        config = AutoConfig.from_pretrained(local_source(path))
+        tokenizer = load_tokenizer(path)
+    except (OSError, ValueError) as e:
+        if isinstance(e, ModelLoadError):
+            raise
+        raise ModelLoadError(f"cannot read a model config and tokenizer at {path} ({str(e).splitlines()[0]}): "
+                             "give a transformers model directory with config.json and its tokenizer") from e
+    size = getattr(config.get_text_config(), "vocab_size", None) or len(tokenizer)
+    return tokenizer_fingerprint(tokenizer), int(size)
 
 
 def apply_chat_template(tokenizer, text: str) -> str:

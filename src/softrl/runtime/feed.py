@@ -9,18 +9,21 @@ from collections.abc import Callable
 import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
 from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, TrajectoryPool
+from softrl.data.unmatched import unmatched_rows
 from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.tasks.base import Prompt, Task
-from softrl.training.batch import Batch, knows_behavior, make_batch
+from softrl.training.batch import Batch, knows_behavior, make_batch, unusable_row
 
 
 class DataFeed:
     """Built from the run's config, store, training task, Q0 (prompt id -> soft value at the run's
-    beta) and tokenizer; its random state is checkpointed (`state_dict`)."""
+    beta) and tokenizer, and the model's number of token ids (`vocab_size`: stored rows' token ids
+    are checked against it); its random state is checkpointed (`state_dict`)."""
 
     def __init__(self, config: RunConfig, store: ExperienceStore, task: Task, q0: dict[str, float], tokenizer,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, vocab_size: int | None = None):
         self.config, self.store, self.task, self.q0, self.log = config, store, task, q0, log
+        self.vocab_size = vocab_size
         self.tokenizer, self.fingerprint = tokenizer, tokenizer_fingerprint(tokenizer)
         self.prompts = task.prompts()
         self.prompt_rng = random.Random(config.seed)
@@ -50,6 +53,7 @@ class DataFeed:
                 pool = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
             sources[source] = pool
             self.log(f"{source} pool: {len(rows)} trajectories")
+            self._check_rows(source, rows)
         if not any(len(getattr(src, "pool", src)) for src in sources.values()):
             where = f"{', '.join(wanted)} in {cfg.store}"
             if cfg.mix.get("online", 0) <= 0:
@@ -58,6 +62,27 @@ class DataFeed:
             self.log(f"warning: no trajectories for {where}; training on online samples only")
             return None
         return MixtureSampler(sources, wanted, seed=self.config.seed)
+
+    def _check_rows(self, source: str, rows: list[dict]) -> None:
+        """Refused: a row the model cannot be fed (token ids outside its vocabulary, no prompt); for
+        the offline pool, stored rows of its sources that are not the task's prompts are said (and
+        refused when the pool has no row at all)."""
+        problem = unusable_row(rows, self.fingerprint, self.vocab_size, lambda t: encode_prompt(self.tokenizer, t))
+        if problem:
+            raise ConfigError(f"data.store: {source} pool of {self.store.root}: {problem}: this model cannot train "
+                              "on it; import the rows into a new store with `softrl data import FILE --model MODEL`, "
+                              "which checks them")
+        if source != "offline":
+            return
+        cfg = self.config.data
+        ids, passed = [p.id for p in self.prompts if p.id in self.q0], True if cfg.offline_passed_only else None
+        unmatched = unmatched_rows(self.store, cfg.offline_sources, self.task.name, ids, passed)
+        everything = unmatched_rows(self.store, cfg.offline_sources, self.task.name, ids, passed, True) \
+            if not rows else None  # with the rows of the task's other prompts (another task.size or task.seed)
+        if unmatched and not rows:  # rows meant for this task and none usable: not a run on nothing
+            raise ConfigError(f"data.offline_sources: the offline pool would be empty: {everything}")
+        if unmatched or everything:
+            self.log(f"warning: offline pool: {unmatched or everything}")
 
     def _check_behavior(self, source: str, rows: list[dict]) -> None:
         """An objective that weighs rows by pi/mu skips rows without mu's log-probs: said, and refused

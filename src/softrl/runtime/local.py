@@ -9,13 +9,17 @@ from __future__ import annotations
 import collections
 import copy
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
 
 from softrl.config import RunConfig
 from softrl.runtime.group import LearnerGroup, follow, torchrun_rank
+from softrl.runtime.faults import disk_full_reported
+from softrl.runtime.runlog import newest_checkpoint_step
 from softrl.runtime.session import Session
+from softrl.runtime.stop import RunStopped, StopRequests
 
 
 class Generation:
@@ -132,33 +136,53 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
     `runtime.learners` > 1 the learner is a data-parallel group (runtime/group.py) and this process
     its rank 0; a process torchrun started as another rank follows rank 0 instead. `on_step` gets
     every step's record, `on_eval` every evaluation's; `tasks`: (training, evaluation) Tasks made in
-    Python instead of config.task's."""
+    Python instead of config.task's. SIGINT (Ctrl-C) or SIGTERM stop the run after the step in
+    progress, with a checkpoint of it (a second signal, or one outside the steps, at once), raising
+    `runtime.stop.RunStopped`; a full disk raises `runtime.faults.DiskFullError`. Another process
+    training in the run directory is a `RunInUseError`."""
     rank = torchrun_rank()
     if rank not in (None, 0):
         return follow(config, rank, config.runtime.learners)
     phase = on_phase or (lambda name, done, total: None)
-    group = LearnerGroup(config) if config.runtime.learners > 1 or rank is not None else None
-    generation, ok = None, False
-    try:
-        session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total), group=group,
-                          tasks=tasks, on_eval=on_eval)
-        rc = config.runtime
-        generation = Generation(session, rc.mode, rc.model_update_interval, rc.policy_lag)
-        if resume and rc.policy_lag:
-            log(f"runtime.policy_lag: the snapshots of the last {rc.policy_lag} steps are not checkpointed: "
-                "generation starts from the restored weights, and the lag grows back to its setting")
-        started = time.time()
-        while session.progress.step < config.optim.steps:
-            online, timings = generation.next()
-            record = session.learn(online, session.runlog.elapsed(started), timings)
-            generation.learner_stepped(record["step"])
-            if on_step is not None:
-                on_step(record)
-        ok = True
-    finally:
-        if generation is not None:
-            generation.close()
-        if group is not None:
-            group.close(ok)
-    phase("evaluate (after)", 0, 1)
-    return session.finish()
+    stop = StopRequests()
+    session = None
+    with stop.installed(), disk_full_reported(config):
+        try:
+            generation, group, ok = None, None, False
+            try:
+                group = LearnerGroup(config) if config.runtime.learners > 1 or rank is not None else None
+                session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total),
+                                  group=group, tasks=tasks, on_eval=on_eval)
+                rc = config.runtime
+                generation = Generation(session, rc.mode, rc.model_update_interval, rc.policy_lag)
+                if resume and rc.policy_lag:
+                    log(f"runtime.policy_lag: the snapshots of the last {rc.policy_lag} steps are not checkpointed: "
+                        "generation starts from the restored weights, and the lag grows back to its setting")
+                started = time.time()
+                with stop.steps():
+                    while session.progress.step < config.optim.steps:
+                        with disk_full_reported(config, f"online samples (store rows) in {config.data.store}"):
+                            online, timings = generation.next()
+                        record = session.learn(online, session.runlog.elapsed(started), timings)
+                        generation.learner_stepped(record["step"])
+                        if on_step is not None:
+                            on_step(record)
+                        if stop.requested:  # asked to stop during this step: keep it, then stop
+                            with stop.held():
+                                session.checkpoint()
+                            stop.interrupt()
+                ok = True
+            finally:
+                if generation is not None:
+                    generation.close()
+                if group is not None:
+                    group.close(ok)
+            phase("evaluate (after)", 0, 1)
+            return session.finish()
+        except KeyboardInterrupt:
+            stop.raised = True  # a signal now changes nothing: the clean-up below runs
+            raise RunStopped(config.run_dir, newest_checkpoint_step(config.run_dir),
+                             stop.signum or signal.SIGINT) from None
+        finally:
+            if session is not None:
+                session.close()

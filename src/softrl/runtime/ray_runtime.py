@@ -119,6 +119,9 @@ class _Learner(WeightSource):
     def step(self, online: list[dict], elapsed: float, timings: dict[str, float]) -> dict:
         return self.session.learn(online, elapsed, timings)
 
+    def checkpoint(self) -> None:
+        self.session.checkpoint()
+
     def finish(self) -> dict:
         if self.group is not None:
             self.group.close()
@@ -258,10 +261,28 @@ PYTHON_TASKS_REFUSED = ("runtime.kind: ray builds its tasks in its actors from t
 def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
           on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print,
           on_eval: Callable[[dict], None] | None = None, tasks=None) -> dict:
-    """The Ray runtime's run; the same contract as `softrl.runtime.local.train`, except that its
-    tasks come from `config.task` (the actors build them), so Python-made `tasks` are refused."""
+    """The Ray runtime's run; the same contract as `softrl.runtime.local.train` (SIGINT and SIGTERM
+    included), except that its tasks come from `config.task` (the actors build them), so Python-made
+    `tasks` are refused."""
+    import signal
+
+    from softrl.runtime.faults import disk_full_reported
+    from softrl.runtime.runlog import newest_checkpoint_step
+    from softrl.runtime.stop import RunStopped, StopRequests
+
     if tasks is not None:
         raise ConfigError(PYTHON_TASKS_REFUSED)
+    stop = StopRequests()
+    with stop.installed(), disk_full_reported(config):
+        try:
+            return _run(config, resume, on_step, on_phase, on_eval, stop)
+        except KeyboardInterrupt:
+            stop.raised = True
+            raise RunStopped(config.run_dir, newest_checkpoint_step(config.run_dir),
+                             stop.signum or signal.SIGINT) from None
+
+
+def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop) -> dict:
     rc = config.runtime
     ray = _ray(local=rc.ray_address is None)
     from ray.exceptions import ActorUnavailableError, RayActorError
@@ -338,6 +359,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
         started = time.time()
         earlier = info["seconds"]
         pending = issue(step)
+        stop.stepping = True  # a first signal now waits for the step in progress
         while step < config.optim.steps:
             waiting = time.time()
             online = gather(pending, step)
@@ -354,6 +376,11 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
                 on_step(record)
             if any(k.startswith("eval/") for k in record):
                 evaluations()
+            if stop.requested:  # asked to stop during this step: keep it, then stop
+                with stop.held():
+                    ray.get(learner.checkpoint.remote())
+                stop.interrupt()
+        stop.stepping = False
         phase("evaluate (after)", 0, 1)
         summary = {**ray.get(learner.finish.remote()), "worker_restarts": restarts}
         evaluations()

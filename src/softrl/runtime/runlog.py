@@ -1,9 +1,11 @@
 """The run log: a run's directory and what is written to it. The resolved config, metrics.jsonl
-(and TensorBoard / Weights & Biases), atomic checkpoints, the training clock, plots and summary.json."""
+(and TensorBoard / Weights & Biases), atomic checkpoints, the training clock, plots and summary.json.
+What a full disk or a second process in the directory meet: runtime/faults.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -13,6 +15,9 @@ import torch
 import yaml
 
 from softrl.config import ConfigError, RunConfig
+from softrl.files import whole_file
+from softrl.runtime.faults import LOCK_NAME, check_not_in_use, disk_full, is_disk_full, save_state
+from softrl.runtime.stop import deferred
 
 
 class NonFiniteWeightsError(RuntimeError):
@@ -63,9 +68,11 @@ def optional_sinks(config: RunConfig) -> list:
 
 
 def check_run_dir(config: RunConfig, resume: bool) -> None:
-    """A new run needs an empty directory (or one a `--resume` starts over in)."""
+    """A new run needs an empty directory (or one a `--resume` starts over in), and no other process
+    training in it."""
     run_dir = config.run_dir
-    if run_dir.exists() and not resume and any(run_dir.iterdir()):
+    check_not_in_use(run_dir)
+    if run_dir.exists() and not resume and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
         raise ConfigError(f"run directory {run_dir} exists: pass --resume, or another name=...")
 
 
@@ -81,6 +88,18 @@ def checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, reverse=True)
 
 
+def newest_checkpoint_step(run_dir: Path) -> int:
+    """The step of the run's newest complete checkpoint (0: none)."""
+    found = checkpoints(Path(run_dir))
+    return int(found[0].name.removeprefix("step-")) if found else 0
+
+
+def replace_text(path: Path, text: str) -> None:
+    """`path` holds `text`, or (a full disk, a signal) what it held before: written beside it, then renamed."""
+    with whole_file(path) as work:
+        work.write_text(text)
+
+
 def start_over(run_dir: Path) -> None:
     """Remove what a run wrote to `run_dir` (nothing else there), so that it starts from step 0."""
     for name in RUN_FILES:
@@ -89,8 +108,8 @@ def start_over(run_dir: Path) -> None:
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
-    for plot in run_dir.glob("*.png"):
-        plot.unlink()
+    for leftover in [*run_dir.glob("*.png"), *run_dir.glob(".*.tmp")]:  # plots; a killed replace_text's file
+        leftover.unlink()
 
 
 class RunLog:
@@ -99,7 +118,7 @@ class RunLog:
         openers = optional_sinks(config)  # a missing package fails before anything is created
         self.config, self.run_dir = config, config.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        replace_text(self.run_dir / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.writers = [open_sink(self.run_dir, config) for open_sink in openers]
         self.earlier_seconds = 0.0  # training time of the sessions before a resume
@@ -115,8 +134,23 @@ class RunLog:
 
     # --- metrics ------------------------------------------------------------------------------
     def write(self, record: dict) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        line = memoryview((json.dumps(record) + "\n").encode())
+        fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                while line:
+                    line = line[os.write(fd, line):]
+            except OSError as e:
+                try:  # no torn line left behind
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass
+                if is_disk_full(e):
+                    raise disk_full(f"metrics step {record.get('step')} to {self.metrics_path}", self.run_dir) from e
+                raise
+        finally:
+            os.close(fd)
         numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
         for write in self.writers:
             write(record["step"], numbers)
@@ -139,14 +173,21 @@ class RunLog:
             shutil.rmtree(stale, ignore_errors=True)
         final = root / f"step-{step:06d}"
         work = root / f".{final.name}.tmp"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        model.save_pretrained(work / "policy")
-        torch.save(state, work / "state.pt")
-        shutil.rmtree(final, ignore_errors=True)
-        work.rename(final)
-        for old in sorted(p for p in root.iterdir() if p.name.startswith("step-"))[: -self.config.log.keep_checkpoints]:
-            shutil.rmtree(old)
+        with deferred():  # Ctrl-C or SIGTERM: once this checkpoint is complete
+            shutil.rmtree(work, ignore_errors=True)
+            try:
+                work.mkdir(parents=True)
+                model.save_pretrained(work / "policy")
+                save_state(state, work / "state.pt")
+                shutil.rmtree(final, ignore_errors=True)
+                work.rename(final)
+            except BaseException as e:
+                shutil.rmtree(work, ignore_errors=True)  # the complete ones before it are untouched
+                if is_disk_full(e):
+                    raise disk_full(f"checkpoint step {step} in {root}", self.run_dir) from e
+                raise
+            for old in sorted(p for p in root.iterdir() if p.name.startswith("step-"))[: -self.config.log.keep_checkpoints]:
+                shutil.rmtree(old)
         return final
 
     def restore(self, model, log=print) -> tuple[str, dict]:
@@ -165,7 +206,7 @@ class RunLog:
                 continue
             model.load_state_dict(weights)
             kept = [r for r in self.records() if r.get("step", 0) <= step] if self.metrics_path.exists() else []
-            self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            replace_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
             self.earlier_seconds = seconds
             return checkpoint.name, state
         raise ConfigError(f"no checkpoint in {self.run_dir / 'checkpoints'} loads: remove {self.run_dir} to start over")
@@ -184,5 +225,5 @@ class RunLog:
             "pass@1_after": after.get("eval/pass@1"), "pass@10_after": after.get("eval/pass@10"),
             "plots": [str(p) for p in plots], "threads": torch.get_num_threads(),
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        replace_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary

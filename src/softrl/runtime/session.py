@@ -15,13 +15,15 @@ from softrl.assemble import Run
 from softrl.config import RunConfig
 from softrl.runtime.feed import DataFeed
 from softrl.runtime.model_card import write_model_card
+from softrl.runtime.faults import RunLock, disk_full_reported
 from softrl.runtime.runlog import Progress, RunLog, check_run_dir, checkpoints, optional_sinks, start_over
 
 
 class Session:
-    """Built in the order that fails fast: the run directory and the optional packages are checked,
-    models and tasks load, Q0 and the data sources are read (the store gets Q0's samples), and only
-    then is the run directory written, so bad input leaves none behind."""
+    """Built in the order that fails fast: the run directory is locked (one process trains in it) and
+    checked with the optional packages, models and tasks load, Q0 and the data sources are read (the
+    store gets Q0's samples), and only then is the run directory written, so bad input leaves none
+    behind. The lock is held until `finish` or `close`."""
 
     def __init__(self, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print,
                  progress: Callable[[int, int], None] | None = None, group=None, tasks=None,
@@ -29,6 +31,14 @@ class Session:
         """`group`: with `runtime.learners` > 1, rank 0's LearnerGroup (runtime/group.py), which then
         stands in for the run's learner; `tasks`: (training, evaluation) Tasks made in Python instead
         of config.task's; `on_eval`: called with every evaluation's record (step and `eval/...`)."""
+        self.lock = RunLock(config.run_dir).acquire()  # before anything in it is read or removed
+        try:
+            self._start(config, resume, log, progress, group, tasks, on_eval)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, config, resume, log, progress, group, tasks, on_eval) -> None:
         if resume and not checkpoints(config.run_dir):  # killed before its first checkpoint was complete
             if config.run_dir.exists():
                 log(f"no complete checkpoint in {config.run_dir}: starting the run over from step 0")
@@ -44,13 +54,18 @@ class Session:
         if group is not None:
             group.lead(self.run.learner)
             self.run.learner = group
-        self.feed = DataFeed(config, self.run.store, self.run.train_task, self.run.q0(progress), self.run.tokenizer, log)
+        with disk_full_reported(config, f"Q0's reference samples (store rows) in {config.data.store}"):
+            q0 = self.run.q0(progress, log)
+        self.feed = DataFeed(config, self.run.store, self.run.train_task, q0, self.run.tokenizer, log,
+                             self.run.policy.model.get_input_embeddings().num_embeddings)
         self.runlog = RunLog(config, resume)
         self.progress = Progress()
+        self.checkpointed = 0  # the step of the newest checkpoint
         if resume:
             name, state = self.runlog.restore(self.run.policy.model, log)
             self.run.learner.load_state_dict(state["learner"])
             self.progress = Progress(**state["progress"])
+            self.checkpointed = self.progress.step
             self.feed.load_state_dict(state["rng"])
             torch.set_rng_state(state["rng"]["torch"])
             log(f"resumed from {name}")
@@ -101,10 +116,18 @@ class Session:
             record = self.evaluated(record)
         self.runlog.write(record)
         if p.step % cfg.log.checkpoint_every == 0 or p.step == cfg.optim.steps:
-            self.runlog.checkpoint(p.step, self.run.policy.model, {
-                "learner": self.run.learner.state_dict(), "progress": vars(p),
-                "rng": {**self.feed.state_dict(), "torch": torch.get_rng_state()}})
+            self.checkpoint()
         return record
+
+    def checkpoint(self) -> None:
+        """A checkpoint of the run as it is now, between steps (unless there is one of this step)."""
+        p = self.progress
+        if self.checkpointed == p.step or not p.step:
+            return
+        self.runlog.checkpoint(p.step, self.run.policy.model, {
+            "learner": self.run.learner.state_dict(), "progress": vars(p),
+            "rng": {**self.feed.state_dict(), "torch": torch.get_rng_state()}})
+        self.checkpointed = p.step
 
     def finish(self) -> dict:
         """The evaluation after training, the final weights, plots and summary.json."""
@@ -116,4 +139,9 @@ class Session:
         summary = self.runlog.finish(p, after)
         write_model_card(final, self.config, self.run.model_path, self.run.train_task.name, summary,
                          held_out=self.run.eval_task is not self.run.train_task)
+        self.close()
         return summary
+
+    def close(self) -> None:
+        """Release the run directory (also when the run failed or was stopped)."""
+        self.lock.release()

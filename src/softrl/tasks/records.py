@@ -9,6 +9,7 @@ import gzip
 import json
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -130,8 +131,11 @@ _REQUIRED = object()
 
 
 def _hub_dataset(spec: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """`hf:DATASET[:CONFIG][:SPLIT]` through `datasets.load_dataset` (a hub id where the hub is
-    reachable, or a local folder of data files); the split defaults to train."""
+    """`hf:DATASET[:CONFIG][:SPLIT]` through `datasets.load_dataset` (a local folder of data files, or
+    a hub id: from the datasets cache, refused at once when not there, from the hub only with
+    HF_HUB_OFFLINE=0 set: softrl.hub); the split defaults to train."""
+    from softrl.hub import looks_like_hub_id, online
+
     name, config, split = (spec.removeprefix("hf:").split(":") + ["", ""])[:3]
     if not name:
         raise RecordError(f"{spec}: name a dataset, hf:DATASET[:CONFIG][:SPLIT]")
@@ -139,12 +143,56 @@ def _hub_dataset(spec: str) -> Iterator[tuple[str, dict[str, Any]]]:
         import datasets
     except ImportError as e:
         raise RecordError(f"{spec}: hf: datasets need `pip install softrl[datasets]`") from e
+    cached = looks_like_hub_id(name, slashes=(0, 1)) and not online()
+    if cached:
+        _require_cached_dataset(spec, name, config)
     try:
-        data = datasets.load_dataset(name, config or None, split=split or "train")
+        with _datasets_offline(cached):
+            data = datasets.load_dataset(name, config or None, split=split or "train")
     except Exception as e:  # noqa: BLE001 - datasets raises many types (not found, offline, bad split)
         raise RecordError(f"{spec}: cannot load the dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from e
     for i, record in enumerate(data):
         yield f"{spec}#{i}", dict(record)
+
+
+def _require_cached_dataset(spec: str, name: str, config: str) -> None:
+    """A RecordError, at once, unless the datasets cache holds `name` (its `config`, if given) as
+    `datasets.load_dataset` finds it offline: CACHE/ORG___NAME/CONFIG/VERSION/HASH/."""
+    import datasets.config
+    from datasets.naming import camelcase_to_snakecase
+
+    from softrl.hub import ONLINE_HINT
+
+    cache = Path(datasets.config.HF_DATASETS_CACHE).expanduser()
+    parts = name.split("/")
+    root = cache / "___".join([*parts[:-1], camelcase_to_snakecase(parts[-1])])
+    if any(p.is_dir() for p in root.glob(f"{config or '*'}/*/*")):
+        return
+    which, call = f"{name} config {config}" if config else name, ", ".join(repr(a) for a in (name, config) if a)
+    raise RecordError(f"{spec}: no such local folder, and the hub dataset {which} is not in the local datasets "
+                      f"cache ({cache}): load it once where the hub is reachable (datasets.load_dataset({call}) "
+                      f"with the same HF_HOME), or download its files there (`hf download --repo-type dataset {name} "
+                      f"--local-dir FOLDER`) and give hf:FOLDER, " + ONLINE_HINT)
+
+
+@contextmanager
+def _datasets_offline(offline: bool) -> Iterator[None]:
+    """`datasets` reading its cache without asking the hub first (HF_HUB_OFFLINE for this call), and
+    without its warning that it does so."""
+    if not offline:
+        yield
+        return
+    import datasets.config
+    from datasets.utils import logging as datasets_logging
+
+    before, verbosity = datasets.config.HF_HUB_OFFLINE, datasets_logging.get_verbosity()
+    datasets.config.HF_HUB_OFFLINE = True
+    datasets_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE = before
+        datasets_logging.set_verbosity(verbosity)
 
 
 def field(record: dict[str, Any], name: str, where: str, kind: type | tuple[type, ...] = str,
@@ -190,7 +238,17 @@ def _messages(value: Any, where: str, name: str) -> list[dict[str, str]]:
 
 
 def prompt_of(record: dict[str, Any], where: str) -> tuple[str, Any, list[str]]:
-    """(prompt text, the prompt as the reward function sees it, known solutions) of a record."""
+    """(prompt text, the prompt as the reward function sees it, known solutions) of a record; a text
+    over `limits.MAX_RECORD_CHARS` (a record in Python or Parquet, which no line limit caught) is
+    refused before anything tokenizes it."""
+    text, as_given, solutions = _prompt_of(record, where)
+    if len(text) > MAX_RECORD_CHARS:
+        raise RecordError(f"{where}: the prompt has {len(text):,} characters, over the "
+                          f"{MAX_RECORD_CHARS // 2**20} MiB limit of a record: at most {MAX_RECORD_CHARS:,}")
+    return text, as_given, solutions
+
+
+def _prompt_of(record: dict[str, Any], where: str) -> tuple[str, Any, list[str]]:
     if "prompt" in record and record["prompt"] is not None:
         value = record["prompt"]
         if isinstance(value, str):

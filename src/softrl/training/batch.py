@@ -64,6 +64,35 @@ def knows_behavior(row: dict, response_length: int | None = None) -> bool:
         and decoding.get("temperature") == 1.0 and decoding.get("top_p") == 1.0
 
 
+def own_tokens(row: dict, fingerprint: str) -> bool:
+    """Whether a batch takes the row's token ids as they are (made by this tokenizer), not its text's."""
+    return row.get("tokenizer") == fingerprint and bool(row.get("response_tokens"))
+
+
+def unusable_row(rows: list[dict], fingerprint: str, vocab_size: int | None, encode_prompt: Callable[[str], list[int]]
+                 ) -> str | None:
+    """What the first of `rows` a model cannot be fed has wrong, in words naming the row (None when
+    all can): token ids it would take outside `vocab_size`, or no prompt token at all."""
+    empty_prompt = None  # whether a row without prompt text makes a prompt of no tokens (no chat template)
+    for row in rows:
+        what = f"row {row.get('id')!r} (prompt {row.get('prompt_id')!r}, source {row.get('source')!r})"
+        if own_tokens(row, fingerprint):
+            if not row.get("prompt_tokens"):
+                return f"{what} has response_tokens but no prompt_tokens"
+            for name in ("prompt_tokens", "response_tokens"):
+                low, high = min(row[name]), max(row[name])
+                if low < 0 or (vocab_size is not None and high >= vocab_size):
+                    limit = f"0 to {vocab_size - 1}" if vocab_size is not None else "0 or more"
+                    return (f"{what} holds token id {low if low < 0 else high} in {name}, outside the model's "
+                            f"vocabulary (ids {limit})")
+        elif not row.get("prompt_text"):
+            if empty_prompt is None:
+                empty_prompt = not encode_prompt("")
+            if empty_prompt:
+                return f"{what} has no prompt text and no prompt tokens"
+    return None
+
+
 def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: Callable[[str], list[int]],
                encode_response: Callable[[str], list[int]], q0: dict[str, float]) -> Batch:
     """Tensors for `rows` (each with a `mix_source` tag, else counted as online). `fingerprint`: the
@@ -72,7 +101,7 @@ def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: C
         raise ValueError("a batch needs at least one trajectory")
     prompts, responses = [], []
     for row in rows:
-        ours = row.get("tokenizer") == fingerprint and row.get("response_tokens")
+        ours = own_tokens(row, fingerprint)
         prompts.append(list(row["prompt_tokens"]) if ours else encode_prompt(row["prompt_text"]))
         responses.append(list(row["response_tokens"]) if ours else encode_response(row["response_text"]))
     padded = pad_batch(prompts, responses, pad_id, side="right", share=True)
