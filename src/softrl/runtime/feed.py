@@ -25,8 +25,6 @@ class DataFeed:
         self.prompts = task.prompts()
         self.prompt_rng = random.Random(config.seed)
         self.mixture = self._mixture()
-        for problem in store.problems:  # unreadable part files met so far (Q0, the pools): skipped, named
-            log(f"skipped {problem}")
 
     def _mixture(self) -> MixtureSampler | None:
         """The non-online sources of the mix, drawn from the store (rows of the prompts with a Q0)."""
