@@ -422,16 +422,21 @@ def test_an_exported_row_with_a_truncating_type_is_refused(tmp_path):
             read_trajectories(path, None)
 
 
-# --- what is skipped is said --------------------------------------------------------------------
-def test_train_names_the_store_part_files_it_skips(tmp_path, tiny):
+# --- what the store does not name is not read; what it names and cannot read is said -----------
+def test_train_ignores_files_no_store_version_names_and_a_corrupt_table_is_one_line(tmp_path, tiny):
     seed_store(tmp_path)
-    bad = tmp_path / "store" / "trajectories" / "part-00000000T000000000000-1-deadbeef.parquet"
-    bad.write_bytes(b"PAR1 not really parquet")
+    data = tmp_path / "store" / "trajectories.lance" / "data"
+    stray = data / "left-by-a-killed-writer.lance"  # written, never committed: no version names it
+    stray.write_bytes(b"not really lance")
     out = subprocess.run([SOFTRL, "train", *tiny_overrides(str(tiny[0]), str(tmp_path), **{"optim.steps": 1})],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "skipped" in out.stderr and bad.name in " ".join(out.stderr.split())
-    assert bad.exists()  # never deleted
+    assert stray.exists()  # never deleted
+    committed = next(p for p in data.iterdir() if p != stray)
+    committed.write_bytes(b"garbage" * 10)
+    out = subprocess.run([SOFTRL, "data", "stats", "--store", str(tmp_path / "store")], capture_output=True, text=True)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
+    assert "trajectories.lance" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_pts_names_a_source_the_store_lacks(tmp_path, tiny):
