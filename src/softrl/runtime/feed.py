@@ -33,14 +33,15 @@ class DataFeed:
         if not wanted:
             return None
         sources = {}
+        snapshot = self.store.snapshot()  # every pool from the same versions, whatever others commit meanwhile
         for source in wanted:
             if source == "offline":
-                table = self.store.trajectories(task=self.task.name, source=cfg.offline_sources,
+                table = self.store.trajectories(snapshot, task=self.task.name, source=cfg.offline_sources,
                                                 passed=True if cfg.offline_passed_only else None)
             elif source == "pts":  # the rollouts `softrl pts` sampled from prefixes, passed or not
-                table = self.store.trajectories(task=self.task.name, source="pts")
+                table = self.store.trajectories(snapshot, task=self.task.name, source="pts")
             else:  # mc: rows annotated by `softrl pts`
-                table = self.store.trajectories(task=self.task.name)
+                table = self.store.trajectories(snapshot, task=self.task.name)
             rows = [r for r in table.to_pylist() if r["prompt_id"] in self.q0 and (source != "mc" or r["mc_targets"])]
             self._check_behavior(source, rows)
             pool = TrajectoryPool(rows)
