@@ -242,6 +242,8 @@ def test_bad_s3_locations_are_one_line_and_write_nothing(s3_env, tmp_path, monke
     for change, where, message in cases:
         env = {**os.environ, **change}
         assert message in one_line_error(softrl("data", "import", str(records), "--store", where, env=env))
+    with pytest.raises(StoreError, match="is not an experience store"):  # none of them wrote a thing
+        ExperienceStore(store, create=False)
     ExperienceStore(store).append([full_trajectory()])  # a store there now: the reader may read, not write
     reader = {**os.environ, **s3_env.reader}
     assert json.loads(softrl("data", "stats", "--json", "--store", store, env=reader).stdout)["trajectories"] == 1
