@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from pathlib import Path
 
 import typer
 from rich.console import Console
