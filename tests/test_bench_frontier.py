@@ -17,7 +17,8 @@ from softrl.cli import app
 def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     s = fr.Settings(tmp_path, steps=10)
     plan = fr.tuning_plan(s, ["lag64", "human"], None, 2)
-    per_seed = 9 * 6 + 3 + (3 * 6 + 3)  # lag64: 9 methods x 3 lr x 2 strengths, topr 3; human: 3 x 6 + topr
+    lrs = len(fr.LRS)
+    per_seed = 9 * 2 * lrs + lrs + (3 * 2 * lrs + lrs)  # lag64: 9 methods x 2 strengths, topr; human: 3 and topr
     assert len(plan) == 2 * per_seed and len({c.run_dir for c in plan}) == len(plan)
     lagged = [c for c in plan if Path(c.out_dir).name == "lag64"]
     assert {c.runtime.policy_lag for c in lagged} == {64} and all(c.data.mix == {"online": 1.0} for c in lagged)

@@ -484,16 +484,21 @@ def test_import_with_a_model_refuses_token_ids_outside_its_vocabulary(tmp_path, 
     assert ExperienceStore(store).trajectories().num_rows == 1
 
 
-# --- what is skipped is said --------------------------------------------------------------------
-def test_train_names_the_store_part_files_it_skips(tmp_path, tiny):
+# --- what the store does not name is not read; what it names and cannot read is said -----------
+def test_train_ignores_files_no_store_version_names_and_a_corrupt_table_is_one_line(tmp_path, tiny):
     seed_store(tmp_path)
-    bad = tmp_path / "store" / "trajectories" / "part-00000000T000000000000-1-deadbeef.parquet"
-    bad.write_bytes(b"PAR1 not really parquet")
+    data = tmp_path / "store" / "trajectories.lance" / "data"
+    stray = data / "left-by-a-killed-writer.lance"  # written, never committed: no version names it
+    stray.write_bytes(b"not really lance")
     out = subprocess.run([SOFTRL, "train", *tiny_overrides(str(tiny[0]), str(tmp_path), **{"optim.steps": 1})],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "skipped" in out.stderr and bad.name in " ".join(out.stderr.split())
-    assert bad.exists()  # never deleted
+    assert stray.exists()  # never deleted
+    committed = next(p for p in data.iterdir() if p != stray)
+    committed.write_bytes(b"garbage" * 10)
+    out = subprocess.run([SOFTRL, "data", "stats", "--store", str(tmp_path / "store")], capture_output=True, text=True)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
+    assert "trajectories.lance" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_pts_names_a_source_the_store_lacks(tmp_path, tiny):
@@ -640,7 +645,6 @@ def test_a_full_disk_is_one_line_and_what_was_written_before_stays(tmp_path, tin
     finishes the run once there is space."""
     import errno
 
-    import pyarrow.parquet as pq
     import torch
 
     from softrl.config import load_config
@@ -677,17 +681,18 @@ def test_a_full_disk_is_one_line_and_what_was_written_before_stays(tmp_path, tin
         monkeypatch.setattr(runlog.os, "write", os_write)
         said = f"disk full while writing metrics step 3 to {run / 'metrics.jsonl'}: earlier checkpoints (in"
     else:
-        write_table = pq.write_table
+        from softrl.data import tables
 
-        def pq_write(table, path, *a, **k):
+        write_dataset = tables.lance.write_dataset
+
+        def lance_write(table, uri, *a, **k):
             if "policy_version" in table.column_names and table.num_rows and \
                     table.column("source")[0].as_py() == "online" and set(table.column("policy_version").to_pylist()) == {2}:
                 rows.append(ExperienceStore(store).trajectories(source="online", unique=False).num_rows)
-                Path(path).write_bytes(b"PAR1 half")
-                raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
-            return write_table(table, path, *a, **k)
+                raise OSError(errno.ENOSPC, "LanceError(IO): No space left on device (os error 28)")
+            return write_dataset(table, uri, *a, **k)
 
-        monkeypatch.setattr(pq, "write_table", pq_write)
+        monkeypatch.setattr(tables.lance, "write_dataset", lance_write)
         said = f"disk full while writing online samples (store rows) in {store}: earlier checkpoints (in"
     with pytest.raises(DiskFullError) as caught:
         train(config, log=lambda m: None)

@@ -1,19 +1,28 @@
-"""ExperienceStore: round trip, concurrent writers, a writer killed mid-write, bad files, filters,
-prompts, annotations, dedupe, stats; and the samplers."""
+"""ExperienceStore on both backends (a local directory and s3:// on moto's server): round trip,
+filters, concurrent writers, a writer killed mid-write, prompts, annotations, commit order, dedupe
+racing readers and writers, bad locations as one line, migration of an old-format store; and the
+samplers."""
 
+import hashlib
+import json
+import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+import uuid
+from datetime import datetime, timedelta, timezone
 
+import lance
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, StoreError, Trajectory, TrajectoryPool, replay
 from softrl.data.samplers import split_counts
+from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA
 
 WRITER = """
 import sys
@@ -29,6 +38,15 @@ while total < 0 or i < total:
 """
 
 
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    """A new store's location: a directory, or a prefix in the S3 server's bucket (AWS_* variables set)."""
+    if request.param == "local":
+        return str(tmp_path / "store")
+    server = request.getfixturevalue("s3_env")
+    return f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}"
+
+
 def full_trajectory(**overrides):
     base = dict(prompt_id="p1", response_text="2+2=4", reward=1.0, passed=True, task="countdown", prompt_text="2 2 -> 4",
                 prompt_tokens=[5, 6, 7], response_tokens=[8, 9, 10, 11], tokenizer="chartok-abc", source="online",
@@ -38,18 +56,30 @@ def full_trajectory(**overrides):
     return Trajectory(**{**base, **overrides})
 
 
-def test_round_trip_keeps_every_field(tmp_path):
-    store = ExperienceStore(tmp_path / "s")
+def softrl(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "softrl", *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def one_line_error(proc) -> str:
+    """The refusal of a command: exit status 2 and exactly one line on stderr."""
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+    return lines[0]
+
+
+def test_round_trip_keeps_every_field(root):
+    store = ExperienceStore(root)
     written = [full_trajectory(), full_trajectory(response_tokens=[1], behavior_logprobs=None, decoding=None, mc_targets=[])]
     assert store.append(written) == 2
     back = [Trajectory.from_row(r) for r in store.trajectories().to_pylist()]
-    assert back == written and not store.problems
+    assert back == written
     assert written[0].id != written[1].id  # the id is a content hash of prompt id + response tokens
     assert Trajectory("p", "text only", 0.0, False).id != Trajectory("p", "other text", 0.0, False).id
 
 
-def test_filters_and_unknown_filter(tmp_path):
-    store = ExperienceStore(tmp_path)
+def test_filters_and_unknown_filter(root):
+    store = ExperienceStore(root)
     store.append([full_trajectory(response_tokens=[i], source=s, passed=i % 2 == 0, policy_version=i, task=t)
                   for i, (s, t) in enumerate([("online", "a"), ("reference", "a"), ("online", "b"), ("human", "b")])])
     assert store.trajectories(source="online").num_rows == 2
@@ -60,61 +90,44 @@ def test_filters_and_unknown_filter(tmp_path):
         store.trajectories(colour="red")
 
 
-def test_four_writers_at_once_lose_and_duplicate_nothing(tmp_path):
-    root = tmp_path / "store"
-    ExperienceStore(root)
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(w), "10000", "500"], stdout=subprocess.PIPE)
-             for w in range(4)]
-    assert all(p.wait(timeout=300) == 0 for p in procs)
+def test_four_writers_and_a_dedupe_at_once_lose_and_duplicate_nothing(root):
     store = ExperienceStore(root)
+    seed = [full_trajectory(response_tokens=[i]) for i in range(50)]
+    store.append(seed)
+    store.append(seed[:20])  # duplicates for the dedupe to remove while the writers commit
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, root, str(w), "10000", "500"], stdout=subprocess.PIPE)
+             for w in range(4)]
+    while len(store) <= 50:  # some writers' commits first, so the dedupe's rewrite races the rest
+        time.sleep(0.05)
+    assert store.dedupe()[1] > 50
+    assert all(p.wait(timeout=600) == 0 for p in procs)
     table = store.trajectories(columns=["source", "response_text"], unique=False)
-    assert table.num_rows == 40_000 and len(set(table["id"].to_pylist())) == 40_000
+    assert table.num_rows == 40_050 and len(set(table["id"].to_pylist())) == 40_050
     texts = set(table["response_text"].to_pylist())
     assert all(f"w{w} r{i}" in texts for w in range(4) for i in (0, 4_999, 9_999))
-    assert store.stats()["sources"]["w2"]["trajectories"] == 10_000 and not store.problems
+    assert store.stats()["sources"]["w2"]["trajectories"] == 10_000
 
 
-def test_writer_killed_mid_write_leaves_a_readable_store(tmp_path):
-    root = tmp_path / "store"
+def test_writer_killed_mid_write_leaves_a_readable_store(root):
     ExperienceStore(root)
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(root), "0", "-1", "3000"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, root, "0", "-1", "3000"], stdout=subprocess.PIPE, text=True)
     committed = 0
-    while committed < 9000:  # at least three parts committed, then kill at a random moment of a write
+    while committed < 9000:  # at least three commits, then kill at a random moment of a write
         committed = int(proc.stdout.readline())
     time.sleep(random.Random(0).uniform(0.0, 0.3))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     store = ExperienceStore(root)
     table = store.trajectories(columns=["response_text"], unique=False)
-    assert not store.problems  # a hidden temporary file is not a part, nor a problem
     assert table.num_rows >= committed and table.num_rows % 3000 == 0
     assert len(set(table["id"].to_pylist())) == table.num_rows
     assert {f"w0 r{i}" for i in range(committed)} <= set(table["response_text"].to_pylist())
+    store.append([full_trajectory()])  # and writable
+    assert len(store) == table.num_rows + 1
 
 
-def test_bad_files_are_reported_by_name_and_skipped(tmp_path):
-    store = ExperienceStore(tmp_path)
-    store.append([full_trajectory()])
-    parts = tmp_path / "trajectories"
-    (parts / "part-corrupt.parquet").write_bytes(b"PAR1 this is not parquet")
-    pq.write_table(pa.table({"x": [1, 2]}), parts / "part-foreign.parquet")
-    (parts / "notes.txt").write_text("hello")
-    table = store.trajectories()
-    assert table.num_rows == 1
-    reported = "\n".join(map(str, store.problems))
-    assert "part-corrupt.parquet: unreadable" in reported
-    assert "part-foreign.parquet: not a softrl trajectories part (missing column 'id')" in reported
-    assert "notes.txt: not a Parquet part file" in reported
-    before, after = store.dedupe()
-    assert (before, after) == (1, 1) and (parts / "part-corrupt.parquet").exists()  # never deleted
-    with pytest.raises(StoreError, match="holds other files"):
-        (tmp_path / "other").mkdir()
-        (tmp_path / "other" / "data.csv").write_text("a,b")
-        ExperienceStore(tmp_path / "other")
-
-
-def test_prompts_annotations_and_dedupe(tmp_path):
-    store = ExperienceStore(tmp_path)
+def test_prompts_annotations_and_dedupe(root):
+    store = ExperienceStore(root)
     a, b = full_trajectory(mc_targets=[]), full_trajectory(response_tokens=[3], source="human", passed=False, reward=0.0)
     store.append([a, b])
     store.append([a])  # the same content again, later
@@ -125,31 +138,13 @@ def test_prompts_annotations_and_dedupe(tmp_path):
     assert rows[a.id]["mc_targets"] == [{"t": 2, "success": 0.5, "k": 20}] and rows[b.id]["mc_targets"] == b.mc_targets
     store.put_prompts([{"prompt_id": "p1", "task": "countdown", "text": "x", "meta": {"n": 1}}])
     store.put_prompts([{"prompt_id": "p1", "task": "countdown", "text": "x", "q0_hat": -0.5, "q0_k": 800}])
-    assert store.prompts()["p1"]["q0_k"] == 800
+    assert store.prompts()["p1"]["q0_k"] == 800 and len(store.prompts()) == 1
     stats = store.stats()
     assert stats["duplicates"] == 1 and stats["sources"]["human"]["pass_rate"] == 0.0
     assert stats["sources"]["online"]["with_mc_targets"] == 1
-    assert store.dedupe() == (3, 2)
-    assert store.trajectories(unique=False).num_rows == 2 and len(list((tmp_path / "annotations").iterdir())) == 0
+    assert store.dedupe() == (3, 2) and store.dedupe() == (2, 2)
+    assert store.trajectories(unique=False).num_rows == 2
     assert {r["id"]: r for r in store.trajectories().to_pylist()}[a.id]["mc_targets"][0]["k"] == 20
-
-
-def test_two_dedupes_at_once_one_is_refused(tmp_path):
-    store = ExperienceStore(tmp_path)
-    store.append([full_trajectory()])
-    store.append([full_trajectory()])  # the same row again
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
-                               "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)\n"
-                               "time.sleep(60)", str(tmp_path / ".dedupe.lock")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"  # another dedupe is under way
-        with pytest.raises(StoreError, match="another dedupe of this store is running"):
-            store.dedupe()
-        assert store.trajectories(unique=False).num_rows == 2  # untouched
-    finally:
-        holder.kill()
-        holder.wait()
-    assert store.dedupe() == (2, 1)  # the lock dies with its holder
 
 
 @pytest.mark.parametrize("name", ["out.parquet", "out.jsonl.gz"])
@@ -163,7 +158,7 @@ def test_an_export_is_whole_or_not_at_all_and_never_among_the_parts(tmp_path, mo
     store.append([full_trajectory(), full_trajectory(response_tokens=[3])])
     table = store.trajectories()
     with pytest.raises(ValueError, match="inside the store"):
-        io.export(table, tmp_path / "store" / "trajectories" / name, tmp_path / "store")
+        io.export(table, tmp_path / "store" / name, tmp_path / "store")
     assert store.trajectories(unique=False).num_rows == 2
     out = tmp_path / name
     assert io.export(table, out, tmp_path / "store") == 2
@@ -180,6 +175,146 @@ def test_an_export_is_whole_or_not_at_all_and_never_among_the_parts(tmp_path, mo
         io.export(table, out, tmp_path / "store")
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [name, "store"]
 
+
+def test_newest_wins_by_commit_order_not_by_the_clock(root, monkeypatch):
+    store = ExperienceStore(root)
+    clock = iter(datetime(2030, 1, 1, tzinfo=timezone.utc) - timedelta(hours=h) for h in range(100))
+    monkeypatch.setattr("softrl.data.store.now", lambda: next(clock))  # every write earlier than the one before
+    for k in (8, 16, 32):
+        store.put_prompts([{"prompt_id": "p1", "task": "t", "text": "x", "q0_k": k}])
+        store.annotate({"t1": [{"t": 1, "success": 0.5, "k": k}]})
+    assert store.prompts()["p1"]["q0_k"] == 32
+    store.append([full_trajectory(id="t1", mc_targets=[])])
+    assert store.trajectories()["mc_targets"].to_pylist() == [[{"t": 1, "success": 0.5, "k": 32}]]
+
+
+def test_a_reader_keeps_its_snapshot_whatever_dedupe_and_writers_do(root):
+    store = ExperienceStore(root)
+    a, b, c = (full_trajectory(response_tokens=[i]) for i in range(3))
+    store.append([a, b])
+    store.append([a])
+    store.put_prompts([{"prompt_id": "p1", "q0_k": 1}])
+    snapshot = store.snapshot()
+    assert store.dedupe() == (3, 2)
+    store.append([c])
+    store.put_prompts([{"prompt_id": "p1", "q0_k": 2}])
+    assert store.trajectories(snapshot, unique=False).num_rows == 3 and store.prompts(snapshot)["p1"]["q0_k"] == 1
+    assert store.trajectories(unique=False)["id"].to_pylist() == [a.id, b.id, c.id]
+    # a dedupe's rewrite commits over rows appended after the version it read: they stay
+    table = store.tables["trajectories"]
+    version = table.latest()
+    d = full_trajectory(response_tokens=[9])
+    store.append([d])
+    table.replace(version, table.read(version).slice(0, 1))
+    assert set(store.trajectories()["id"].to_pylist()) == {a.id, d.id}
+    assert store.trajectories(snapshot, unique=False).num_rows == 3  # still
+
+
+def old_format_store(where, parts):
+    """A store as softrl wrote it before Lance: a marker and Parquet part files per table."""
+    (where / "softrl-store.json").parent.mkdir(parents=True)
+    (where / "softrl-store.json").write_text(json.dumps({"kind": "softrl-experience-store", "version": 1}))
+    for i, (table, rows, schema) in enumerate(parts):
+        (where / table).mkdir(exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), where / table / f"part-2026010{i}T000000000000-1-ab.parquet")
+    return where
+
+
+def files_of(where):
+    return {str(p.relative_to(where)): hashlib.sha256(p.read_bytes()).hexdigest() for p in where.rglob("*") if p.is_file()}
+
+
+def test_bad_local_locations_are_one_line_and_write_nothing(tmp_path):
+    old = old_format_store(tmp_path / "old", [("trajectories", [full_trajectory().to_row()], TRAJECTORY_SCHEMA)])
+    before = files_of(old)
+    line = one_line_error(softrl("data", "import", "--solutions", "countdown", "--store", str(old)))
+    assert "old format (Parquet parts)" in line and f"softrl data migrate {old} NEW" in line
+    assert files_of(old) == before
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "data.csv").write_text("a,b")
+    for where, message in ((tmp_path / "file", "is a file"), (tmp_path / "other", "holds other files")):
+        with pytest.raises(StoreError, match=message):
+            ExperienceStore(where)
+    with pytest.raises(StoreError, match="is not an experience store"):
+        ExperienceStore(tmp_path / "nowhere", create=False)
+    assert not (tmp_path / "nowhere").exists() and files_of(tmp_path / "other") == {"data.csv": files_of(tmp_path / "other")["data.csv"]}
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o555)
+        with pytest.raises(StoreError, match="permission denied"):
+            ExperienceStore(tmp_path / "ro" / "store")
+
+
+def test_a_table_of_a_newer_softrl_is_refused(root):
+    store = ExperienceStore(root)
+    store.append([full_trajectory()])
+    lance.dataset(f"{root}/trajectories.lance", storage_options=store.tables["trajectories"].options) \
+        .update_schema_metadata({"softrl.store_format": "3"})
+    with pytest.raises(StoreError, match=r"trajectories.lance: written by a newer softrl \(store format 3"):
+        ExperienceStore(root)
+
+
+def test_bad_s3_locations_are_one_line_and_write_nothing(s3_env, tmp_path, monkeypatch):
+    records = tmp_path / "r.jsonl"
+    records.write_text(json.dumps({"prompt": "1 2 -> 3", "response": "1+2", "reward": 1.0}) + "\n")
+    store = f"s3://{s3_env.bucket}/bad-{uuid.uuid4().hex[:8]}"
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    cases = [
+        ({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}"}, store, f"no S3 server answers at http://127.0.0.1:{closed}"),
+        ({"AWS_SECRET_ACCESS_KEY": "wrong"}, store, "the server refused the credentials"),
+        ({"AWS_ACCESS_KEY_ID": "AKIANOSUCHKEY"}, store, "the server refused the credentials"),
+        ({}, "s3://no-such-bucket/store", "bucket 'no-such-bucket' does not exist"),
+        (s3_env.reader, store, "permission denied (a read-only location?)"),
+    ]
+    for change, where, message in cases:
+        env = {**os.environ, **change}
+        assert message in one_line_error(softrl("data", "import", str(records), "--store", where, env=env))
+    with pytest.raises(StoreError, match="is not an experience store"):  # none of them wrote a thing
+        ExperienceStore(store, create=False)
+    ExperienceStore(store).append([full_trajectory()])  # a store there now: the reader may read, not write
+    reader = {**os.environ, **s3_env.reader}
+    assert json.loads(softrl("data", "stats", "--json", "--store", store, env=reader).stdout)["trajectories"] == 1
+    assert "permission denied" in one_line_error(softrl("data", "import", str(records), "--store", store, env=reader))
+    assert len(ExperienceStore(store)) == 1
+
+
+def test_data_commands_on_s3_with_the_aws_variables_only(s3_env, tmp_path):
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **s3_env.env()}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    store = f"s3://{s3_env.bucket}/cli-{uuid.uuid4().hex[:8]}/store"
+    records = tmp_path / "r.jsonl"
+    records.write_text("".join(json.dumps({"prompt": f"p{i}", "response": "r", "reward": i % 2}) + "\n" for i in range(5)))
+    assert json.loads(softrl("data", "import", str(records), "--json", "--store", store, env=env).stdout)["imported"] == 5
+    assert json.loads(softrl("data", "stats", "--json", "--store", store, env=env).stdout)["trajectories"] == 5
+    proc = softrl("data", "export", str(tmp_path / "out.jsonl"), "--passed", "--store", store, env=env)
+    assert proc.returncode == 0 and len((tmp_path / "out.jsonl").read_text().splitlines()) == 2
+
+
+def test_migrate_copies_an_old_store_checks_it_and_keeps_the_old_one(root, tmp_path):
+    a, b = full_trajectory(), full_trajectory(response_tokens=[1], source="human")
+    old_prompt = {"prompt_id": "p1", "task": "t", "text": "x", "q0_hat": -0.5, "q0_k": 8, "meta": "{}"}
+    no_rewards = pa.schema([f for f in PROMPT_SCHEMA if f.name != "q0_rewards"])  # written before the column existed
+    note = {"trajectory_id": a.id, "mc_targets": [{"t": 1, "success": 0.5, "k": 4}], "source": "pts"}
+    old = old_format_store(tmp_path / "old", [
+        ("trajectories", [a.to_row(), b.to_row()], TRAJECTORY_SCHEMA), ("trajectories", [a.to_row()], TRAJECTORY_SCHEMA),
+        ("prompts", [old_prompt], no_rewards), ("prompts", [{**old_prompt, "q0_k": 16, "q0_rewards": [1.0]}], PROMPT_SCHEMA),
+        ("annotations", [note], ANNOTATION_SCHEMA)])
+    (old / "trajectories" / "part-corrupt.parquet").write_bytes(b"PAR1 not parquet")
+    before = files_of(old)
+    proc = softrl("data", "migrate", str(old), root, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)["tables"]
+    assert {name: t["rows"] for name, t in report.items()} == {"trajectories": 3, "prompts": 1, "annotations": 1}
+    assert "part-corrupt.parquet: unreadable" in " ".join(proc.stderr.split())
+    store = ExperienceStore(root)
+    assert store.trajectories(unique=False).num_rows == 3 and store.prompts()["p1"]["q0_k"] == 16
+    assert {r["id"]: r["mc_targets"] for r in store.trajectories().to_pylist()}[a.id] == note["mc_targets"]
+    assert files_of(old) == before  # nothing deleted, nothing added
+    assert "already holds rows" in one_line_error(softrl("data", "migrate", str(old), root))
+    assert "is not an old-format store" in one_line_error(softrl("data", "migrate", str(tmp_path), root))
 
 def rows(prompt, n, **extra):
     return [{"prompt_id": prompt, "response_text": f"{prompt}-{i}", **extra} for i in range(n)]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import typer
 
 from softrl.cli_common import DEVICE_OPT, JSON_OPT, STORE_OPT, err, fail, one_line_errors, progress_bar
 from softrl.limits import MAX_PROMPTS, MAX_SEED
-from softrl.cli_data import open_store, report_problems
+from softrl.cli_data import open_store, store_errors
 
 
 def task_options(pairs: list[str] | None) -> dict:
@@ -60,7 +59,7 @@ def q0(
     model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
     temperature: float = typer.Option(1.0, help="sampling temperature of the reference"),
     seed: int = SEED_OPT, dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
-    store: Path = STORE_OPT, as_json: bool = JSON_OPT, task_option: list[str] = TASK_OPTION_OPT,
+    store: str = STORE_OPT, as_json: bool = JSON_OPT, task_option: list[str] = TASK_OPTION_OPT,
 ) -> None:
     """Estimate Q0_hat of every prompt from K reference samples; keep the samples (source=reference). Resumable."""
     import math
@@ -98,7 +97,7 @@ def pts(
     source: list[str] = typer.Option(None, "--source", help="only trajectories of these sources (repeatable)"),
     model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
     seed: int = SEED_OPT, dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
-    store: Path = STORE_OPT, as_json: bool = JSON_OPT, task_option: list[str] = TASK_OPTION_OPT,
+    store: str = STORE_OPT, as_json: bool = JSON_OPT, task_option: list[str] = TASK_OPTION_OPT,
 ) -> None:
     """Pivotal Token Search over the store's passed trajectories: MC targets, rollouts, pivotal tokens."""
     from softrl.annotate.pts import annotate_store, render
@@ -106,7 +105,8 @@ def pts(
     if not 0 < threshold <= 1:
         fail(f"--threshold must be in (0, 1], got {threshold}")
     target = open_store(store, create=False)
-    present = set(target.stats()["sources"])
+    with store_errors():
+        present = set(target.stats()["sources"])
     for missing in sorted(set(source or []) - present):
         err.print(f"warning: the store {target.root} has no trajectories of source {missing!r} "
                   f"(it has: {', '.join(sorted(present)) or 'none'})", highlight=False, soft_wrap=True)
@@ -115,7 +115,6 @@ def pts(
         results = annotate_store(s.spec, target, s.encode_prompt, s.encode_response, s.model_id, k, threshold, seed=seed,
                                  limit=limit, force=force, sources=source or None,
                                  progress=lambda done, total: update(done, total))
-    report_problems(target)
     summary = {"annotated": len(results), "pivotal_tokens": sum(len(r.pivots) for r in results),
                "rollouts": sum(len(r.rollouts) for r in results),
                "mean_prefixes_evaluated": sum(r.evaluated for r in results) / max(len(results), 1)}

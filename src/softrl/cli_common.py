@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -19,11 +18,13 @@ JSON_OPT = typer.Option(False, "--json", help="print one JSON object")
 DEVICE_OPT = typer.Option("auto", "--device", help="auto (CUDA when available), cpu, cuda or cuda:N")
 
 
-def default_store() -> Path:
-    return Path(os.environ.get("SOFTRL_STORE", "runs/store"))
+def default_store() -> str:
+    return os.environ.get("SOFTRL_STORE", "runs/store")
 
 
-STORE_OPT = typer.Option(None, "--store", help="experience store directory (default $SOFTRL_STORE or runs/store)")
+# a str, not a Path: a Path would fold s3://bucket into s3:/bucket
+STORE_OPT = typer.Option(None, "--store", help="experience store: a directory or s3://bucket/prefix "
+                                               "(default $SOFTRL_STORE or runs/store)")
 
 
 DEBUG_ENV = "SOFTRL_DEBUG"

@@ -1,9 +1,10 @@
-"""`softrl data ...`: the experience store (import, export, stats, dedupe). Results go to stdout (with
-`--json`, one JSON document), messages to stderr."""
+"""`softrl data ...`: the experience store (import, export, stats, dedupe, migrate). Results go to
+stdout (with `--json`, one JSON document), messages to stderr."""
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -11,21 +12,25 @@ from rich.table import Table
 
 from softrl.cli_common import JSON_OPT, STORE_OPT, default_store, err, fail, one_line, out as stdout
 
-data_app = typer.Typer(no_args_is_help=True, help="The experience store: import, export, stats, dedupe.")
+data_app = typer.Typer(no_args_is_help=True, help="The experience store: import, export, stats, dedupe, migrate.")
 
 
-def open_store(path: Path | None, create: bool = True):
-    from softrl.data.store import ExperienceStore, StoreError
+@contextmanager
+def store_errors():
+    """A store that cannot be opened, read or written (no server, credentials, format) as one line."""
+    from softrl.data.store import StoreError
 
     try:
-        return ExperienceStore(path or default_store(), create=create)
+        yield
     except StoreError as e:
         fail(str(e))
 
 
-def report_problems(store) -> None:
-    for problem in store.problems:
-        err.print(f"[yellow]skipped[/yellow] {problem}", markup=True, highlight=False, soft_wrap=True)
+def open_store(where: str | None, create: bool = True):
+    from softrl.data.store import ExperienceStore
+
+    with store_errors():
+        return ExperienceStore(where or default_store(), create=create)
 
 
 @data_app.command("import")
@@ -36,7 +41,7 @@ def data_import(
     task: str = typer.Option("", "--task", help="task of records that name none; a record of it whose prompt is one "
                                                 "of the task's prompts gets that prompt's id"),
     model: str = typer.Option(None, "--model", help="check rows' token ids against this model's vocabulary"),
-    store: Path = STORE_OPT,
+    store: str = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Add trajectories to the store (all or nothing: a bad record writes nothing)."""
@@ -56,7 +61,8 @@ def data_import(
     except (ValueError, OSError) as e:  # RecordError, ModelLoadError and ConfigError are ValueErrors
         fail(str(e))
     target = open_store(store)
-    written = target.append(rows)
+    with store_errors():
+        written = target.append(rows)
     if as_json:
         typer.echo(json.dumps({"imported": written, "repeated": len(rows) - written, "store": str(target.root)}))
         return
@@ -107,15 +113,15 @@ def data_export(
     source: list[str] = typer.Option(None, "--source", help="only these sources (repeatable)"),
     task: list[str] = typer.Option(None, "--task", help="only these tasks (repeatable)"),
     passed: bool = typer.Option(None, "--passed/--failed", help="only passed (or only failed) trajectories"),
-    store: Path = STORE_OPT,
+    store: str = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Write the store's trajectories (deduplicated, MC targets joined) to a file."""
     from softrl.data.io import export
 
     target = open_store(store, create=False)
-    table = target.trajectories(source=source or None, task=task or None, passed=passed)
-    report_problems(target)
+    with store_errors():
+        table = target.trajectories(source=source or None, task=task or None, passed=passed)
     try:
         n = export(table, out, store)
     except (ValueError, OSError) as e:  # a write error from a file object names no path: this one is it
@@ -127,11 +133,11 @@ def data_export(
 
 
 @data_app.command("stats")
-def data_stats(store: Path = STORE_OPT, as_json: bool = JSON_OPT) -> None:
+def data_stats(store: str = STORE_OPT, as_json: bool = JSON_OPT) -> None:
     """Trajectories, prompts and pass rate per source: a table on stdout (--json: the same figures as JSON)."""
     target = open_store(store, create=False)
-    stats = target.stats()
-    report_problems(target)
+    with store_errors():
+        stats = target.stats()
     if as_json:
         typer.echo(json.dumps(stats))
         return
@@ -146,12 +152,34 @@ def data_stats(store: Path = STORE_OPT, as_json: bool = JSON_OPT) -> None:
 
 
 @data_app.command("dedupe")
-def data_dedupe(store: Path = STORE_OPT, as_json: bool = JSON_OPT) -> None:
-    """Rewrite the store's trajectories without duplicate rows (annotations folded in)."""
+def data_dedupe(store: str = STORE_OPT, as_json: bool = JSON_OPT) -> None:
+    """Commit the store's trajectories without duplicate rows, as a new version (older versions stay readable)."""
     target = open_store(store, create=False)
-    before, after = target.dedupe()
-    report_problems(target)
+    with store_errors():
+        before, after = target.dedupe()
     if as_json:
         typer.echo(json.dumps({"before": before, "after": after, "removed": before - after}))
         return
     err.print(f"{before} rows -> {after} trajectories ({before - after} duplicates removed)")
+
+
+@data_app.command("migrate")
+def data_migrate(
+    old: str = typer.Argument(..., help="a store of the old format (a directory of Parquet part files)"),
+    new: str = typer.Argument(..., help="the new store: a new directory or s3://bucket/prefix"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Copy an old-format store into a new store, checking each table's rows and content hash (OLD is kept)."""
+    from softrl.data.migrate import migrate
+
+    with store_errors():
+        report = migrate(old, new)
+    for table in report.values():
+        for line in table["skipped"]:
+            err.print(f"[yellow]skipped[/yellow] {line}", markup=True, highlight=False, soft_wrap=True)
+    if as_json:
+        typer.echo(json.dumps({"from": old, "to": new, "tables": report}))
+        return
+    for name, table in report.items():
+        stdout.print(f"{name}: {table['rows']} rows, sha256 {table['sha256'][:16]} (checked)", highlight=False)
+    err.print(f"migrated {old} -> {new}; {old} is unchanged")

@@ -97,7 +97,7 @@ ObjectiveConfig = registry.options_union()  # every registered objective's optio
 
 
 class DataConfig(Section):
-    store: str = Field("runs/store", description="experience store directory (shared by runs)")
+    store: str = Field("runs/store", description="experience store: a directory or s3://bucket/prefix (shared by runs)")
     mix: dict[str, float] = Field(default_factory=lambda: {"online": 0.5, "offline": 0.5},
                                   description="share of each source in a batch: online, offline, mc (PTS-annotated rows), pts "
                                               "(PTS's rollouts)")

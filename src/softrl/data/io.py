@@ -174,7 +174,7 @@ def export(table: pa.Table, out: str | Path, store: str | Path | None = None) ->
     out = Path(out)
     if not (out.suffix == ".parquet" or out.name.endswith((".jsonl", ".jsonl.gz"))):
         raise ValueError(f"cannot export to {out}: use a .parquet, .jsonl or .jsonl.gz file name")
-    if store is not None and out.resolve().is_relative_to(Path(store).resolve()):
+    if store is not None and "://" not in str(store) and out.resolve().is_relative_to(Path(store).resolve()):
         raise ValueError(f"cannot export to {out}: it is inside the store {store}, whose files are its parts; "
                          "write it elsewhere")
     with whole_file(out) as work:

@@ -1,6 +1,6 @@
 """The Trajectory: one row of the experience store (docs/DATA.md, "The store"), and the prompts and annotations tables.
 
-Arrow schemas are the contract of the Parquet files; `Trajectory` is the Python view of one row.
+Arrow schemas are the contract of the store's tables (and of exports); `Trajectory` is the Python view of one row.
 A trajectory's `id` is a content hash of the prompt id and the response (its tokens under its
 tokenizer when it has them, else its text), so the same response to the same prompt is one row.
 """

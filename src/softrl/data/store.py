@@ -1,25 +1,20 @@
-"""ExperienceStore: an append-only directory of Parquet part files that keeps every trajectory of
-every run.
+"""ExperienceStore: every trajectory of every run, in three Lance tables under one root, a local
+directory or an s3://bucket/prefix URI (data/tables.py).
 
-    STORE/trajectories/part-*.parquet   Trajectory rows (schema.TRAJECTORY_SCHEMA)
-    STORE/prompts/part-*.parquet        prompt rows; the newest row of a prompt id wins
-    STORE/annotations/part-*.parquet    MC targets, joined onto their trajectory when read
+    ROOT/trajectories.lance   Trajectory rows (schema.TRAJECTORY_SCHEMA), appended
+    ROOT/prompts.lance        prompt rows, upserted on prompt_id
+    ROOT/annotations.lance    MC targets, upserted on trajectory_id; joined onto their trajectory when read
 
-Each write is one new part file, written to a hidden temporary name, fsynced and renamed, so a
-reader never sees a torn file and a writer killed mid-write leaves only a hidden temporary file
-behind. Writers never touch each other's files, so any number of processes can append at once.
-A reader lists the part files once (its snapshot) and reads only those. Files it cannot read are
-reported by name in `problems` and skipped; they are never deleted.
+A `Snapshot` is the version of each table at one moment; every read at a snapshot sees exactly
+those versions, whatever is appended or deduplicated meanwhile. Where rows share a key, "first"
+and "newest" are by commit order (Lance's row addresses grow with each commit), never by a
+writer's clock.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import uuid
 from collections.abc import Iterable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,49 +22,25 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from softrl.data import legacy
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
+from softrl.data.tables import MissingTable, StoreError, Table, with_retries
 from softrl.tasks.base import check_reward
 
-# columns later versions added: parts written before them read as null there
-ADDED_COLUMNS = {"q0_rewards"}
+__all__ = ["ExperienceStore", "Snapshot", "StoreError"]
+
 TABLES = {"trajectories": TRAJECTORY_SCHEMA, "prompts": PROMPT_SCHEMA, "annotations": ANNOTATION_SCHEMA}
+KEYS = {"prompts": "prompt_id", "annotations": "trajectory_id"}
 FILTERABLE = ("task", "source", "run_id", "passed", "policy_version", "tokenizer", "prompt_id")
-MARKER = "softrl-store.json"
-
-
-class StoreError(ValueError):
-    """The store directory cannot be used (one line, naming the path)."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    path: Path
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.reason}"
+ADDRESS = "_rowaddr"
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The part files of every table at one moment."""
+    """The version of every table at one moment."""
 
-    parts: dict[str, tuple[Path, ...]]
-
-
-def part_name() -> str:
-    # time first so that a directory listing is in write order (newest prompt row wins)
-    return f"part-{now().strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    versions: dict[str, int]
 
 
 def filter_expression(filters: dict[str, Any]) -> pc.Expression | None:
@@ -92,51 +63,43 @@ def first_occurrences(ids: pa.Array) -> np.ndarray:
     return np.sort(first)
 
 
+def in_commit_order(table: pa.Table) -> pa.Table:
+    """Rows sorted by row address (commit order), the address column dropped."""
+    return table.take(pc.sort_indices(table[ADDRESS])).drop_columns([ADDRESS])
+
+
+def newest(table: pa.Table, key: str) -> dict[str, dict[str, Any]]:
+    """key -> the last committed row of that key (concurrent upserts of a new key can leave two)."""
+    return {row[key]: row for row in in_commit_order(table).to_pylist()}
+
+
+def location(root: str | Path) -> str:
+    """A root as Lance takes it: an s3:// URI as given (less a trailing slash), a path as a path."""
+    text = str(root)
+    return text.rstrip("/") if text.startswith("s3://") else str(Path(text))
+
+
 class ExperienceStore:
-    def __init__(self, root: str | os.PathLike, create: bool = True):
-        self.root = Path(root)
-        marker = self.root / MARKER
-        if self.root.exists() and not self.root.is_dir():
+    def __init__(self, root: str | Path, create: bool = True):
+        self.root = location(root)
+        if legacy.is_legacy(self.root):
+            raise StoreError(f"{self.root} is an experience store of the old format (Parquet parts): copy it into "
+                             f"a new store with `softrl data migrate {self.root} NEW` and use that")
+        local = None if self.root.startswith("s3://") else Path(self.root)
+        if local is not None and local.exists() and not local.is_dir():
             raise StoreError(f"{self.root} is a file, not a store directory")
-        if not marker.exists():
-            if not create:
-                raise StoreError(f"{self.root} is not an experience store (no {MARKER}); create one with any write")
-            if self.root.exists() and any(p.name not in TABLES for p in self.root.iterdir()):
-                raise StoreError(f"{self.root} holds other files; give an empty or new directory for a store")
-            for table in TABLES:
-                (self.root / table).mkdir(parents=True, exist_ok=True)
-            self._write_atomic(marker, json.dumps({"kind": "softrl-experience-store", "version": 1}).encode())
-        self.problems: list[Problem] = []
+        if create and local is not None and local.exists() and not (local / "trajectories.lance").exists() \
+                and any(p.name not in {f"{t}.lance" for t in TABLES} for p in local.iterdir()):
+            raise StoreError(f"{self.root} holds other files; give an empty or new directory for a store")
+        try:
+            self.tables = {name: Table(f"{self.root}/{name}.lance", schema, create) for name, schema in TABLES.items()}
+        except MissingTable:
+            raise StoreError(f"{self.root} is not an experience store (no trajectories.lance); create one with any "
+                             "write") from None
 
     # --- writing ------------------------------------------------------------------------------
-    def _write_atomic(self, final: Path, data: bytes | pa.Table) -> None:
-        tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            if isinstance(data, pa.Table):
-                pq.write_table(data, tmp, compression="zstd")
-            else:
-                tmp.write_bytes(data)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(final.parent)
-
-    def _write_part(self, table_name: str, rows: list[dict[str, Any]] | pa.Table) -> Path | None:
-        if not len(rows):
-            return None
-        table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=TABLES[table_name])
-        final = self.root / table_name / part_name()
-        self._write_atomic(final, table)
-        return final
-
     def append(self, trajectories: Iterable[Trajectory | dict[str, Any]]) -> int:
-        """Write trajectories as one part file (duplicates within the call dropped); returns rows written.
+        """Write trajectories in one commit (duplicates within the call dropped); returns rows written.
         Every reward must be a finite number in [0, 1]: one bad row is a RewardError and nothing is written."""
         rows: dict[str, dict[str, Any]] = {}
         for t in trajectories:
@@ -144,98 +107,67 @@ class ExperienceStore:
             row["reward"] = check_reward(row["reward"], f"task {row['task'] or '?'}, prompt {row['prompt_id']}, "
                                                         f"trajectory {row['id']}")
             rows.setdefault(row["id"], row)
-        self._write_part("trajectories", list(rows.values()))
+        if rows:
+            self.tables["trajectories"].append(pa.Table.from_pylist(list(rows.values()), schema=TRAJECTORY_SCHEMA))
+        return len(rows)
+
+    def _upsert(self, name: str, rows: list[dict[str, Any]]) -> int:
+        unique = {row[KEYS[name]]: row for row in rows}  # within one call, the later row wins
+        if unique:
+            self.tables[name].upsert(KEYS[name], pa.Table.from_pylist(list(unique.values()), schema=TABLES[name]))
         return len(rows)
 
     def put_prompts(self, rows: Iterable[dict[str, Any]]) -> int:
-        """Add or update prompts (a later row for the same prompt_id wins); `meta` may be a dict."""
+        """Add or update prompts (the last committed row of a prompt_id wins); `meta` may be a dict."""
         out = []
         for row in rows:
             row = {**row, "updated_at": now()}
             if not isinstance(row.get("meta", ""), str):
                 row["meta"] = json.dumps(row["meta"], sort_keys=True, default=str)
             out.append(row)
-        self._write_part("prompts", out)
-        return len(out)
+        return self._upsert("prompts", out)
 
     def annotate(self, mc_targets: dict[str, list[dict[str, Any]]], source: str = "pts") -> int:
         """Set the MC targets `[{"t", "success", "k"}]` of trajectories by id."""
-        rows = [{"trajectory_id": tid, "mc_targets": targets, "source": source, "created_at": now()}
-                for tid, targets in mc_targets.items()]
-        self._write_part("annotations", rows)
-        return len(rows)
+        return self._upsert("annotations", [{"trajectory_id": tid, "mc_targets": targets, "source": source,
+                                             "created_at": now()} for tid, targets in mc_targets.items()])
 
     # --- reading ------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        parts = {}
-        for name in TABLES:
-            directory = self.root / name
-            files = []
-            for path in sorted(directory.iterdir()) if directory.is_dir() else []:
-                if path.name.startswith("."):
-                    continue  # a write in progress, or the leftover of a killed writer
-                if path.suffix != ".parquet" or not path.is_file():
-                    self._report(path, "not a Parquet part file; skipped")
-                    continue
-                files.append(path)
-            parts[name] = tuple(files)
-        return Snapshot(parts)
-
-    def _report(self, path: Path, reason: str) -> None:
-        problem = Problem(path, reason)
-        if problem not in self.problems:
-            self.problems.append(problem)
-
-    def _read(self, table_name: str, snapshot: Snapshot | None, filters: pc.Expression | None = None,
-              columns: Sequence[str] | None = None) -> pa.Table:
-        schema = TABLES[table_name]
-        wanted = pa.schema([schema.field(c) for c in columns]) if columns else schema
-        tables = []
-        for path in (snapshot or self.snapshot()).parts[table_name]:
-            try:
-                found = pq.read_schema(path)
-                missing = [f.name for f in schema if f.name not in found.names and f.name not in ADDED_COLUMNS]
-                if missing:
-                    self._report(path, f"not a softrl {table_name} part (missing column {missing[0]!r}); skipped")
-                    continue
-                table = pq.read_table(path, columns=[n for n in wanted.names if n in found.names], filters=filters)
-                for name in wanted.names:  # a part written before a column existed: null there
-                    if name not in table.column_names:
-                        table = table.append_column(wanted.field(name), pa.nulls(len(table), wanted.field(name).type))
-                tables.append(table.select(wanted.names).cast(wanted))
-            except (OSError, pa.ArrowException, ValueError) as e:
-                self._report(path, f"unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); skipped")
-        return pa.concat_tables(tables) if tables else wanted.empty_table()
+        return Snapshot({name: table.latest() for name, table in self.tables.items()})
 
     def trajectories(self, snapshot: Snapshot | None = None, columns: Sequence[str] | None = None,
                      unique: bool = True, **filters: Any) -> pa.Table:
-        """Rows matching `filters` (see FILTERABLE; a value or a list of values), first copy of each id,
-        with the newest MC-target annotation joined in."""
+        """Rows matching `filters` (see FILTERABLE; a value or a list of values), in commit order, the
+        first committed copy of each id, with the newest MC-target annotation joined in."""
         snapshot = snapshot or self.snapshot()
+        where = filter_expression(filters)
         if columns is not None:
             columns = list(dict.fromkeys(["id", *columns]))
-        table = self._read("trajectories", snapshot, filter_expression(filters), columns)
+        table = in_commit_order(self.tables["trajectories"].read(snapshot.versions["trajectories"], columns, where,
+                                                                  row_address=True))
         if unique and table.num_rows:
             table = table.take(first_occurrences(table["id"]))
-        if (columns is None or "mc_targets" in columns) and snapshot.parts["annotations"] and table.num_rows:
+        if (columns is None or "mc_targets" in columns) and table.num_rows:
             table = self._join_annotations(table, snapshot)
         return table
 
     def _join_annotations(self, table: pa.Table, snapshot: Snapshot) -> pa.Table:
-        notes = self._read("annotations", snapshot)
-        newest = dict(zip(notes["trajectory_id"].to_pylist(), notes["mc_targets"].to_pylist()))
-        if not newest:
+        notes = newest(self.tables["annotations"].read(snapshot.versions["annotations"], row_address=True),
+                       "trajectory_id")
+        if not notes:
             return table
-        targets = [newest.get(i, old) for i, old in zip(table["id"].to_pylist(), table["mc_targets"].to_pylist())]
+        targets = [notes[i]["mc_targets"] if i in notes else old
+                   for i, old in zip(table["id"].to_pylist(), table["mc_targets"].to_pylist())]
         index = table.schema.get_field_index("mc_targets")
         return table.set_column(index, table.schema.field(index), pa.array(targets, type=table.schema.field(index).type))
 
     def prompts(self, snapshot: Snapshot | None = None) -> dict[str, dict[str, Any]]:
-        """prompt_id -> the newest row for it (meta decoded)."""
-        out: dict[str, dict[str, Any]] = {}
-        for row in self._read("prompts", snapshot).to_pylist():
+        """prompt_id -> its last committed row (meta decoded)."""
+        snapshot = snapshot or self.snapshot()
+        out = newest(self.tables["prompts"].read(snapshot.versions["prompts"], row_address=True), "prompt_id")
+        for row in out.values():
             row["meta"] = json.loads(row["meta"]) if row["meta"] else {}
-            out[row["prompt_id"]] = row
         return out
 
     def __len__(self) -> int:
@@ -246,7 +178,7 @@ class ExperienceStore:
         """Per source: trajectories, distinct prompts, pass rate, mean reward, annotated rows."""
         snapshot = snapshot or self.snapshot()
         table = self.trajectories(snapshot, columns=["source", "prompt_id", "passed", "reward", "mc_targets"])
-        raw_rows = self._read("trajectories", snapshot, columns=["id"]).num_rows
+        raw_rows = self.tables["trajectories"].at(snapshot.versions["trajectories"]).count_rows()
         per_source = {}
         sources = table["source"].to_pylist()
         for source in sorted(set(sources)):
@@ -263,37 +195,21 @@ class ExperienceStore:
             "trajectories": table.num_rows, "duplicates": raw_rows - table.num_rows,
             "prompts": len(pc.unique(table["prompt_id"])) if table.num_rows else 0,
             "prompts_with_q0": sum(1 for p in prompts.values() if p["q0_hat"] is not None),
-            "part_files": {name: len(files) for name, files in snapshot.parts.items()},
-            "sources": per_source, "problems": [str(p) for p in self.problems],
+            "versions": dict(snapshot.versions), "sources": per_source,
         }
 
     def dedupe(self) -> tuple[int, int]:
-        """Rewrite the readable trajectory parts of a snapshot as one part without duplicates and with
-        annotations folded in; returns (rows before, rows after). Unreadable files are left alone, and
-        parts written meanwhile by other writers are not touched. One dedupe at a time: a second,
-        meanwhile, is refused (both would rewrite the same parts)."""
-        with self._alone("dedupe"):
-            return self._dedupe()
+        """Commit the trajectories of the latest version without duplicate ids (the first committed copy
+        kept); returns (rows before, rows after). Rows appended meanwhile are kept as they are, and a
+        reader of an older version goes on reading it; a concurrent dedupe makes this one start over."""
+        table = self.tables["trajectories"]
 
-    @contextmanager
-    def _alone(self, what: str):
-        """Hold the store's lock for `what`, or a StoreError if another process holds it."""
-        with open(self.root / f".{what}.lock", "a") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise StoreError(f"{self.root}: another {what} of this store is running; wait for it to end") from None
-            yield
+        def attempt() -> tuple[int, int]:
+            version = table.latest()
+            rows = in_commit_order(table.read(version, row_address=True))
+            kept = rows.take(first_occurrences(rows["id"])) if rows.num_rows else rows
+            if kept.num_rows < rows.num_rows:
+                table.replace(version, kept)
+            return rows.num_rows, kept.num_rows
 
-    def _dedupe(self) -> tuple[int, int]:
-        snapshot = self.snapshot()
-        before = self._read("trajectories", snapshot, columns=["id"]).num_rows
-        table = self.trajectories(snapshot)
-        unreadable = {p.path for p in self.problems}
-        self._write_part("trajectories", table)
-        for name in ("trajectories", "annotations"):
-            for path in snapshot.parts[name]:
-                if path not in unreadable:
-                    path.unlink()
-        _fsync_dir(self.root / "trajectories")
-        return before, table.num_rows
+        return with_retries(attempt, table.uri)

@@ -28,8 +28,6 @@ class DataFeed:
         self.prompts = task.prompts()
         self.prompt_rng = random.Random(config.seed)
         self.mixture = self._mixture()
-        for problem in store.problems:  # unreadable part files met so far (Q0, the pools): skipped, named
-            log(f"skipped {problem}")
 
     def _mixture(self) -> MixtureSampler | None:
         """The non-online sources of the mix, drawn from the store (rows of the prompts with a Q0)."""
@@ -38,14 +36,15 @@ class DataFeed:
         if not wanted:
             return None
         sources = {}
+        snapshot = self.store.snapshot()  # every pool from the same versions, whatever others commit meanwhile
         for source in wanted:
             if source == "offline":
-                table = self.store.trajectories(task=self.task.name, source=cfg.offline_sources,
+                table = self.store.trajectories(snapshot, task=self.task.name, source=cfg.offline_sources,
                                                 passed=True if cfg.offline_passed_only else None)
             elif source == "pts":  # the rollouts `softrl pts` sampled from prefixes, passed or not
-                table = self.store.trajectories(task=self.task.name, source="pts")
+                table = self.store.trajectories(snapshot, task=self.task.name, source="pts")
             else:  # mc: rows annotated by `softrl pts`
-                table = self.store.trajectories(task=self.task.name)
+                table = self.store.trajectories(snapshot, task=self.task.name)
             rows = [r for r in table.to_pylist() if r["prompt_id"] in self.q0 and (source != "mc" or r["mc_targets"])]
             self._check_behavior(source, rows)
             pool = TrajectoryPool(rows)

@@ -1,0 +1,156 @@
+"""One table of the experience store as a Lance dataset, at a local path or an s3:// URI: the
+store's only storage backend (docs/DATA.md, "The store").
+
+Every write is one Lance commit, so a reader at a version never sees a torn write, and a writer
+killed before its commit leaves only unreferenced data files behind. Lance itself rebases an append
+over commits made meanwhile; what it cannot rebase (two rewrites of the same rows) comes back as a
+commit conflict, retried here with backoff. Old versions stay readable until someone cleans them
+up, which softrl never does by itself: a reader holding a version reads it to the end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+from lance import LanceOperation
+from lance.commit import CommitConflictError
+
+FORMAT = 2  # 1: Parquet part files (data/legacy.py); 2: Lance tables
+FORMAT_KEY = "softrl.store_format"
+RETRIES = 8
+T = TypeVar("T")
+
+
+class StoreError(ValueError):
+    """The store cannot be used (one line, naming the path or URI)."""
+
+
+class MissingTable(StoreError):
+    """No table at the URI, and none to be created."""
+
+
+def storage_options(uri: str) -> dict[str, str] | None:
+    """Lance's S3 options from the standard AWS variables, as boto3 and the AWS CLI read them (None
+    for a local path). Given explicitly so that an http:// endpoint (a local S3 server) just works."""
+    if not uri.startswith("s3://"):
+        return None
+    env, options = os.environ, {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["aws_endpoint"] = endpoint
+        if endpoint.startswith("http://"):
+            options["allow_http"] = "true"
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        options["aws_region"] = region
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        if env.get(key):
+            options[key.lower()] = env[key]
+    return options
+
+
+def explain(error: BaseException, uri: str) -> str:
+    """A Lance or object-store error as one line naming the table's URI and what the user can change."""
+    text = str(error)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
+    if "NoSuchBucket" in text:
+        return f"{uri}: bucket {uri.split('/')[2]!r} does not exist"
+    if "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
+        return f"{uri}: the server refused the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)"
+    if "lacked the necessary privileges" in text or "AccessDenied" in text or "Permission denied" in text \
+            or isinstance(error, PermissionError):
+        return f"{uri}: permission denied (a read-only location?)"
+    if "error sending request" in text or "Connection refused" in text:
+        return f"{uri}: no S3 server answers at {endpoint} (AWS_ENDPOINT_URL)"
+    first = re.sub(r"^LanceError\(\w+\): ", "", text.splitlines()[0] if text else type(error).__name__)
+    return f"{uri}: {first[:300]}"
+
+
+def with_retries(attempt: Callable[[], T], uri: str) -> T:
+    """`attempt()` again, after a growing random pause, while it loses a commit race; any other
+    error (and the last conflict) as a one-line StoreError."""
+    for i in range(RETRIES):
+        try:
+            return attempt()
+        except StoreError:
+            raise
+        except CommitConflictError as e:
+            if i == RETRIES - 1 or not e.retryable:
+                raise StoreError(f"{uri}: commit conflict after {i + 1} attempts ({str(e).splitlines()[0][:200]})") from None
+            time.sleep(random.uniform(0, 0.05 * 2 ** i))  # jittered: racing writers do not retry in step
+        except (OSError, ValueError) as e:
+            raise StoreError(explain(e, uri)) from None
+    raise AssertionError("unreachable")
+
+
+class Table:
+    """A Lance dataset holding rows of `schema`; the schema's metadata records the store format."""
+
+    def __init__(self, uri: str, schema: pa.Schema, create: bool):
+        self.uri, self.schema, self.options = uri, schema, storage_options(uri)
+        self.dataset = with_retries(lambda: self._open(create), uri)
+        found = int((self.dataset.schema.metadata or {}).get(FORMAT_KEY.encode(), b"0"))
+        if found > FORMAT:
+            raise StoreError(f"{uri}: written by a newer softrl (store format {found}; this one reads up to "
+                             f"{FORMAT}): upgrade softrl")
+        if found < 1:
+            raise StoreError(f"{uri}: a Lance table, but not one of a softrl store (no {FORMAT_KEY} in its metadata)")
+
+    def _open(self, create: bool) -> lance.LanceDataset:
+        try:
+            return lance.dataset(self.uri, storage_options=self.options)
+        except ValueError as e:
+            if "was not found" not in str(e):
+                raise
+            if not create:
+                raise MissingTable(f"{self.uri} does not exist") from None
+        marked = self.schema.with_metadata({FORMAT_KEY: str(FORMAT)})
+        try:
+            return lance.write_dataset(marked.empty_table(), self.uri, schema=marked, mode="create",
+                                       storage_options=self.options)
+        except OSError as e:
+            if "already exists" not in str(e):  # another process created it first: use theirs
+                raise
+        return lance.dataset(self.uri, storage_options=self.options)
+
+    def latest(self) -> int:
+        return with_retries(lambda: self.dataset.latest_version, self.uri)
+
+    def at(self, version: int) -> lance.LanceDataset:
+        return with_retries(lambda: self.dataset.checkout_version(version), self.uri)
+
+    def read(self, version: int, columns: list[str] | None = None, where: pc.Expression | None = None,
+             row_address: bool = False) -> pa.Table:
+        """Rows of `version` (with `_rowaddr`, whose order is commit order, when asked)."""
+        dataset = self.at(version)
+        return with_retries(lambda: dataset.to_table(columns=columns, filter=where, with_row_address=row_address),
+                            self.uri)
+
+    def append(self, rows: pa.Table) -> None:
+        with_retries(lambda: lance.write_dataset(rows, self.uri, mode="append", storage_options=self.options),
+                     self.uri)
+
+    def upsert(self, key: str, rows: pa.Table) -> None:
+        """Rows replace those of the same `key`, in commit order (Lance retries a lost race itself)."""
+        def attempt():
+            dataset = lance.dataset(self.uri, storage_options=self.options)
+            dataset.merge_insert(key).when_matched_update_all().when_not_matched_insert_all().execute(rows)
+        with_retries(attempt, self.uri)
+
+    def replace(self, version: int, rows: pa.Table) -> None:
+        """Commit `rows` in place of every row of `version`: rows appended after it stay, and readers of
+        `version` keep reading it. A concurrent rewrite makes this a CommitConflictError: the caller
+        reads again and retries (through `with_retries`)."""
+        old = self.at(version)
+        fragments = lance.fragment.write_fragments(rows, self.uri, schema=self.schema, storage_options=self.options)
+        operation = LanceOperation.Update(removed_fragment_ids=[f.fragment_id for f in old.get_fragments()],
+                                          new_fragments=fragments)
+        lance.LanceDataset.commit(self.uri, operation, read_version=version, storage_options=self.options)
