@@ -80,3 +80,26 @@ def test_compact_keeps_rows_order_and_sampling_and_tagged_versions(root):
     assert store.trajectories()["id"].to_pylist()[-2:] == [r.id for r in rows(200, 2)]
     with pytest.raises(StoreError, match="keep-versions must be at least 1, got 0"):
         compact(store, keep=0)
+
+
+def test_cli_tag_and_compact(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "store")
+    store = ExperienceStore(root)
+    store.append(rows(0, 4))
+    store.append(rows(4, 4))
+
+    def softrl(*args):
+        return subprocess.run([sys.executable, "-m", "softrl", "data", *args, "--store", root], capture_output=True,
+                              text=True, timeout=300)
+
+    done = softrl("tag", "v1", "--version", "2", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["versions"]["trajectories"] == 2
+    refused = softrl("tag", "v2", "--version", "9")
+    assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1].endswith("(versions: 1-3; tags: v1)")
+    done = softrl("compact", "--keep-versions", "1", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["tables"]["trajectories"]["rewritten"] == 1
+    assert ExperienceStore(root).trajectories(pinned(ExperienceStore(root), "v1")).num_rows == 4
