@@ -1,4 +1,4 @@
-"""`softrl data ...`: the experience store (import, export, stats, dedupe, migrate). Results go to
+"""`softrl data ...`: the experience store (import, export, stats, dedupe, migrate, tag, compact). Results go to
 stdout (with `--json`, one JSON document), messages to stderr."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from rich.table import Table
 
 from softrl.cli_common import JSON_OPT, STORE_OPT, default_store, err, fail, one_line, out as stdout
 
-data_app = typer.Typer(no_args_is_help=True, help="The experience store: import, export, stats, dedupe, migrate.")
+data_app = typer.Typer(no_args_is_help=True, help="The experience store: import, export, stats, dedupe, migrate, tag, compact.")
 
 
 @contextmanager
@@ -183,3 +183,44 @@ def data_migrate(
     for name, table in report.items():
         stdout.print(f"{name}: {table['rows']} rows, sha256 {table['sha256'][:16]} (checked)", highlight=False)
     err.print(f"migrated {old} -> {new}; {old} is unchanged")
+
+
+@data_app.command("tag")
+def data_tag(
+    name: str = typer.Argument(..., help="the tag, e.g. paper-v1"),
+    version: int = typer.Option(None, "--version", help="the trajectories table's version (default: the newest)"),
+    store: str = STORE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Tag every table's version (the newest, or as of --version) so that it survives `data compact`;
+    a run reads it with data.store_version=NAME."""
+    from softrl.data.versions import tag
+
+    target = open_store(store, create=False)
+    with store_errors():
+        snapshot = tag(target, name, version)
+    if as_json:
+        typer.echo(json.dumps({"tag": name, "versions": snapshot.versions}))
+        return
+    err.print(f"tagged {name}: " + ", ".join(f"{t} version {v}" for t, v in snapshot.versions.items()))
+
+
+@data_app.command("compact")
+def data_compact(
+    keep: int = typer.Option(1, "--keep-versions", help="newest versions kept (tagged ones always are)"),
+    store: str = STORE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Rewrite each table into one fragment (rows and their order unchanged) and remove old versions
+    but the newest --keep-versions and tagged ones: runs pinned to a removed version can no longer read it."""
+    from softrl.data.versions import compact
+
+    target = open_store(store, create=False)
+    with store_errors():
+        report = compact(target, keep)
+    if as_json:
+        typer.echo(json.dumps({"store": target.root, "tables": report}))
+        return
+    for name, table in report.items():
+        err.print(f"{name}: {'compacted' if table['rewritten'] else 'already compact'}, "
+                  f"{table['versions_removed']} old versions removed")

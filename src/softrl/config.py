@@ -107,6 +107,8 @@ class DataConfig(Section):
                                        description="the default loss (its `algorithm` picks the options)")
     offline_sources: list[str] = Field(["reference"], description="store sources that make the offline pool")
     offline_passed_only: bool = Field(True, description="offline pool holds passed trajectories only (SPO)")
+    store_version: int | str | None = Field(None, description="read the store as it was: a version of its trajectories "
+                                            "table or a tag (`softrl data tag`); none: the newest (store.json says which)")
 
     @field_validator("mix")
     @classmethod

@@ -2,6 +2,7 @@
 
 from softrl.data.samplers import GroupSampler, MixtureSampler, TrajectoryPool, replay
 from softrl.data.schema import Trajectory
-from softrl.data.store import ExperienceStore, StoreError
+from softrl.data.store import ExperienceStore, Snapshot, StoreError
 
-__all__ = ["ExperienceStore", "GroupSampler", "MixtureSampler", "StoreError", "Trajectory", "TrajectoryPool", "replay"]
+__all__ = ["ExperienceStore", "GroupSampler", "MixtureSampler", "Snapshot", "StoreError", "Trajectory", "TrajectoryPool",
+           "replay"]

@@ -4,8 +4,9 @@ store's only storage backend (docs/DATA.md, "The store").
 Every write is one Lance commit, so a reader at a version never sees a torn write, and a writer
 killed before its commit leaves only unreferenced data files behind. Lance itself rebases an append
 over commits made meanwhile; what it cannot rebase (two rewrites of the same rows) comes back as a
-commit conflict, retried here with backoff. Old versions stay readable until someone cleans them
-up, which softrl never does by itself: a reader holding a version reads it to the end.
+commit conflict, retried here with backoff. Old versions stay readable until `softrl data compact`
+cleans them up (tagged versions excepted), which softrl never does by itself: a reader holding a
+version reads it to the end.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import random
 import re
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TypeVar
 
 import lance
@@ -22,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance import LanceOperation
 from lance.commit import CommitConflictError
+from lance.optimize import Compaction, CompactionOptions
 
 FORMAT = 2  # 1: Parquet part files (data/legacy.py); 2: Lance tables
 FORMAT_KEY = "softrl.store_format"
@@ -154,3 +157,45 @@ class Table:
         operation = LanceOperation.Update(removed_fragment_ids=[f.fragment_id for f in old.get_fragments()],
                                           new_fragments=fragments)
         lance.LanceDataset.commit(self.uri, operation, read_version=version, storage_options=self.options)
+
+    # --- versions ------------------------------------------------------------------------------
+    def versions(self) -> dict[int, object]:
+        """Every version still readable -> its commit time."""
+        dataset = lance.dataset(self.uri, storage_options=self.options)
+        return with_retries(lambda: {v["version"]: v["timestamp"] for v in dataset.versions()}, self.uri)
+
+    def tags(self) -> dict[str, int]:
+        dataset = lance.dataset(self.uri, storage_options=self.options)
+        return with_retries(lambda: {name: tag["version"] for name, tag in dataset.tags.list().items()}, self.uri)
+
+    def tag(self, name: str, version: int) -> None:
+        dataset = lance.dataset(self.uri, storage_options=self.options)
+        with_retries(lambda: dataset.tags.create(name, version), self.uri)
+
+    def compact(self) -> bool:
+        """Every fragment rewritten into one, rows in commit order; False where there was nothing to do.
+        Lance's own compaction puts a rewritten group after the fragments it leaves alone and after any
+        append committed meanwhile, either of which would reorder rows; so the whole table is one group,
+        and the rewrite is done again if a commit lands while it runs (a commit in the instant between
+        that check and the compaction's own commit is the one case left: docs/DATA.md)."""
+        def attempt() -> bool:
+            dataset = lance.dataset(self.uri, storage_options=self.options)
+            fragments = dataset.get_fragments()
+            if len(fragments) < 2 and not any(f.metadata.deletion_file for f in fragments):
+                return False
+            options = CompactionOptions(target_rows_per_fragment=dataset.count_rows() + 1, materialize_deletions=True,
+                                        materialize_deletions_threshold=0.0)
+            rewrites = [task.execute(dataset) for task in Compaction.plan(dataset, options).tasks]
+            if lance.dataset(self.uri, storage_options=self.options).latest_version != dataset.version:
+                raise CommitConflictError("a commit landed during compaction")
+            Compaction.commit(dataset, rewrites)
+            return True
+        return with_retries(attempt, self.uri)
+
+    def cleanup(self, keep: int) -> int:
+        """Old versions removed, the newest `keep` and every tagged one kept; returns how many went."""
+        dataset = lance.dataset(self.uri, storage_options=self.options)
+        before = len(self.versions())
+        with_retries(lambda: dataset.cleanup_old_versions(older_than=timedelta(0), retain_versions=keep,
+                                                          error_if_tagged_old_versions=False), self.uri)
+        return before - len(self.versions())

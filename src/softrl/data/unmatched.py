@@ -9,19 +9,19 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from softrl.data.store import ExperienceStore
+from softrl.data.store import ExperienceStore, Snapshot
 
 TEXT_ID = re.compile(r"prompt-[0-9a-f]{16}")  # `tasks.base.prompt_id_of`: an id made from a prompt's text
 
 
 def unmatched_rows(store: ExperienceStore, sources: list[str], task: str, prompt_ids: Sequence[str],
-                   passed: bool | None = None, other_prompts: bool = False) -> str | None:
+                   passed: bool | None = None, other_prompts: bool = False, snapshot: Snapshot | None = None) -> str | None:
     """The line that says which rows of `sources` (passed ones only with `passed`) a run of `task`
     with `prompt_ids` leaves out although they may be meant for it, or None: rows that name no task,
     and rows of `task` whose ids were made from a text that is none of its prompts'. `other_prompts`:
     also rows of the task's other prompts (ids of another task.size or task.seed); rows naming
-    another task are that task's."""
-    table = store.trajectories(source=sources, passed=passed, columns=["source", "task", "prompt_id"])
+    another task are that task's. Read at `snapshot` (the newest versions without one)."""
+    table = store.trajectories(snapshot, source=sources, passed=passed, columns=["source", "task", "prompt_id"])
     ids, first = set(prompt_ids), next(iter(prompt_ids), None)
     per_source: Counter[str] = Counter()
     foreign, nameless, split, example, example_of_split = 0, 0, 0, None, False

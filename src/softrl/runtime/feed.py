@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
-from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, TrajectoryPool
+from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, Snapshot, StoreError, TrajectoryPool
 from softrl.data.unmatched import unmatched_rows
+from softrl.data.versions import pinned
 from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.tasks.base import Prompt, Task
 from softrl.training.batch import Batch, knows_behavior, make_batch, unusable_row
@@ -18,11 +19,16 @@ from softrl.training.batch import Batch, knows_behavior, make_batch, unusable_ro
 class DataFeed:
     """Built from the run's config, store, training task, Q0 (prompt id -> soft value at the run's
     beta) and tokenizer, and the model's number of token ids (`vocab_size`: stored rows' token ids
-    are checked against it); its random state is checkpointed (`state_dict`)."""
+    are checked against it); its random state is checkpointed (`state_dict`). Every read is at one
+    `snapshot` of the store: the one given (a resumed run's), `data.store_version`'s, or the newest."""
 
     def __init__(self, config: RunConfig, store: ExperienceStore, task: Task, q0: dict[str, float], tokenizer,
-                 log: Callable[[str], None] = print, vocab_size: int | None = None):
+                 log: Callable[[str], None] = print, vocab_size: int | None = None, snapshot: Snapshot | None = None):
         self.config, self.store, self.task, self.q0, self.log = config, store, task, q0, log
+        try:
+            self.snapshot = snapshot or pinned(store, config.data.store_version)
+        except StoreError as e:
+            raise ConfigError(f"data.store_version: {e}") from None
         self.vocab_size = vocab_size
         self.tokenizer, self.fingerprint = tokenizer, tokenizer_fingerprint(tokenizer)
         self.prompts = task.prompts()
@@ -36,7 +42,7 @@ class DataFeed:
         if not wanted:
             return None
         sources = {}
-        snapshot = self.store.snapshot()  # every pool from the same versions, whatever others commit meanwhile
+        snapshot = self.snapshot  # every pool from the same versions, whatever others commit meanwhile
         for source in wanted:
             if source == "offline":
                 table = self.store.trajectories(snapshot, task=self.task.name, source=cfg.offline_sources,
@@ -75,8 +81,8 @@ class DataFeed:
             return
         cfg = self.config.data
         ids, passed = [p.id for p in self.prompts if p.id in self.q0], True if cfg.offline_passed_only else None
-        unmatched = unmatched_rows(self.store, cfg.offline_sources, self.task.name, ids, passed)
-        everything = unmatched_rows(self.store, cfg.offline_sources, self.task.name, ids, passed, True) \
+        unmatched = unmatched_rows(self.store, cfg.offline_sources, self.task.name, ids, passed, snapshot=self.snapshot)
+        everything = unmatched_rows(self.store, cfg.offline_sources, self.task.name, ids, passed, True, self.snapshot) \
             if not rows else None  # with the rows of the task's other prompts (another task.size or task.seed)
         if unmatched and not rows:  # rows meant for this task and none usable: not a run on nothing
             raise ConfigError(f"data.offline_sources: the offline pool would be empty: {everything}")

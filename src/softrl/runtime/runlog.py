@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from softrl.config import ConfigError, RunConfig
+from softrl.data.store import Snapshot
 from softrl.files import whole_file
 from softrl.runtime.faults import LOCK_NAME, check_not_in_use, disk_full, is_disk_full, save_state
 from softrl.runtime.stop import deferred
@@ -77,7 +78,7 @@ def check_run_dir(config: RunConfig, resume: bool) -> None:
 
 
 # what a run writes into its directory: all of it goes when a run with no intact checkpoint starts over
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "final", "summary.json", "tensorboard", "wandb")
+RUN_FILES = ("config.yaml", "store.json", "metrics.jsonl", "checkpoints", "final", "summary.json", "tensorboard", "wandb")
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -112,6 +113,13 @@ def start_over(run_dir: Path) -> None:
         leftover.unlink()
 
 
+def recorded_snapshot(run_dir: Path) -> Snapshot | None:
+    """The store versions an earlier session of the run read (store.json), so that a resumed run reads
+    the same rows; None for a run directory without one."""
+    path = run_dir / "store.json"
+    return Snapshot(json.loads(path.read_text())["versions"]) if path.exists() else None
+
+
 class RunLog:
     def __init__(self, config: RunConfig, resume: bool):
         check_run_dir(config, resume)
@@ -125,6 +133,12 @@ class RunLog:
         self.eval_seconds = 0.0  # evaluation is not training: left out of the clock
 
     # --- the clock ----------------------------------------------------------------------------
+    def record_store(self, snapshot: Snapshot) -> None:
+        """store.json: the store and the versions of its tables the run reads (`data.store_version`)."""
+        data = self.config.data
+        replace_text(self.run_dir / "store.json", json.dumps({"store": data.store, "store_version": data.store_version,
+                                                              "versions": snapshot.versions}, indent=2))
+
     def elapsed(self, started: float) -> float:
         """Wall time of the run so far: the earlier sessions' and this one's since `started`."""
         return self.earlier_seconds + time.time() - started

@@ -16,7 +16,8 @@ from softrl.config import RunConfig
 from softrl.runtime.feed import DataFeed
 from softrl.runtime.model_card import write_model_card
 from softrl.runtime.faults import RunLock, disk_full_reported
-from softrl.runtime.runlog import Progress, RunLog, check_run_dir, checkpoints, optional_sinks, start_over
+from softrl.runtime.runlog import (Progress, RunLog, check_run_dir, checkpoints, optional_sinks, recorded_snapshot,
+                                   start_over)
 
 
 class Session:
@@ -57,8 +58,11 @@ class Session:
         with disk_full_reported(config, f"Q0's reference samples (store rows) in {config.data.store}"):
             q0 = self.run.q0(progress, log)
         self.feed = DataFeed(config, self.run.store, self.run.train_task, q0, self.run.tokenizer, log,
-                             self.run.policy.model.get_input_embeddings().num_embeddings)
+                             self.run.policy.model.get_input_embeddings().num_embeddings,
+                             recorded_snapshot(config.run_dir) if resume else None)
         self.runlog = RunLog(config, resume)
+        if not resume:
+            self.runlog.record_store(self.feed.snapshot)
         self.progress = Progress()
         self.checkpointed = 0  # the step of the newest checkpoint
         if resume:

@@ -1,0 +1,66 @@
+"""Versions of the experience store: the Snapshot of an earlier version or of a tag (what a run's
+`data.store_version` pins its reads to), tags that keep a version through cleanup, and compaction
+that keeps the rows' commit order (docs/DATA.md, "Versions, tags, compaction")."""
+
+from __future__ import annotations
+
+from softrl.data.store import ExperienceStore, Snapshot, StoreError
+
+__all__ = ["compact", "pinned", "tag"]
+
+
+def spans(versions: list[int]) -> str:
+    """[1, 2, 3, 7, 9, 10] -> '1-3, 7, 9-10'."""
+    out, start = [], None
+    for i, v in enumerate(versions):
+        start = v if start is None else start
+        if i + 1 == len(versions) or versions[i + 1] != v + 1:
+            out.append(str(v) if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(out)
+
+
+def pinned(store: ExperienceStore, at: int | str | None) -> Snapshot:
+    """The tables' versions now (`at` None), at a tag, or at a version of the trajectories table (the
+    other tables then at their newest version committed while it was the newest: by commit time, so a
+    tag, which names every table's version, is the exact way back). A version or tag that does not
+    exist is a StoreError naming those that do."""
+    if at is None:
+        return store.snapshot()
+    tables, tags = store.tables, store.tables["trajectories"].tags()
+    history = tables["trajectories"].versions()
+    if isinstance(at, str) and at in tags:
+        return Snapshot({name: table.tags()[at] for name, table in tables.items()})
+    if isinstance(at, int) and not isinstance(at, bool) and at in history:
+        until = min((t for v, t in history.items() if v > at), default=None)
+        return Snapshot({name: at if name == "trajectories" else before(table, until)
+                         for name, table in tables.items()})
+    named = f"tag {at!r}" if isinstance(at, str) else f"version {at}"
+    raise StoreError(f"{store.root} has no {named} (versions: {spans(sorted(history))}; "
+                     f"tags: {', '.join(sorted(tags)) or 'none'})")
+
+
+def before(table, moment) -> int:
+    """The newest version of `table` committed before `moment` (None: the newest of all)."""
+    history = table.versions()
+    return max((v for v, t in history.items() if moment is None or t < moment), default=min(history))
+
+
+def tag(store: ExperienceStore, name: str, at: int | None = None) -> Snapshot:
+    """Tag every table's version of `pinned(store, at)` as `name`; returns that snapshot."""
+    existing = store.tables["trajectories"].tags()
+    if name in existing:
+        raise StoreError(f"{store.root}: tag {name!r} exists already (trajectories version {existing[name]})")
+    snapshot = pinned(store, at)
+    for table_name, table in store.tables.items():
+        table.tag(name, snapshot.versions[table_name])
+    return snapshot
+
+
+def compact(store: ExperienceStore, keep: int) -> dict[str, dict[str, int]]:
+    """Every table's rows rewritten into one fragment in commit order, then all versions but the newest
+    `keep` and the tagged ones removed: per table, whether it was rewritten and versions removed."""
+    if keep < 1:
+        raise StoreError(f"keep-versions must be at least 1, got {keep}")
+    return {name: {"rewritten": int(table.compact()), "versions_removed": table.cleanup(keep)}
+            for name, table in store.tables.items()}

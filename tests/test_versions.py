@@ -1,0 +1,105 @@
+"""Versions of the experience store, on a local directory and on S3 (moto): a Snapshot pinned to a
+trajectories version or a tag reads exactly the rows of then, unknown versions and tags are one line
+naming those that exist, and `softrl data compact` keeps rows, commit order and sampling unchanged
+while tagged versions stay readable after cleanup."""
+
+import uuid
+
+import pytest
+
+from softrl.data import ExperienceStore, GroupSampler, StoreError, Trajectory, TrajectoryPool
+from softrl.data.versions import compact, pinned, spans, tag
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "store")
+    server = request.getfixturevalue("s3_env")
+    return f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}"
+
+
+def rows(start, count, source="online"):
+    return [Trajectory(f"p{i % 5}", f"r{i}", reward=float(i % 2), passed=i % 2 == 1, source=source,
+                       response_tokens=[i, i % 7]) for i in range(start, start + count)]
+
+
+def draw(table, seed=3):
+    return [r["id"] for r in GroupSampler(TrajectoryPool(table), 2, seed=seed).sample(8)]
+
+
+def test_spans():
+    assert spans([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10" and spans([]) == ""
+
+
+def test_pinned_version_and_tag_read_the_rows_of_then(root):
+    store = ExperienceStore(root)
+    store.append(rows(0, 10))
+    store.put_prompts([{"prompt_id": "p0", "q0_hat": 0.25}])
+    then = store.snapshot()
+    tag(store, "first")
+    store.append(rows(10, 10))
+    store.put_prompts([{"prompt_id": "p0", "q0_hat": 0.75}])
+    before = store.trajectories(then)
+    for at in (then.versions["trajectories"], "first"):
+        snapshot = pinned(store, at)
+        assert snapshot.versions == then.versions
+        assert store.trajectories(snapshot).equals(before)
+        assert store.prompts(snapshot)["p0"]["q0_hat"] == 0.25
+    assert pinned(store, None) == store.snapshot() and len(store.trajectories(pinned(store, None))) == 20
+    with pytest.raises(StoreError, match=r"has no version 99 \(versions: 1-\d+; tags: first\)$"):
+        pinned(store, 99)
+    with pytest.raises(StoreError, match=r"has no tag 'nope' \(versions: 1-\d+; tags: first\)$"):
+        pinned(store, "nope")
+    with pytest.raises(StoreError, match="tag 'first' exists already"):
+        tag(store, "first")
+
+
+def test_compact_keeps_rows_order_and_sampling_and_tagged_versions(root):
+    store = ExperienceStore(root)
+    for start in range(0, 60, 6):  # many small fragments, with duplicates of earlier ids in between
+        store.append(rows(start, 6))
+        store.append(rows(start // 2, 2, source="again"))
+    store.annotate({"r3": [{"t": 1, "success": 0.5, "k": 4}]})
+    store.annotate({"r3": [{"t": 1, "success": 0.75, "k": 4}]})
+    tagged = tag(store, "kept")
+    store.append(rows(100, 3))
+    before, raw = store.trajectories(), store.trajectories(unique=False)
+    old_version = tagged.versions["trajectories"] - 1  # untagged: removed by the cleanup
+    report = compact(store, keep=1)
+    assert report["trajectories"]["rewritten"] == 1 and report["trajectories"]["versions_removed"] > 0
+    store = ExperienceStore(root)
+    assert store.tables["trajectories"].at(store.snapshot().versions["trajectories"]).get_fragments().__len__() == 1
+    assert store.trajectories().equals(before) and store.trajectories(unique=False).equals(raw)
+    assert draw(store.trajectories()) == draw(before)
+    assert store.trajectories(pinned(store, "kept")).num_rows == 60 and pinned(store, "kept") == tagged
+    with pytest.raises(StoreError, match=f"has no version {old_version} "):
+        pinned(store, old_version)
+    assert compact(store, keep=1)["trajectories"] == {"rewritten": 0, "versions_removed": 0}
+    store.append(rows(200, 2))  # appends after a compaction come after its rows
+    assert store.trajectories()["id"].to_pylist()[-2:] == [r.id for r in rows(200, 2)]
+    with pytest.raises(StoreError, match="keep-versions must be at least 1, got 0"):
+        compact(store, keep=0)
+
+
+def test_cli_tag_and_compact(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "store")
+    store = ExperienceStore(root)
+    store.append(rows(0, 4))
+    store.append(rows(4, 4))
+
+    def softrl(*args):
+        return subprocess.run([sys.executable, "-m", "softrl", "data", *args, "--store", root], capture_output=True,
+                              text=True, timeout=300)
+
+    done = softrl("tag", "v1", "--version", "2", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["versions"]["trajectories"] == 2
+    refused = softrl("tag", "v2", "--version", "9")
+    assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1].endswith("(versions: 1-3; tags: v1)")
+    done = softrl("compact", "--keep-versions", "1", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["tables"]["trajectories"]["rewritten"] == 1
+    assert ExperienceStore(root).trajectories(pinned(ExperienceStore(root), "v1")).num_rows == 4
