@@ -106,3 +106,21 @@ def test_quick_end_to_end_and_resumed(tiny, tmp_path):
     changed = CliRunner().invoke(app, [*args, "--regimes", "lag1", "--report-only", "--eval-size", "4"])
     assert changed.exit_code != 0 and "was kept with task.eval_size=3, this benchmark asks task.eval_size=4" in changed.output
     assert "Traceback" not in changed.output
+
+
+def test_report_seeds_are_averaged_as_they_finish(tmp_path):
+    """A benchmark in chunks: a point with some of its report seeds kept is reported on those, and says so."""
+    from softrl.bench.frontier_report import _pm
+    from softrl.bench.frontier_runs import key
+
+    kept = tmp_path / "kept.jsonl"
+    s = fr.Settings(tmp_path, steps=10, kept=kept)
+    regime, point = fr.REGIMES["lag1"], {"point": "p", "lr": 1e-4, "strength": {"beta": 0.25}}
+    assert fr.reported(s, regime, point, "spo", 2) is None
+    result = {"pass@k": [0.5, 0.7], "pass@1": 0.5, "pass@10": None, "kl": 0.3, "distinct": 2.0, "samples": 320,
+              "curve": [(0, 0.4, 0.0), (10, 0.5, 0.3)], "lag": None, "clipped_or_masked": 0.0}
+    config = fr.run_config(s, regime, "spo", 1e-4, {"beta": 0.25}, 1)
+    kept.write_text(json.dumps({"key": key(config), "settings": {}, "outcome": result}) + "\n")
+    partial = fr.reported(s, regime, point, "spo", 2)
+    assert (partial["seeds"], partial["of_seeds"], partial["pass@1"]) == (1, 2, 0.5)
+    assert _pm(partial, "pass@1") == "0.500 (1 of 2 seeds)"

@@ -290,10 +290,12 @@ def choose(points: dict[str, list[dict]]) -> dict:
 
 
 def reported(s: Settings, regime: Regime, point: dict, method: str, seeds: int) -> dict | None:
-    """The report seeds' average at a chosen point (None until every seed has finished)."""
+    """The report seeds' average at a chosen point, over the seeds finished so far (its `seeds` says how
+    many: a benchmark in chunks reports as it goes); None before the first."""
     done = [outcome(s.kept, run_config(s, regime, method, point["lr"], point["strength"], k)) for k in range(seeds)]
-    return {"point": point["point"], "lr": point["lr"], "strength": point["strength"], **average(done)} \
-        if all(done) else None
+    done = [o for o in done if o is not None]
+    return {"point": point["point"], "lr": point["lr"], "strength": point["strength"], "of_seeds": seeds,
+            **average(done)} if done else None
 
 
 def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_seeds: int, seeds: int) -> dict:

@@ -14,8 +14,9 @@ def _f(x, digits: int = 3) -> str:
 def _pm(p: dict | None, key: str) -> str:
     if p is None:
         return "not run"
-    sd = p.get(f"{key}_sd")
-    return _f(p[key]) + (f" ± {_f(sd)}" if sd and p.get("seeds", 1) > 1 else "")
+    sd, seeds, wanted = p.get(f"{key}_sd"), p.get("seeds", 1), p.get("of_seeds", p.get("seeds", 1))
+    partial = f" ({seeds} of {wanted} seeds)" if seeds < wanted else ""
+    return _f(p[key]) + (f" ± {_f(sd)}" if sd and seeds > 1 else "") + partial
 
 
 def _lag(p: dict | None) -> str:
