@@ -1,5 +1,7 @@
 """Shared fixtures."""
 
+import uuid
+
 import pytest
 import torch
 
@@ -84,3 +86,12 @@ def s3_env(s3_server, monkeypatch):
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
     return s3_server
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    """A new store's location: a directory, or a prefix in the S3 server's bucket (AWS_* variables set)."""
+    if request.param == "local":
+        return str(tmp_path / "store")
+    server = request.getfixturevalue("s3_env")
+    return f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}"

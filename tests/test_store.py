@@ -38,15 +38,6 @@ while total < 0 or i < total:
 """
 
 
-@pytest.fixture(params=["local", "s3"])
-def root(request, tmp_path):
-    """A new store's location: a directory, or a prefix in the S3 server's bucket (AWS_* variables set)."""
-    if request.param == "local":
-        return str(tmp_path / "store")
-    server = request.getfixturevalue("s3_env")
-    return f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}"
-
-
 def full_trajectory(**overrides):
     base = dict(prompt_id="p1", response_text="2+2=4", reward=1.0, passed=True, task="countdown", prompt_text="2 2 -> 4",
                 prompt_tokens=[5, 6, 7], response_tokens=[8, 9, 10, 11], tokenizer="chartok-abc", source="online",

@@ -3,20 +3,10 @@ trajectories version or a tag reads exactly the rows of then, unknown versions a
 naming those that exist, and `softrl data compact` keeps rows, commit order and sampling unchanged
 while tagged versions stay readable after cleanup."""
 
-import uuid
-
 import pytest
 
 from softrl.data import ExperienceStore, GroupSampler, StoreError, Trajectory, TrajectoryPool
 from softrl.data.versions import compact, pinned, spans, tag
-
-
-@pytest.fixture(params=["local", "s3"])
-def root(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "store")
-    server = request.getfixturevalue("s3_env")
-    return f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}"
 
 
 def rows(start, count, source="online"):
