@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from softrl.bench import agro_sweep, grow
-from softrl.bench.learning import check_same_settings
+from softrl.bench.learning import check_same_settings, final, judged
 from softrl.bench.studies import ARMS, STUDIES, check_claims, plan, study_config
 from softrl.cli import app
 from softrl.config import config_from
@@ -34,8 +34,6 @@ def test_every_study_plans_equal_batches(tmp_path):
     mc = study_config(STUDIES["mc"], "mc-targets", 0, tmp_path, 10, 1e-4, 32, 20, 5)
     assert mc.data.mix == {"online": 0.5, "offline": 0.25, "mc": 0.25} and mc.data.objective_for("mc").mc == 1.0
     assert mc.data.objective_for("offline").mc == 0.0
-    code = plan(STUDIES["code"], 1, tmp_path, 10, 1e-4, 32, 20, 5)
-    assert {c.task.name for c in code} == {"tinycode"} and code[0].task.size == 300
     agro = [c for c in plan(STUDIES["agro"], 1, tmp_path, 10, 1e-4, 64, 20, 5) if c.data.objective.algorithm == "agro-on"]
     assert all(c.sampling.prompts_per_step * c.sampling.samples_per_prompt == 64 for c in agro)
     assert {c.beta for c in agro} == {0.2, 0.5, 1.0}
@@ -187,3 +185,55 @@ def test_bench_study_mc_end_to_end_on_the_bootstrap(tmp_path):
     assert '"loss/mc"' in metrics["mc-targets"] and '"loss/pts"' in metrics["pts-rollouts"]
     assert '"loss/mc"' not in metrics["terminal-bce"]
     assert "| mc-targets | " in (report / "study-mc.md").read_text() and (report / "study-mc.png").is_file()
+
+
+# --- the code study (bench.code_study) -----------------------------------------------------------------
+def test_code_study_arms_generate_the_same_samples(tmp_path):
+    from softrl.bench import code_study as cs
+
+    s = cs.Settings(tmp_path)
+    tuning = cs.tuning_plan(s, list(cs.ARMS))
+    assert len(tuning) == len(cs.ARMS) * len(s.lrs) and {c.seed for c in tuning} == {cs.TUNE_SEED}
+    assert {c.task.name for c in tuning} == {"tinycode-loops"} and {c.model.path for c in tuning} == {"bootstrap"}
+    generated = {c.sampling.prompts_per_step * c.sampling.samples_per_prompt for c in tuning}
+    assert generated == {s.prompts * s.samples_per_prompt}  # equal generation; the half arms' batches are larger
+    by_arm = {c.name.split("-lr")[0]: c for c in tuning}
+    assert by_arm["spo-human"].data.offline_sources == ["human"] and by_arm["spo-half"].data.offline_sources == [
+        "reference"]
+    assert by_arm["cispo-half"].data.mix == by_arm["spo-half"].data.mix == {"online": 0.5, "offline": 0.5}
+    assert len({c.run_dir for c in tuning}) == len(tuning) and len({c.data.store for c in tuning}) == 1
+
+
+def test_claim_with_a_margin_holds_only_beyond_it():
+    runs = {"a": {s: [{"pass@10": 0.5 + 0.05 + 0.001 * s}] for s in range(4)},
+            "b": {s: [{"pass@10": 0.5}] for s in range(4)}}
+    value = final("pass@10")
+    assert judged(runs, "c", "SPO", "a", "b", "x", value, "higher", margin=0.03)["reproduced"]
+    assert not judged(runs, "c", "SPO", "a", "b", "x", value, "higher", margin=0.06)["reproduced"]
+
+
+def test_bench_study_code_quick(tiny, tmp_path):
+    """--quick end to end on a tiny model: every arm tuned over two learning rates, then two report seeds;
+    the report keeps the study's form (a reference row, pass@1 and pass@10, the claims) and the
+    known solutions joined the store once, as source "human"."""
+    base = tmp_path / "base.yaml"
+    base.write_text(f"model:\n  path: {tiny[0]}\nsampling:\n  max_new_tokens: 8\n")
+    report = tmp_path / "report"
+    args = ["bench", "study", "code", "--quick", "--base", str(base), "--runs", str(tmp_path / "runs"),
+            "--report", str(report)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads((report / "study-code.json").read_text())
+    assert set(data["tuned"]) == set(data["runs"]) == {"spo-online", "spo-half", "spo-human", "ppo", "grpo",
+                                                         "cispo-half"}
+    assert all(set(t["grid"]) == {"0.0001", "0.001"} for t in data["tuned"].values())
+    assert all(set(seeds) == {"0", "1"} for seeds in data["runs"].values())
+    table = (report / "study-code.md").read_text()
+    assert "| reference (step 0) |" in table and "pass@10" in table and "Learning rates" in table
+    assert "| SPO | learning from the known solutions raises pass@1" in table
+    store = ExperienceStore(tmp_path / "runs/tinycode-loops/store")
+    human = store.trajectories(source="human").to_pylist()
+    assert human and all(r["passed"] for r in human)
+    again = CliRunner().invoke(app, args)  # every run finished: nothing retrained, the same report
+    assert again.exit_code == 0 and json.loads((report / "study-code.json").read_text())["runs"] == data["runs"]
+    assert len(ExperienceStore(tmp_path / "runs/tinycode-loops/store").trajectories(source="human")) == len(human)

@@ -65,7 +65,7 @@ def test_bootstrap_cli_prints_the_folder(tmp_path):
     assert {"success_per_sample", "pass@1", "pass@10", "distinct_correct_per_solved"} <= set(report)
     bad = subprocess.run([softrl, "bootstrap", "chess"], capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 2 and bad.stderr.strip() == (
-        "error: no bootstrap for task 'chess'; available: countdown, tinycode")
+        "error: no bootstrap for task 'chess'; available: countdown, tinycode, tinycode-loops")
 
 
 def test_mini_tinycode_bootstrap_is_graded_in_the_sandbox(tmp_path, monkeypatch):
@@ -78,6 +78,25 @@ def test_mini_tinycode_bootstrap_is_graded_in_the_sandbox(tmp_path, monkeypatch)
     card = json.loads((directory / "softrl.json").read_text())
     assert card["config"]["task"] == "tinycode" and card["heldout"]["problems"] == 4
     assert directory.name.startswith("tinycode-s1-")
+
+
+def test_tinycode_loops_bootstrap_learns_only_seen_combinations():
+    """The reference's training data: problems of `seen` combinations, each with its known solutions and
+    plausible wrong programs, none of them a held-out combination's program."""
+    from softrl.bootstrap import sft_examples
+    from softrl.tasks.loopcode import combination_name, combinations, programs, split_of
+    from softrl.tasks.tinycode import rename_variables
+
+    texts: dict[str, set[str]] = {"seen": set(), "heldout": set()}
+    for f, m, r in combinations():  # every program of every combination, at every constant
+        for kf in f.constants or (0,):
+            for km in m.constants or (0,):
+                written = programs(f.code.format(k=kf), m.code.format(k=km), r)
+                texts[split_of(combination_name(f, m, r))].update(written + [rename_variables(p) for p in written])
+    only_heldout = texts["heldout"] - texts["seen"]  # "less than 0" is written as "negative" is: the same text
+    examples = sft_examples(BootstrapConfig(task="tinycode-loops", train_problems=200))
+    assert len(examples) == 200 and all(len(right) == 4 and wrong for _, right, wrong in examples)
+    assert not only_heldout & {program for _, right, wrong in examples for program in right + wrong}
 
 
 # a first use of a cache entry in a process of its own; its build is counted in `log` and lasts until

@@ -52,6 +52,27 @@ def test_tinycode_reference_passes_wrong_fails():
         load_task("tinycode", families=["nope"])
 
 
+def test_tinycode_loops_problems_have_hidden_tests_and_known_solutions():
+    from softrl.tasks.loopcode import LoopCodeTask, combinations, split_of, combination_name, plausible_wrong
+
+    task = load_task("tinycode-loops", size=40, seed=3)
+    heldout = {combination_name(*c) for c in combinations() if split_of(combination_name(*c)) == "heldout"}
+    for prompt in task.prompts():
+        assert prompt.meta["combination"] in heldout and len(prompt.meta["tests"]) >= 5
+        shown = prompt.text.count("Input: ")
+        assert shown == 2 and len(prompt.meta["tests"]) > shown  # the rest are hidden
+        solutions = task.reference_solutions(prompt)
+        loop = solutions[0]
+        assert len(set(solutions)) == 4 and loop.count("for x in") == 1
+        assert ("    if x" in loop) == (not prompt.meta["combination"].startswith("all-"))  # a loop with a condition
+        assert all(g.passed for g in task.grade_many([(prompt, s) for s in solutions]))
+        assert not any(g.passed for g in task.grade_many([(prompt, w) for w in plausible_wrong(prompt)[:4]]))
+    seen = load_task("tinycode-loops", size=20, seed=3, split="seen")
+    assert all(p.meta["combination"] not in heldout for p in seen.prompts())
+    with pytest.raises(ValueError, match="unknown tinycode-loops split 'test'"):
+        load_task("tinycode-loops", split="test")
+
+
 # --- code datasets ----------------------------------------------------------------------------
 WRONG = {
     "codecontests": "print(3)",
@@ -200,3 +221,50 @@ def test_user_task_and_reward_function_by_import_path(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="cannot import task my_tasks:Missing"):
         load_task("my_tasks:Missing")
     sys.modules.pop("my_tasks", None)
+
+
+# --- a bad problem file: one line naming the record and the problem, never a problem dropped ----------
+def _codecontests_file(tmp_path, edit) -> Path:
+    records = [json.loads(line) for line in (FIXTURES / "codecontests.jsonl").read_text().splitlines()]
+    edit(records)
+    path = tmp_path / "problems.jsonl"
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n")
+    return path
+
+
+def _break_solution(records):
+    records[1]["solutions"]["solution"][0] = "print(0)\n"
+
+
+def _drop_tests(records):
+    for key in ("public_tests", "private_tests", "generated_tests"):
+        records[1].pop(key)
+
+
+def _malform(records):
+    records[1] = '{"name": "1000_B. Column sums", "description": '
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_break_solution, r"problems.jsonl:2: problem '1000_B. Column sums': known solution 1 of 1 fails its own tests "
+                      r"\(wrong_answer on test 1\)"),
+    (_drop_tests, r"problems.jsonl:2: record '1000_B. Column sums': field 'public_tests' is missing"),
+    (_malform, r"problems.jsonl:2: .*JSON"),
+])
+def test_bad_problem_file_is_one_line_naming_the_problem(tmp_path, edit, message):
+    from softrl.tasks.records import RecordError
+
+    with pytest.raises(RecordError, match=message) as caught:
+        load_task(f"codecontests:{_codecontests_file(tmp_path, edit)}")
+    assert "\n" not in str(caught.value)
+
+
+def test_known_solutions_checked_once_and_skippable(tmp_path, monkeypatch):
+    from softrl.tasks import code
+
+    path = _codecontests_file(tmp_path, _break_solution)
+    assert len(load_task(f"codecontests:{path}", check_solutions="none").prompts()) == 2  # trusted: nothing run
+    good = _codecontests_file(tmp_path, lambda records: None)
+    load_task(f"codecontests:{good}")
+    monkeypatch.setattr(code, "run_problem", lambda *a: pytest.fail("a checked file was run again"))
+    assert len(load_task(f"codecontests:{good}").prompts()) == 2

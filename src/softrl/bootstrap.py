@@ -23,7 +23,7 @@ import torch
 from softrl.models.chartok import build_char_tokenizer
 from softrl.models.loading import built_once, cache_root, encode_response, quiet_transformers
 
-TASKS = ("countdown", "tinycode")  # the tasks with a bootstrap recipe
+TASKS = ("countdown", "tinycode", "tinycode-loops")  # the tasks with a bootstrap recipe
 # tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell
 # from the statement, so the share of correct answers sets the success rate
 TASK_DEFAULTS = {"tinycode": dict(steps=300, batch_size=16, lr=3e-3, train_problems=1000, eval_problems=40, p_correct=0.8)}
@@ -52,7 +52,13 @@ class BootstrapConfig:
 
 
 def task_fingerprint(task: str):
-    """What defines the task's problems: the countdown config, or tinycode's families."""
+    """What defines the task's problems: the countdown config, tinycode's families, or tinycode-loops'
+    combinations with their split and programs."""
+    if task == "tinycode-loops":
+        from softrl.tasks.loopcode import MUTATIONS, REDUCERS, combination_name, combinations, programs, split_of
+
+        return [[combination_name(*c), split_of(combination_name(*c)), c[0].phrase, c[1].phrase, REDUCERS[c[2]],
+                 *programs(c[0].code, c[1].code, c[2])] for c in combinations()] + [list(MUTATIONS)]
     if task == "tinycode":
         from softrl.tasks.tinycode import FAMILIES
 
@@ -62,10 +68,10 @@ def task_fingerprint(task: str):
     return asdict(CountdownConfig())
 
 
-def make_task(task: str, size: int, seed: int):
+def make_task(task: str, size: int, seed: int, **options):
     from softrl.tasks.registry import load_task
 
-    return load_task(task, size=size, seed=seed)
+    return load_task(task, size=size, seed=seed, **options)
 
 
 def bootstrap_dir(config: BootstrapConfig) -> Path:
@@ -103,6 +109,11 @@ def short_expressions(numbers: list[int]) -> dict[str, Fraction]:
 
 def sft_examples(config: BootstrapConfig) -> list[tuple[str, list[str], list[str]]]:
     """(prompt, correct responses, plausible wrong responses) for the training problems (their own seed)."""
+    if config.task == "tinycode-loops":  # the seen combinations only: the task's prompts are the others
+        from softrl.tasks.loopcode import plausible_wrong
+
+        task = make_task(config.task, config.train_problems, 1_000_000 + config.seed, split="seen")
+        return [(p.text, p.meta["solutions"], plausible_wrong(p)) for p in task.prompts()]
     task = make_task(config.task, config.train_problems, 1_000_000 + config.seed)
     if config.task == "tinycode":
         from softrl.tasks.tinycode import wrong_programs

@@ -161,6 +161,7 @@ def study(
     eval_size: int = typer.Option(None, min=1, help="held-out prompts per evaluation; default: the study's"),
     eval_every: int = typer.Option(None, min=1, help="learner steps between evaluations; default: the study's"),
     toy: bool = typer.Option(True, "--toy/--no-toy", help="agro: the tabular sweep first"),
+    quick: bool = typer.Option(False, "--quick", help="code: a few steps on a few problems (a smoke test, no result)"),
     base: Path = typer.Option(None, help="YAML of run settings under every run's (model, task options, ...)"),
     runs: Path = typer.Option(Path("runs/studies"), help="where the runs and their stores go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/studies/report"), help="where the tables, JSON and PNGs go"),
@@ -175,6 +176,8 @@ def study(
     if name == "grow":
         return _grow(seeds or 3, steps or 120, later_steps, lr or 2e-4, rows or 32, eval_size or 80, eval_every or 20,
                      base, runs, report)
+    if name == "code":
+        return _code(quick, seeds, steps, eval_size, eval_every, base, runs, report)
     if name not in STUDIES:
         fail(f"unknown study {name!r} (use {', '.join(STUDIES)}, grow)")
     s = STUDIES[name]
@@ -205,6 +208,47 @@ def study(
     c = configs[0]
     png = plot_learning(agg, report / f"study-{name}.png",
                         f"{s.title}: {s.task}, {steps} steps x {rows or s.rows} rows, lr {c.optim.lr:g}, {seeds} seed(s)")
+    typer.echo(f"{table}\nplot: {png}")
+
+
+def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | None, eval_every: int | None,
+          base: Path | None, runs: Path, report: Path) -> None:
+    """SPO vs PPO vs GRPO on tinycode-loops: every arm's learning rate tuned, then the report seeds."""
+    from softrl.bench import code_study as cs
+    from softrl.bench.learning import aggregate, run_all
+    from softrl.bench.report import code_markdown, plot_learning
+    from softrl.config import ConfigError, read_settings
+
+    try:
+        extra = read_settings(base) if base is not None else None
+        given = {k: v for k, v in (("seeds", seeds), ("steps", steps), ("eval_size", eval_size),
+                                   ("eval_every", eval_every)) if v is not None}
+        s = cs.Settings(runs, **{**(cs.QUICK if quick else {}), **given}, extra=extra)
+        tuning = cs.tuning_plan(s, list(cs.ARMS))
+    except (ValueError, ConfigError) as e:
+        fail(str(e))
+    with progress_bar("setup") as update, one_line_errors():
+        def stage(configs, what):
+            update(0, total=len(configs) * s.steps)
+            try:
+                run_all(configs, lambda i, config, record: update(
+                    i * s.steps + record["step"], description=f"{what}: {config.name} ({i + 1}/{len(configs)})"),
+                    before=lambda config: cs.add_known_solutions(config) if config.data.mix.keys() - {"online"} else None)
+            except ValueError as e:  # a finished run with other settings
+                fail(str(e))
+
+        stage(tuning, "tuning")
+        chosen = cs.tuned_lrs(s, list(cs.ARMS))
+        stage(cs.report_plan(s, chosen), "report seeds")
+    by_arm = cs.collect(s, chosen)
+    agg, claims = aggregate(by_arm), cs.check_claims(by_arm)
+    table = code_markdown(agg, claims, s.seeds, chosen, cs.reference_card(tuning[0]))
+    _write(report, "study-code", table, {"study": "code: tinycode-loops", "settings": {
+        k: v for k, v in vars(s).items() if k != "root"}, "tuned": chosen, "curves": agg, "claims": claims,
+        "runs": by_arm})
+    png = plot_learning(agg, report / "study-code.png",
+                        f"code (tinycode-loops, held-out combinations): {s.steps} steps x "
+                        f"{s.prompts * s.samples_per_prompt} generated, tuned lr, {s.seeds} seed(s)")
     typer.echo(f"{table}\nplot: {png}")
 
 

@@ -45,6 +45,7 @@ HALF_ONLINE = {"spo-half"}  # the same batch size, half of it generated: half th
 TASK_BASES = {
     "countdown": {"task.size": 1000, "q0.k": 32},
     "tinycode": {"task.size": 300, "q0.k": 16},
+    "tinycode-loops": {"task.size": 300, "q0.k": 16},
 }
 
 
@@ -186,10 +187,12 @@ def aggregate(runs: dict[str, dict[int, list[dict]]]) -> dict[str, list[dict]]:
     return out
 
 
-def paired(runs: dict[str, dict[int, list[dict]]], a: str, b: str, value: Callable[[list[dict]], float]) -> dict:
-    """`value(a's curve) - value(b's curve)` per common seed: mean, standard error, verdict."""
+def paired(runs: dict[str, dict[int, list[dict]]], a: str, b: str, value: Callable[[list[dict]], float],
+           margin: float = 0.0) -> dict:
+    """`value(a's curve) - value(b's curve) - margin` per common seed: mean, standard error, verdict (a
+    claim that a beats b by `margin` holds when the mean is above 2 standard errors)."""
     seeds = sorted(set(runs.get(a, {})) & set(runs.get(b, {})))
-    diffs = [value(runs[a][s]) - value(runs[b][s]) for s in seeds]
+    diffs = [value(runs[a][s]) - value(runs[b][s]) - margin for s in seeds]
     if not diffs:
         return {"seeds": 0, "verdict": "not run"}
     mean = statistics.fmean(diffs)
@@ -236,10 +239,10 @@ CLAIMS = [
 
 
 def judged(runs: dict[str, dict[int, list[dict]]], claim: str, paper: str, a: str, b: str, compared: str,
-           value: Callable[[list[dict]], float], expected: str) -> dict:
-    """`paired(runs, a, b, value)` as a row of the claims table (`bench.report.markdown`): reproduced when
-    the verdict is one of `expected` ("|"-separated), None where a side did not run."""
-    result = paired(runs, a, b, value)
+           value: Callable[[list[dict]], float], expected: str, margin: float = 0.0) -> dict:
+    """`paired(runs, a, b, value, margin)` as a row of the claims table (`bench.report.markdown`): reproduced
+    when the verdict is one of `expected` ("|"-separated), None where a side did not run."""
+    result = paired(runs, a, b, value, margin)
     holds = None if result["verdict"] == "not run" else result["verdict"] in expected.split("|")
     return {"claim": claim, "paper": paper, "a": a, "b": b, "compared": compared, **result, "expected": expected,
             "reproduced": holds}

@@ -46,6 +46,23 @@ def markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def code_markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int, tuned: dict[str, dict],
+                  card: dict) -> str:
+    """`markdown`'s table and claims for the code study, then each arm's learning-rate grid on the tuning
+    seed and the reference's held-out numbers from its card."""
+    lrs = sorted({lr for t in tuned.values() for lr in t["grid"]})
+    lines = ["", "Learning rates (final pass@1 on the tuning seed; the chosen one in bold):", "",
+             f"| arm | {' | '.join(f'lr {lr:g}' for lr in lrs)} |", f"|---|{'---|' * len(lrs)}"]
+    for arm, t in tuned.items():
+        cells = [f"{t['grid'][lr]:.3f}" if lr in t["grid"] else "-" for lr in lrs]
+        lines.append(f"| {arm} | " + " | ".join(f"**{c}**" if lr == t["lr"] else c for lr, c in zip(lrs, cells)) + " |")
+    held = card.get("heldout")
+    if held:
+        lines += ["", f"The reference on {held['problems']} held-out problems ({held['samples_per_problem']} samples "
+                      f"each at its card's temperature): pass@1 {held['pass@1']:.3f}, pass@10 {held['pass@10']:.3f}."]
+    return markdown(agg, claims, seeds) + "\n".join(lines) + "\n"
+
+
 def plot_learning(agg: dict[str, list[dict]], out: Path, title: str) -> Path:
     """2 x 3 panels: pass@1 and pass@10 against samples generated and against training wall time,
     reward (per-sample success) against KL(pi || pi0), and the fixed-data methods against steps."""

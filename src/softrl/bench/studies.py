@@ -7,7 +7,7 @@
 - mc (figure 2c): a quarter of the batch from PTS-annotated trajectories with Monte-Carlo targets
   against the same quarter of PTS's plain rollouts under the terminal loss; the paper: MC targets
   help, the rollouts alone do not.
-- code (SPO's domain): tinycode, SPO half-online vs PPO vs GRPO, pass@10 the headline.
+- code (SPO's domain) has its own module, `bench.code_study` (tuned learning rates, more arms).
 - agro (AGRO): on-policy AGRO against RLOO at the beta and group sizes the toy sweep
   (`bench.agro_sweep`) says it learns at.
 - grow: experience that grows across runs, `bench.grow`.
@@ -48,10 +48,6 @@ ARMS: dict[str, dict] = {
                    "data.objectives": {"mc": spo(terminal=1.0, mc=1.0)}},
     # ... or PTS's own rollouts, passed or not, under the terminal loss
     "pts-rollouts": {"data.mix": {**QUARTERS, "pts": 0.25}, "data.objective": spo()},
-    # code: SPO half-online against the on-policy baselines at the same batch of rows
-    "spo-half": {"data.mix": HALF, "data.objective": spo()},
-    "ppo": {"data.mix": {"online": 1.0}, "data.objective": {"algorithm": "ppo"}},
-    "grpo": {"data.mix": {"online": 1.0}, "data.objective": {"algorithm": "grpo"}},
 }
 # on-policy AGRO and RLOO at (beta, samples per prompt, lr): across the toy's border (`bench.agro_sweep`:
 # it collapses at beta <= 0.2 and converges at 0.5 and 1 whatever the group); beta 1/ln(1e5) with
@@ -118,11 +114,6 @@ STUDIES: dict[str, Study] = {s.name: s for s in [
         *_faster("mc-targets", "terminal-bce", "SPO", "MC targets at PTS's prefixes help"),
         *_faster("pts-rollouts", "terminal-bce", "SPO", "PTS's rollouts under the terminal loss alone do not help",
                  "within 2 SE"))),
-    Study("code", "Code: tinycode, SPO half-online vs PPO vs GRPO", ("spo-half", "ppo", "grpo"), tuple(
-        Claim(f"SPO's pass@{k} beats {other.upper()}'s on code", "SPO", "spo-half", other, f"final pass@{k}",
-              final(f"pass@{k}"), "higher") for other in ("ppo", "grpo") for k in (10, 1)),
-          task="tinycode", seeds=2, steps=40, lr=1e-4, eval_size=40, eval_every=20,
-          settings={"task.size": 300, "q0.k": 16}),
     Study("agro", "AGRO on-policy: where it learns", tuple(
         agro_arm(a, *s) for s in AGRO_SETTINGS for a in ("agro-on", "rloo")), tuple(
         Claim(f"on-policy AGRO learns faster per epoch than RLOO (beta {b:g}, group {g}, lr {lr:g})", "AGRO",

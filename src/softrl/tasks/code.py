@@ -4,10 +4,12 @@ and HumanEval / MBPP (a function and asserts), graded in the sandbox."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import json
 import re
-from dataclasses import dataclass, field as dc_field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field as dc_field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ class CodeProblem:
     entry_point: str = ""
     limits: Limits = dc_field(default_factory=Limits)
     solutions: list[str] = dc_field(default_factory=list)
+    where: str = ""  # the record it came from, for error messages
 
     def program(self, response: str) -> str:
         code = extract_code(response)
@@ -54,6 +57,43 @@ def grade_stdio(sandbox: Sandbox, program: str, tests: list[tuple[str, str]], li
         raise RuntimeError(f"sandbox failed while grading: {results[statuses.index('sandbox_error')].stderr[-500:]}")
     passed = all(s == "passed" for s in statuses)
     return Grade(float(passed), passed, {"statuses": statuses})
+
+
+def run_problem(sandbox: Sandbox, problem: CodeProblem, response: str) -> Grade:
+    """`response` graded on `problem`'s tests (stdin/stdout) or checks (function style)."""
+    program = problem.program(response)
+    if problem.tests:
+        return grade_stdio(sandbox, program, problem.tests, problem.limits)
+    result = sandbox.run_checks(program, problem.checks, problem.limits)
+    if result.status == "sandbox_error":
+        raise RuntimeError(f"sandbox failed while grading {problem.id}: {result.stderr[-500:]}")
+    return Grade(float(result.passed), result.passed, {"status": result.status, "stderr": result.stderr[-1000:]})
+
+
+SOLUTION_CHECKS = ("all", "none")
+
+
+def check_known_solutions(problems: list[CodeProblem], sandbox: Sandbox) -> None:
+    """Every known solution must pass its own problem's tests: a RecordError naming the record, the
+    problem and the solution otherwise (offline "human" data that fails would teach wrong programs).
+    A set of problems that passed is remembered (by content) under the cache, so a file is run once."""
+    from softrl.models.loading import cache_root
+
+    digest = hashlib.sha256(json.dumps([asdict(p) for p in problems], sort_keys=True, default=str).encode())
+    marker = cache_root() / "checked-problems" / digest.hexdigest()[:32]
+    if marker.is_file():
+        return
+    pairs = [(p, i, s) for p in problems for i, s in enumerate(p.solutions)]
+    with ThreadPoolExecutor(8) as pool:
+        grades = list(pool.map(lambda pair: run_problem(sandbox, pair[0], pair[2]), pairs))
+    for (problem, i, _), grade in zip(pairs, grades):
+        if not grade.passed:
+            status = grade.details.get("status") or next(
+                (f"{s} on test {j + 1}" for j, s in enumerate(grade.details.get("statuses", [])) if s != "passed"), "")
+            raise RecordError(f"{problem.where or 'problem file'}: problem {problem.id!r}: known solution {i + 1} of "
+                              f"{len(problem.solutions)} fails its own tests ({status})")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"problems": len(problems), "solutions": len(pairs)}))
 
 
 def from_codecontests(record: dict, where: str) -> CodeProblem:
@@ -156,9 +196,14 @@ class CodeTask(Task):
         self.name, self.problems, self._sandbox = name, {p.id: p for p in problems}, sandbox
 
     @classmethod
-    def load(cls, kind: str, path: str | Path | None = None, limit: int | None = None, **kw) -> "CodeTask":
+    def load(cls, kind: str, path: str | Path | None = None, limit: int | None = None, check_solutions: str = "all",
+             **kw) -> "CodeTask":
+        """The problems of a `kind`-shaped file; with `check_solutions="all"` every known solution is run on
+        its tests first (`check_known_solutions`), `"none"` trusts the file."""
         if kind not in FORMATS:
             raise ValueError(f"unknown code dataset shape {kind!r}; choose from {', '.join(FORMATS)}")
+        if check_solutions not in SOLUTION_CHECKS:
+            raise ValueError(f"check_solutions must be one of {', '.join(SOLUTION_CHECKS)}, got {check_solutions!r}")
         source = path if path is not None else (humaneval_path() if kind == "humaneval" else None)
         if source is None:
             raise ValueError(f"dataset shape {kind!r} needs a path")
@@ -168,9 +213,13 @@ class CodeTask(Task):
                 problems.append(FORMATS[kind](record, where))
             except (TypeError, AttributeError, KeyError, SyntaxError) as e:  # a shape no field check named
                 raise RecordError(f"{where}: not a {kind} record ({type(e).__name__}: {e})") from e
+            problems[-1].where = where
             if limit and len(problems) >= limit:
                 break
-        return cls(problems, name=kind, **kw)
+        task = cls(problems, name=kind, **kw)
+        if check_solutions == "all":
+            check_known_solutions(problems, task.sandbox)
+        return task
 
     @property
     def sandbox(self) -> Sandbox:
@@ -182,14 +231,7 @@ class CodeTask(Task):
         return [Prompt(p.id, p.statement, {"entry_point": p.entry_point}) for p in self.problems.values()]
 
     def grade(self, prompt: Prompt, response: str) -> Grade:
-        problem = self.problems[prompt.id]
-        program = problem.program(response)
-        if problem.tests:
-            return grade_stdio(self.sandbox, program, problem.tests, problem.limits)
-        result = self.sandbox.run_checks(program, problem.checks, problem.limits)
-        if result.status == "sandbox_error":
-            raise RuntimeError(f"sandbox failed while grading {prompt.id}: {result.stderr[-500:]}")
-        return Grade(float(result.passed), result.passed, {"status": result.status, "stderr": result.stderr[-1000:]})
+        return run_problem(self.sandbox, self.problems[prompt.id], response)
 
     def reference_solutions(self, prompt: Prompt) -> list[str]:
         return list(self.problems[prompt.id].solutions)

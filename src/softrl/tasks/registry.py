@@ -10,7 +10,7 @@ from softrl.tasks.base import Task
 from softrl.tasks.records import records_of
 from softrl.tasks.reward_functions import RewardFunctionTask, reward_functions
 
-BUILTIN = ("countdown", "tinycode")
+BUILTIN = ("countdown", "tinycode", "tinycode-loops")
 DATASETS = ("codecontests", "taco", "humaneval", "mbpp", "math")
 
 
@@ -37,6 +37,10 @@ def _load_task(spec: str, reward_range: tuple[float, float] | None, config: dict
         from softrl.tasks.tinycode import TinyCodeTask
 
         return TinyCodeTask(**config)
+    if kind == "tinycode-loops" and not rest:
+        from softrl.tasks.loopcode import LoopCodeTask
+
+        return LoopCodeTask(**config)
     if kind == "gym":
         from softrl.tasks.gym import GymTask
 

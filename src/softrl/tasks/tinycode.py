@@ -121,12 +121,35 @@ def run_reference(source: str, stdin: str) -> str:
     return out.getvalue()
 
 
-class TinyCodeTask(Task):
+class GeneratedCodeTask(Task):
+    """Generated stdin/stdout problems whose prompts carry their tests and known solutions in `meta`,
+    graded in the sandbox; subclasses fill `_prompts`."""
+
+    parallel_grading = True
+    _prompts: list[Prompt]
+    _sandbox: Sandbox | None = None
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = Sandbox(limits=Limits(wall_s=1.0, memory_mb=256))
+        return self._sandbox
+
+    def prompts(self) -> list[Prompt]:
+        return list(self._prompts)
+
+    def grade(self, prompt: Prompt, response: str) -> Grade:
+        return grade_stdio(self.sandbox, extract_code(response), prompt.meta["tests"])
+
+    def reference_solutions(self, prompt: Prompt) -> list[str]:
+        return list(prompt.meta["solutions"])
+
+
+class TinyCodeTask(GeneratedCodeTask):
     """Prompt: statement plus two examples; response: a Python program (fenced or bare)."""
 
     name = "tinycode"
     max_new_tokens = 120
-    parallel_grading = True
 
     def __init__(self, size: int = 200, seed: int = 0, tests: int = 5, families: list[str] | None = None,
                  sandbox: Sandbox | None = None):
@@ -149,32 +172,18 @@ class TinyCodeTask(Task):
             self._prompts.append(Prompt(f"tinycode-{seed}-{i}", text, {"family": family.name, "tests": cases,
                                                                        "solutions": family.solutions}))
 
-    @property
-    def sandbox(self) -> Sandbox:
-        if self._sandbox is None:
-            self._sandbox = Sandbox(limits=Limits(wall_s=1.0, memory_mb=256))
-        return self._sandbox
-
-    def prompts(self) -> list[Prompt]:
-        return list(self._prompts)
-
-    def grade(self, prompt: Prompt, response: str) -> Grade:
-        return grade_stdio(self.sandbox, extract_code(response), prompt.meta["tests"])
-
-    def reference_solutions(self, prompt: Prompt) -> list[str]:
-        return list(prompt.meta["solutions"])
-
 
 MUTATIONS = (("sum(", "max("), ("max(", "min("), ("[::-1]", ""), (" + ", " - "), ("n * n", "n * 2"), ("** 2", "** 3"),
              ("'YES'", "'NO'"), ("% 2 == 0", "% 2 == 1"), ("[-1]", "[0]"), ("range(2, n + 1)", "range(2, n)"),
              ("'aeiou'", "'aeio'"), ("sorted(", "list("), ("r = 1", "r = 2"), ("0, 1", "1, 1"), ("+ 1)", ")"))
 
 
-def wrong_programs(solutions: list[str], tests: list[tuple[str, str]]) -> list[str]:
+def wrong_programs(solutions: list[str], tests: list[tuple[str, str]],
+                   mutations: tuple[tuple[str, str], ...] = MUTATIONS) -> list[str]:
     """Plausible wrong programs: one-edit mutants of the correct ones that fail at least one test."""
     out = []
     for program in solutions:
-        for old, new in MUTATIONS:
+        for old, new in mutations:
             if old in program:
                 mutant = program.replace(old, new, 1)
                 try:

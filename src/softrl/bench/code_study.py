@@ -1,0 +1,175 @@
+"""`softrl bench study code`: the SPO paper's central comparison on code with headroom (tinycode-loops,
+held-out combinations the reference rarely solves).
+
+Arms, each generating the same samples per learner step (`prompts x samples_per_prompt`; a half arm's
+batch is twice that, its other half from the store):
+- spo-online; spo-half (the other half: the reference's passed samples); spo-human (the other half: the
+  problems' known, human-written solutions);
+- ppo and grpo, online;
+- cispo-half: the best off-policy baseline of `bench frontier` (highest pass@1 at lag 1), on spo-half's data.
+
+Each arm's learning rate is tuned on a tuning seed (the best final pass@1 over `lrs`) and reported on
+seeds 0..N-1. All runs share one store: the reference's samples (Q0) and the known solutions as rows of
+source "human", added once; online rows never feed another run (offline draws name their sources).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from softrl.bench.learning import base_overrides, final, judged, slug
+from softrl.config import RunConfig, config_from
+
+TASK = "tinycode-loops"
+TUNE_SEED = 100
+SPO = {"algorithm": "spo"}
+HALF = {"online": 0.5, "offline": 0.5}
+
+
+@dataclass(frozen=True)
+class Arm:
+    objective: dict
+    mix: dict
+    sources: tuple[str, ...] = ("reference",)  # where the offline half comes from
+
+
+ARMS: dict[str, Arm] = {
+    "spo-online": Arm(SPO, {"online": 1.0}),
+    "spo-half": Arm(SPO, HALF),
+    "spo-human": Arm(SPO, HALF, ("human",)),
+    "ppo": Arm({"algorithm": "ppo"}, {"online": 1.0}),
+    "grpo": Arm({"algorithm": "grpo"}, {"online": 1.0}),
+    "cispo-half": Arm({"algorithm": "cispo"}, HALF),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    root: Path
+    steps: int = 100
+    prompts: int = 4
+    samples_per_prompt: int = 4
+    lrs: tuple[float, ...] = (1e-4, 3e-4, 1e-3)
+    seeds: int = 4
+    eval_size: int = 100
+    eval_every: int = 50
+    eval_samples: int = 10
+    task_size: int = 300
+    extra: dict | None = None
+
+    @property
+    def where(self) -> Path:
+        return self.root / slug(TASK)
+
+
+QUICK = dict(steps=1, lrs=(1e-4, 1e-3), seeds=2, eval_size=2, eval_every=1, eval_samples=10, task_size=6)
+
+
+def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
+    """One run, RUNS/tinycode-loops/code/ARM-lrLR-sSEED, in the study's shared store."""
+    a = ARMS[arm]
+    overrides = base_overrides(TASK, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size, s.eval_every,
+                               s.eval_samples, s.extra)
+    overrides.update({
+        "name": f"{arm}-lr{lr:g}-s{seed}", "out_dir": str(s.where / "code"), "data.store": str(s.where / "store"),
+        "task.size": s.task_size, "data.mix": a.mix, "data.objective": a.objective,
+        "data.offline_sources": list(a.sources),
+    })
+    overrides.update(s.extra or {})
+    return config_from(overrides)
+
+
+def tuning_plan(s: Settings, arms: list[str]) -> list[RunConfig]:
+    return [run_config(s, arm, lr, TUNE_SEED) for arm in arms for lr in s.lrs]
+
+
+def curve(config: RunConfig) -> list[dict] | None:
+    from softrl.bench.learning import curves
+
+    return curves(config.run_dir) if (config.run_dir / "summary.json").is_file() else None
+
+
+def tuned_lrs(s: Settings, arms: list[str]) -> dict[str, dict]:
+    """arm -> {lr: the best final pass@1 on the tuning seed (the lower lr on a tie), grid: lr -> pass@1}."""
+    out = {}
+    for arm in arms:
+        grid = {lr: c[-1]["pass@1"] for lr in s.lrs if (c := curve(run_config(s, arm, lr, TUNE_SEED)))}
+        if len(grid) == len(s.lrs):
+            out[arm] = {"lr": max(sorted(grid), key=lambda lr: grid[lr]), "grid": grid}
+    return out
+
+
+def report_plan(s: Settings, chosen: dict[str, dict]) -> list[RunConfig]:
+    """The report seeds at each arm's tuned learning rate, seeds outermost (a killed study has whole seeds)."""
+    return [run_config(s, arm, c["lr"], seed) for seed in range(s.seeds) for arm, c in chosen.items()]
+
+
+def collect(s: Settings, chosen: dict[str, dict]) -> dict[str, dict[int, list[dict]]]:
+    """arm -> seed -> its curve, for the finished report runs."""
+    out: dict[str, dict[int, list[dict]]] = {}
+    for arm, c in chosen.items():
+        for seed in range(s.seeds):
+            found = curve(run_config(s, arm, c["lr"], seed))
+            if found:
+                out.setdefault(arm, {})[seed] = found
+    return out
+
+
+def distinct(curve_: list[dict]) -> float:
+    return curve_[-1]["distinct_correct_per_solved"]
+
+
+PAPER_MARGIN = 0.03  # the paper's claim: SPO's pass@10 at least PPO's + 0.03
+CLAIMS = [  # (claim, a, b, compared, key, expected, margin)
+    ("SPO's pass@10 beats PPO's by 0.03 (online)", "spo-online", "ppo", "final pass@10 - 0.03", "pass@10", "higher",
+     PAPER_MARGIN),
+    ("SPO's pass@10 beats PPO's by 0.03 (half-online)", "spo-half", "ppo", "final pass@10 - 0.03", "pass@10", "higher",
+     PAPER_MARGIN),
+    ("SPO's pass@10 beats GRPO's", "spo-online", "grpo", "final pass@10", "pass@10", "higher", 0.0),
+    ("SPO's pass@1 is below PPO's (the paper's trade)", "spo-online", "ppo", "final pass@1", "pass@1",
+     "lower|within 2 SE", 0.0),
+    ("learning from the known solutions raises pass@1 at the same generation budget", "spo-human", "spo-online",
+     "final pass@1", "pass@1", "higher", 0.0),
+    ("the known solutions beat the reference's own passed samples as offline data", "spo-human", "spo-half",
+     "final pass@1", "pass@1", "higher", 0.0),
+    ("SPO keeps more distinct correct programs than PPO", "spo-online", "ppo", "distinct correct programs per solved "
+     "problem", "distinct", "higher", 0.0),
+    ("half-online SPO matches the best off-policy baseline on the same data (pass@1)", "spo-half", "cispo-half",
+     "final pass@1", "pass@1", "higher|within 2 SE", 0.0),
+    ("half-online SPO matches the best off-policy baseline on the same data (pass@10)", "spo-half", "cispo-half",
+     "final pass@10", "pass@10", "higher|within 2 SE", 0.0),
+]
+
+
+def check_claims(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
+    return [judged(runs, text, "SPO", a, b, compared, distinct if key == "distinct" else final(key), expected, margin)
+            for text, a, b, compared, key, expected, margin in CLAIMS]
+
+
+def add_known_solutions(config: RunConfig) -> int:
+    """The task's known solutions of the training prompts as rows of source "human" in the study's store,
+    once (a marker beside the store); returns how many the store has."""
+    from softrl.assemble import load_tasks
+    from softrl.data import ExperienceStore
+    from softrl.data.io import task_solutions
+
+    marker = Path(config.data.store).parent / "human.json"
+    if marker.is_file():
+        return json.loads(marker.read_text())["rows"]
+    rows = task_solutions(load_tasks(config)[0], "human")
+    wrong = [r for r in rows if not r.passed]
+    if wrong:
+        raise ValueError(f"{TASK}: known solution of prompt {wrong[0].prompt_id} fails its own tests")
+    ExperienceStore(config.data.store).append(rows)
+    marker.write_text(json.dumps({"rows": len(rows)}))
+    return len(rows)
+
+
+def reference_card(config: RunConfig) -> dict:
+    """How the runs' reference was made and how it does on held-out problems (its `softrl.json`), or {}."""
+    from softrl.assemble import resolve_model
+
+    card = Path(resolve_model(config)) / "softrl.json"
+    return json.loads(card.read_text()) if card.is_file() else {}
