@@ -116,6 +116,23 @@ def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
     assert "| softrl-sync | 2 |" in table and "async_over_sync" in table and "fixed work" in table
 
 
+def test_bench_systems_learner_steps_alternate_round_by_round(tiny, tmp_path):
+    """SPO, PPO and GRPO each once a round for `pairs` rounds; the ratios are taken round by round."""
+    from softrl.bench.report import systems_markdown
+    from softrl.bench.systems import run_systems
+
+    phases = []
+    result = run_systems(str(tiny[0]), "countdown", tmp_path, {"learner"}, prompts=2, samples_per_prompt=2,
+                         max_new_tokens=4, timed_steps=1, pairs=2, device="cpu", phase=phases.append)
+    learner_phases = [p for p in phases if p.startswith("learner step")]
+    assert [p.split(":")[1].split()[0] for p in learner_phases] == ["spo", "ppo", "grpo"] * 2
+    rounds = result["learner_rounds"]
+    assert len(rounds["spo_over_ppo_time"]) == 2 and all(len(v) == 2 for v in rounds["step_s"].values())
+    assert rounds["spo_over_ppo_time"][1] == pytest.approx(rounds["step_s"]["spo"][1] / rounds["step_s"]["ppo"][1])
+    assert result["learner"]["spo"]["rounds"] == 2 and result["learner"]["spo"]["step_s"] in rounds["step_s"]["spo"]
+    assert "SPO / PPO step time, round by round" in systems_markdown(result)
+
+
 @pytest.mark.parametrize("generation", ["dynamic", "static", "paged"])
 def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path, generation):
     pytest.importorskip("trl")

@@ -140,6 +140,11 @@ def systems_markdown(result: dict) -> str:
         for m, r in learner.items():
             lines.append(f"| {m} | {r['step_s']:.3f} | {r['peak_mib']:.0f} | {r['step_flops']:.3g} | "
                          f"{r['achieved_flops'] / 1e9:.2f} | {r['of_peak']:.1%} | {_split(r.get('split_s', {}))} |")
+        for key, what in (("spo_over_ppo_time", "step time"), ("spo_over_ppo_memory", "peak memory")):
+            by_round = result.get("learner_rounds", {}).get(key)
+            if by_round:
+                lines.append(f"\nSPO / PPO {what}, round by round (methods alternating): "
+                             f"{', '.join(f'{x:.2f}x' for x in by_round)} (median {statistics.median(by_round):.2f}x)")
     rounds = result.get("rounds", {})
     if rounds:
         lines += ["", "| end to end (GRPO loss) | steps | samples/s, round by round | median samples/s "

@@ -1,7 +1,7 @@
 """`softrl bench systems`: what the machine does with the same model and batch.
 
 - learner step time, peak memory and its time split (forward, backward, optimizer) of SPO vs PPO
-  (with its value model) vs GRPO, each in a fresh process (CPU: peak resident memory over the
+  (with its value model) vs GRPO, alternately for `pairs` rounds (ratios round by round), each in a fresh process (CPU: peak resident memory over the
   steps above the process before any model loaded; CUDA: PyTorch's peak allocation);
 - achieved training FLOP/s of those steps against the device's measured matmul peak;
 - end-to-end samples/s of the local runtime, sync and async, and, with TRL installed, its
@@ -190,6 +190,12 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
             "split_s": {k.removeprefix("time/"): median([s[k] for s in split]) for k in split[0]}}
 
 
+def median_round(rounds: list[dict]) -> dict:
+    """A method's numbers from the round with its median step time, with the median peak memory."""
+    middle = sorted(rounds, key=lambda r: r["step_s"])[len(rounds) // 2]
+    return {**middle, "peak_mib": median(r["peak_mib"] for r in rounds), "rounds": len(rounds)}
+
+
 def forward_tokens(padded) -> int:
     """Tokens a forward pass over the batch runs: each distinct prompt once and every row's response
     when the prompts are shared (`logprobs.SharedPrompts`), else the whole padded batch."""
@@ -240,17 +246,21 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
         rows_file = root / "batch.json"
         rows_file.write_text(json.dumps(batch_rows(model_path, task, prompts, samples_per_prompt, max_new_tokens,
                                                    fixed=fixed, device=device), default=str))
-        out["learner"] = {}
-        for method in STEP_METHODS:
-            phase(f"learner step: {method}")
-            r = in_fresh_process("learner_step_from_file", method=method, model_path=model_path, rows_file=rows_file,
-                                 samples_per_prompt=samples_per_prompt, steps=timed_steps, device=device,
-                                 checkpointing=checkpointing)
-            out["learner"][method] = {**r, "of_peak": r["achieved_flops"] / out["matmul_peak_flops"]}
+        rounds: dict[str, list[dict]] = {m: [] for m in STEP_METHODS}
+        for k in range(pairs):  # the methods alternately, round by round, each step in a fresh process
+            for method in STEP_METHODS:
+                phase(f"learner step: {method} (round {k + 1} of {pairs})")
+                r = in_fresh_process("learner_step_from_file", method=method, model_path=model_path,
+                                     rows_file=rows_file, samples_per_prompt=samples_per_prompt, steps=timed_steps,
+                                     device=device, checkpointing=checkpointing)
+                rounds[method].append({**r, "of_peak": r["achieved_flops"] / out["matmul_peak_flops"]})
+            out["learner"] = {m: median_round(rs) for m, rs in rounds.items() if rs}
             on_progress(out)
-        spo, ppo = out["learner"]["spo"], out["learner"]["ppo"]
-        ratios.update(spo_over_ppo_time=spo["step_s"] / ppo["step_s"], spo_over_ppo_memory=spo["peak_mib"] / ppo["peak_mib"],
-                      learner_of_peak=spo["of_peak"])
+        by_round = {f"spo_over_ppo_{what}": [a[key] / b[key] for a, b in zip(rounds["spo"], rounds["ppo"])]
+                    for what, key in (("time", "step_s"), ("memory", "peak_mib"))}
+        out["learner_rounds"] = {**by_round, "step_s": {m: [r["step_s"] for r in rs] for m, rs in rounds.items()},
+                                 "peak_mib": {m: [r["peak_mib"] for r in rs] for m, rs in rounds.items()}}
+        ratios.update({k: median(v) for k, v in by_round.items()}, learner_of_peak=out["learner"]["spo"]["of_peak"])
     common = dict(task=task, prompts=prompts, samples_per_prompt=samples_per_prompt)
     grpo = {"data.objective": {"algorithm": "grpo"}, "sampling.max_new_tokens": max_new_tokens, "model.path": model_path,
             "sampling.ignore_eos": fixed, "optim.lr": lr, "beta": SPO_BETA, "model.device": device}
