@@ -26,7 +26,10 @@ from softrl.models.loading import built_once, cache_root, encode_response, quiet
 TASKS = ("countdown", "tinycode", "tinycode-loops")  # the tasks with a bootstrap recipe
 # tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell
 # from the statement, so the share of correct answers sets the success rate
-TASK_DEFAULTS = {"tinycode": dict(steps=300, batch_size=16, lr=3e-3, train_problems=1000, eval_problems=40, p_correct=0.8)}
+TASK_DEFAULTS = {"tinycode": dict(steps=300, batch_size=16, lr=3e-3, train_problems=1000, eval_problems=40, p_correct=0.8),
+                 # composing seen parts into held-out programs takes longer; 200 held-out problems, 10 samples
+                 "tinycode-loops": dict(steps=1500, batch_size=16, lr=3e-3, train_problems=2000, eval_problems=200,
+                                        eval_samples=10, p_correct=0.8)}
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,7 @@ def evaluate(model, tokenizer, config: BootstrapConfig, temperature: float = 1.0
     from softrl.eval.protocol import evaluate as run_protocol
     from softrl.rollout import RolloutSpec
 
-    task = make_task(config.task, config.eval_problems, 2_000_000 + config.seed)
+    task = make_task(config.task, config.eval_problems, 2_000_000 + config.seed)  # tinycode-loops: held out
     spec = RolloutSpec.for_model(task, model, tokenizer, task.max_new_tokens, source="eval")
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     return run_protocol(spec, task.prompts(), encode, config.eval_samples, temperature, top_p, config.seed)

@@ -15,7 +15,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the pa
 
 
 # the options both learning benchmarks take
-TASK_OPT = typer.Option("countdown", help="built-in task: countdown or tinycode")
+TASK_OPT = typer.Option("countdown", help="built-in task: countdown, tinycode or tinycode-loops")
 SEEDS_OPT = typer.Option(3, min=1, help="seeds 0..N-1")
 LR_OPT = typer.Option(1e-4, min=0.0, help="learning rate of every method")
 PROMPTS_OPT = typer.Option(16, min=1, help="prompts per step (x samples per prompt = the batch)")
@@ -307,8 +307,8 @@ def systems(
     max_new_tokens: int = typer.Option(24, min=1, help="generation length"),
     fixed_work: bool = typer.Option(True, "--fixed-work/--eos", help="every sample max_new_tokens long (EOS never "
                                     "drawn) on both sides, or samples end at EOS"),
-    pairs: int = typer.Option(3, min=1, help="rounds of the learner steps (SPO, PPO, GRPO) and of softrl sync, async, TRL, each "
-                       "run alternately")),
+    pairs: int = typer.Option(3, min=1, help="rounds of the learner steps (SPO, PPO, GRPO) and of softrl sync, "
+                              "async, TRL, each run alternately"),
     lr: float = typer.Option(1e-4, min=0.0, help="learning rate of both sides"),
     device: str = DEVICE_OPT,
     checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="learner steps with activation "
