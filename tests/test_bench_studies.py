@@ -201,7 +201,7 @@ def test_code_study_arms_generate_the_same_samples(tmp_path):
     assert by_arm["spo-human"].data.offline_sources == ["human"] and by_arm["spo-half"].data.offline_sources == [
         "reference"]
     assert by_arm["cispo-half"].data.mix == by_arm["spo-half"].data.mix == {"online": 0.5, "offline": 0.5}
-    assert len({c.run_dir for c in tuning}) == len(tuning) and len({c.data.store for c in tuning}) == 1
+    assert len({c.run_dir for c in tuning}) == len({c.data.store for c in tuning}) == len(tuning)  # own stores
 
 
 def test_claim_with_a_margin_holds_only_beyond_it():
@@ -214,8 +214,10 @@ def test_claim_with_a_margin_holds_only_beyond_it():
 
 def test_bench_study_code_quick(tiny, tmp_path):
     """--quick end to end on a tiny model: every arm tuned over two learning rates, then two report seeds;
-    the report keeps the study's form (a reference row, pass@1 and pass@10, the claims) and the
-    known solutions joined the store once, as source "human"."""
+    the report keeps the study's form (a reference row, pass@1 and pass@10, the claims); the known
+    solutions joined the pool once, as source "human"; the kept outcomes alone rebuild the report."""
+    import shutil
+
     base = tmp_path / "base.yaml"
     base.write_text(f"model:\n  path: {tiny[0]}\nsampling:\n  max_new_tokens: 8\n")
     report = tmp_path / "report"
@@ -231,9 +233,12 @@ def test_bench_study_code_quick(tiny, tmp_path):
     table = (report / "study-code.md").read_text()
     assert "| reference (step 0) |" in table and "pass@10" in table and "Learning rates" in table
     assert "| SPO | learning from the known solutions raises pass@1" in table
-    store = ExperienceStore(tmp_path / "runs/tinycode-loops/store")
-    human = store.trajectories(source="human").to_pylist()
-    assert human and all(r["passed"] for r in human)
-    again = CliRunner().invoke(app, args)  # every run finished: nothing retrained, the same report
-    assert again.exit_code == 0 and json.loads((report / "study-code.json").read_text())["runs"] == data["runs"]
-    assert len(ExperienceStore(tmp_path / "runs/tinycode-loops/store").trajectories(source="human")) == len(human)
+    pool = ExperienceStore(tmp_path / "runs/tinycode-loops/pool")
+    human = pool.trajectories(source="human").to_pylist()
+    assert human and all(r["passed"] for r in human) and len({r["prompt_id"] for r in human}) == 6
+    assert pool.trajectories(source="online", columns=["id"]).num_rows == 0  # runs train on copies of it
+    shutil.rmtree(tmp_path / "runs")  # another machine: only the kept outcomes
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert json.loads((report / "study-code.json").read_text())["runs"] == data["runs"]
+    assert not (tmp_path / "runs/tinycode-loops/code").exists()  # nothing retrained

@@ -162,6 +162,9 @@ def study(
     eval_every: int = typer.Option(None, min=1, help="learner steps between evaluations; default: the study's"),
     toy: bool = typer.Option(True, "--toy/--no-toy", help="agro: the tabular sweep first"),
     quick: bool = typer.Option(False, "--quick", help="code: a few steps on a few problems (a smoke test, no result)"),
+    jobs: int = typer.Option(1, min=1, help="code: runs at once, each with its share of the CPU threads"),
+    kept: Path = typer.Option(None, help="code: the finished runs' outcomes, one JSON line each (default: "
+                              "REPORT/study-code-runs.jsonl); a kept run is never retrained"),
     base: Path = typer.Option(None, help="YAML of run settings under every run's (model, task options, ...)"),
     runs: Path = typer.Option(Path("runs/studies"), help="where the runs and their stores go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/studies/report"), help="where the tables, JSON and PNGs go"),
@@ -177,7 +180,7 @@ def study(
         return _grow(seeds or 3, steps or 120, later_steps, lr or 2e-4, rows or 32, eval_size or 80, eval_every or 20,
                      base, runs, report)
     if name == "code":
-        return _code(quick, seeds, steps, eval_size, eval_every, base, runs, report)
+        return _code(quick, seeds, steps, eval_size, eval_every, jobs, kept, base, runs, report)
     if name not in STUDIES:
         fail(f"unknown study {name!r} (use {', '.join(STUDIES)}, grow)")
     s = STUDIES[name]
@@ -212,10 +215,11 @@ def study(
 
 
 def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | None, eval_every: int | None,
-          base: Path | None, runs: Path, report: Path) -> None:
+          jobs: int, kept: Path | None, base: Path | None, runs: Path, report: Path) -> None:
     """SPO vs PPO vs GRPO on tinycode-loops: every arm's learning rate tuned, then the report seeds."""
     from softrl.bench import code_study as cs
-    from softrl.bench.learning import aggregate, run_all
+    from softrl.bench import frontier as fr
+    from softrl.bench.learning import aggregate
     from softrl.bench.report import code_markdown, plot_learning
     from softrl.config import ConfigError, read_settings
 
@@ -223,24 +227,32 @@ def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | No
         extra = read_settings(base) if base is not None else None
         given = {k: v for k, v in (("seeds", seeds), ("steps", steps), ("eval_size", eval_size),
                                    ("eval_every", eval_every)) if v is not None}
-        s = cs.Settings(runs, **{**(cs.QUICK if quick else {}), **given}, extra=extra)
+        s = cs.Settings(runs, **{**(cs.QUICK if quick else {}), **given}, extra=extra,
+                        kept=kept or report / "study-code-runs.jsonl")
         tuning = cs.tuning_plan(s, list(cs.ARMS))
     except (ValueError, ConfigError) as e:
         fail(str(e))
     with progress_bar("setup") as update, one_line_errors():
         def stage(configs, what):
-            update(0, total=len(configs) * s.steps)
-            try:
-                run_all(configs, lambda i, config, record: update(
-                    i * s.steps + record["step"], description=f"{what}: {config.name} ({i + 1}/{len(configs)})"),
-                    before=lambda config: cs.add_known_solutions(config) if config.data.mix.keys() - {"online"} else None)
-            except ValueError as e:  # a finished run with other settings
-                fail(str(e))
+            configs = fr.pending(s, configs)
+            if not configs:
+                return
+            counts = cs.prepare_pool(s, log=lambda m: update(0, description=m))
+            err.print(f"pool: {', '.join(f'{n} {k}' for k, n in counts.items())} rows")
+            done = [0]
+            update(0, total=len(configs), description=f"{what} ({jobs} at once)")
+
+            def finished(config) -> None:
+                done[0] += 1
+                update(done[0], description=f"{what}: {config.name} done")
+
+            fr.run(configs, s, jobs=jobs, on_step=lambda i, c, r: update(
+                i, description=f"{what}: {c.name} step {r['step']}/{s.steps}"), on_done=finished)
 
         stage(tuning, "tuning")
         chosen = cs.tuned_lrs(s, list(cs.ARMS))
         stage(cs.report_plan(s, chosen), "report seeds")
-    by_arm = cs.collect(s, chosen)
+        by_arm = cs.collect(s, chosen)
     agg, claims = aggregate(by_arm), cs.check_claims(by_arm)
     table = code_markdown(agg, claims, s.seeds, chosen, cs.reference_card(tuning[0]))
     _write(report, "study-code", table, {"study": "code: tinycode-loops", "settings": {

@@ -9,16 +9,20 @@ batch is twice that, its other half from the store):
 - cispo-half: the best off-policy baseline of `bench frontier` (highest pass@1 at lag 1), on spo-half's data.
 
 Each arm's learning rate is tuned on a tuning seed (the best final pass@1 over `lrs`) and reported on
-seeds 0..N-1. All runs share one store: the reference's samples (Q0) and the known solutions as rows of
-source "human", added once; online rows never feed another run (offline draws name their sources).
+seeds 0..N-1. The study's pool (a store with the training prompts' Q0 from the reference's samples,
+and the known solutions as rows of source "human") is made once; every run trains on its own copy of
+it (`bench.frontier.run`: several at once with `jobs`), and its outcome with every evaluation is kept
+as one JSON line in `kept` (`bench.frontier_runs`), so a study resumes on any machine from that file.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from softrl.bench.frontier_runs import outcome
 from softrl.bench.learning import base_overrides, final, judged, slug
 from softrl.config import RunConfig, config_from
 
@@ -58,22 +62,28 @@ class Settings:
     eval_samples: int = 10
     task_size: int = 300
     extra: dict | None = None
+    kept: Path | None = None  # the finished runs' outcomes, one JSON line each
 
     @property
     def where(self) -> Path:
         return self.root / slug(TASK)
+
+    @property
+    def pool(self) -> Path:
+        return self.where / "pool"
 
 
 QUICK = dict(steps=1, lrs=(1e-4, 1e-3), seeds=2, eval_size=2, eval_every=1, eval_samples=10, task_size=6)
 
 
 def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
-    """One run, RUNS/tinycode-loops/code/ARM-lrLR-sSEED, in the study's shared store."""
+    """One run, RUNS/tinycode-loops/code/ARM-lrLR-sSEED, on its own copy of the pool beside it."""
     a = ARMS[arm]
     overrides = base_overrides(TASK, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size, s.eval_every,
                                s.eval_samples, s.extra)
     overrides.update({
-        "name": f"{arm}-lr{lr:g}-s{seed}", "out_dir": str(s.where / "code"), "data.store": str(s.where / "store"),
+        "name": (name := f"{arm}-lr{lr:g}-s{seed}"), "out_dir": str(s.where / "code"),
+        "data.store": str(s.where / "code-stores" / name),
         "task.size": s.task_size, "data.mix": a.mix, "data.objective": a.objective,
         "data.offline_sources": list(a.sources),
     })
@@ -85,17 +95,17 @@ def tuning_plan(s: Settings, arms: list[str]) -> list[RunConfig]:
     return [run_config(s, arm, lr, TUNE_SEED) for arm in arms for lr in s.lrs]
 
 
-def curve(config: RunConfig) -> list[dict] | None:
-    from softrl.bench.learning import curves
-
-    return curves(config.run_dir) if (config.run_dir / "summary.json").is_file() else None
+def curve(s: Settings, config: RunConfig) -> list[dict] | None:
+    """A finished run's evaluations (from its folder or the kept outcomes); None before it finished."""
+    found = outcome(s.kept, config)
+    return found["evals"] if found else None
 
 
 def tuned_lrs(s: Settings, arms: list[str]) -> dict[str, dict]:
     """arm -> {lr: the best final pass@1 on the tuning seed (the lower lr on a tie), grid: lr -> pass@1}."""
     out = {}
     for arm in arms:
-        grid = {lr: c[-1]["pass@1"] for lr in s.lrs if (c := curve(run_config(s, arm, lr, TUNE_SEED)))}
+        grid = {lr: c[-1]["pass@1"] for lr in s.lrs if (c := curve(s, run_config(s, arm, lr, TUNE_SEED)))}
         if len(grid) == len(s.lrs):
             out[arm] = {"lr": max(sorted(grid), key=lambda lr: grid[lr]), "grid": grid}
     return out
@@ -111,7 +121,7 @@ def collect(s: Settings, chosen: dict[str, dict]) -> dict[str, dict[int, list[di
     out: dict[str, dict[int, list[dict]]] = {}
     for arm, c in chosen.items():
         for seed in range(s.seeds):
-            found = curve(run_config(s, arm, c["lr"], seed))
+            found = curve(s, run_config(s, arm, c["lr"], seed))
             if found:
                 out.setdefault(arm, {})[seed] = found
     return out
@@ -148,23 +158,31 @@ def check_claims(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
             for text, a, b, compared, key, expected, margin in CLAIMS]
 
 
-def add_known_solutions(config: RunConfig) -> int:
-    """The task's known solutions of the training prompts as rows of source "human" in the study's store,
-    once (a marker beside the store); returns how many the store has."""
-    from softrl.assemble import load_tasks
+def prepare_pool(s: Settings, log=lambda m: None) -> dict:
+    """The store every run copies, once (a marker `pool.json` when whole): the training prompts with Q0
+    from the reference's samples, and the known solutions of those prompts as source "human" (each
+    checked against its tests). Returns rows per source."""
+    from softrl.assemble import Run, load_tasks
     from softrl.data import ExperienceStore
     from softrl.data.io import task_solutions
 
-    marker = Path(config.data.store).parent / "human.json"
+    marker = s.pool / "pool.json"
     if marker.is_file():
-        return json.loads(marker.read_text())["rows"]
-    rows = task_solutions(load_tasks(config)[0], "human")
-    wrong = [r for r in rows if not r.passed]
+        return json.loads(marker.read_text())
+    shutil.rmtree(s.pool, ignore_errors=True)  # one half made when killed
+    first = run_config(s, "spo-online", s.lrs[0], TUNE_SEED)
+    config = first.model_copy(update={"data": first.data.model_copy(update={"store": str(s.pool)})})
+    log("pool: Q0 of the training prompts from the reference's samples")
+    Run(config).q0()
+    human = task_solutions(load_tasks(config)[0], "human")
+    wrong = [r for r in human if not r.passed]
     if wrong:
-        raise ValueError(f"{TASK}: known solution of prompt {wrong[0].prompt_id} fails its own tests")
-    ExperienceStore(config.data.store).append(rows)
-    marker.write_text(json.dumps({"rows": len(rows)}))
-    return len(rows)
+        raise ValueError(f"{TASK}: a known solution of prompt {wrong[0].prompt_id} fails its own tests")
+    store = ExperienceStore(s.pool)
+    store.append(human)
+    counts = {"reference": len(store.trajectories(source="reference", columns=["id"])), "human": len(human)}
+    marker.write_text(json.dumps(counts))
+    return counts
 
 
 def reference_card(config: RunConfig) -> dict:

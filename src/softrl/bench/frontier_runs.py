@@ -14,7 +14,7 @@ import math
 import statistics
 from pathlib import Path
 
-from softrl.bench.learning import difference, settings_of
+from softrl.bench.learning import curves, difference, settings_of
 from softrl.config import ConfigError, RunConfig
 
 EVAL_SAMPLES = 20  # per held-out prompt: pass@k for k = 1..20
@@ -49,6 +49,7 @@ def measured(config: RunConfig) -> dict | None:
         "pass@1": last["eval/pass@1"], "pass@10": last.get("eval/pass@10"), "kl": last.get("eval/kl_to_reference"),
         "distinct": last.get("eval/distinct_correct_per_solved"), "samples": last["samples"],
         "curve": [(r["step"], r["eval/pass@1"], r.get("eval/kl_to_reference")) for r in evals],
+        "evals": curves(config.run_dir),  # every evaluation's numbers, for reports drawn over training
         "lag": ({"mean": statistics.fmean(lags), "p10": lags[len(lags) // 10], "median": lags[len(lags) // 2],
                  "max": lags[-1]} if lags else None),
         "clipped_or_masked": mean([sum(v for k, v in r.items() if k.endswith(("clipped_fraction", "masked_fraction")))
