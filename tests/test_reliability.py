@@ -534,6 +534,19 @@ def wait_for(path: Path, proc: subprocess.Popen, what: str, timeout: float = 300
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("delay", [0.05, 0.3, 1.0])
+def test_ctrl_c_while_the_command_line_loads_is_one_line(delay):
+    """Ctrl-C before the command runs (typer, rich, torch still importing, a second or more) ends with one
+    line and status 130, never a traceback; after that the command's own handling takes over."""
+    proc = subprocess.Popen([SOFTRL, "data", "stats", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err, err[-2000:]
+    assert proc.returncode == 130 and err.strip() == "interrupted" or proc.returncode == 0 and "Usage" in out, err
+
+
 @pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["sigterm", "ctrl-c-twice"])
 def test_a_signal_stops_the_run_in_one_line_and_resume_continues(tmp_path, tiny, signals):
     """SIGTERM stops after the step in progress, with a checkpoint of it; a second Ctrl-C stops at

@@ -1,3 +1,3 @@
-from softrl.cli import entry
+from softrl.command import main
 
-entry()
+main()
