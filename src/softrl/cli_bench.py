@@ -237,7 +237,8 @@ def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | No
             configs = fr.pending(s, configs)
             if not configs:
                 return
-            counts = cs.prepare_pool(s, log=lambda m: update(0, description=m))
+            counts = cs.prepare_pool(s, progress=lambda done, total: update(
+                done, total=total, description="pool: Q0 of the training prompts from the reference's samples"))
             err.print(f"pool: {', '.join(f'{n} {k}' for k, n in counts.items())} rows")
             done = [0]
             update(0, total=len(configs), description=f"{what} ({jobs} at once)")

@@ -158,10 +158,11 @@ def check_claims(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
             for text, a, b, compared, key, expected, margin in CLAIMS]
 
 
-def prepare_pool(s: Settings, log=lambda m: None) -> dict:
+def prepare_pool(s: Settings, progress=None) -> dict:
     """The store every run copies, once (a marker `pool.json` when whole): the training prompts with Q0
     from the reference's samples, and the known solutions of those prompts as source "human" (each
-    checked against its tests). Returns rows per source."""
+    checked against its tests), `progress(done, prompts)` while the reference samples. Returns rows per
+    source."""
     from softrl.assemble import Run, load_tasks
     from softrl.data import ExperienceStore
     from softrl.data.io import task_solutions
@@ -172,8 +173,7 @@ def prepare_pool(s: Settings, log=lambda m: None) -> dict:
     shutil.rmtree(s.pool, ignore_errors=True)  # one half made when killed
     first = run_config(s, "spo-online", s.lrs[0], TUNE_SEED)
     config = first.model_copy(update={"data": first.data.model_copy(update={"store": str(s.pool)})})
-    log("pool: Q0 of the training prompts from the reference's samples")
-    Run(config).q0()
+    Run(config).q0(progress=progress)
     human = task_solutions(load_tasks(config)[0], "human")
     wrong = [r for r in human if not r.passed]
     if wrong:
