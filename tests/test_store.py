@@ -347,3 +347,22 @@ def test_group_sampler_and_replay(tmp_path):
     store = ExperienceStore(tmp_path)  # SPO's offline set: passed only
     store.append([full_trajectory(response_tokens=[i], passed=i % 3 == 0) for i in range(9)])
     assert len(TrajectoryPool(store.trajectories(passed=True))) == 3
+
+
+def test_batched_appender_commits_every_nth_call_and_on_flush():
+    from softrl.data.batched import BatchedAppender
+
+    class Counting:
+        def __init__(self):
+            self.calls = []
+
+        def append(self, rows):
+            self.calls.append(list(rows))
+            return len(self.calls[-1])
+
+    store = Counting()
+    batched = BatchedAppender(store, every=3)
+    assert [batched.append([i]) for i in range(7)] == [0, 0, 3, 0, 0, 3, 0] and store.calls == [[0, 1, 2], [3, 4, 5]]
+    assert batched.flush() == 1 and batched.flush() == 0 and store.calls[-1] == [6] and batched.commits == 3
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        BatchedAppender(store, every=0)

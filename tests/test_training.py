@@ -140,6 +140,27 @@ def test_local_runtime_runs_and_logs(tiny, tmp_path, mode):
     assert max(r.get("staleness/max", 0) for r in records) <= (3 if mode == "async" else 1)
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_online_rows_reach_the_store_in_a_commit_every_ten_steps(tiny, tmp_path, mode):
+    """A run makes about steps / 10 commits of its online rows, not one per step, and no row is lost:
+    every step's samples are in the store when the run ends (async: those sampled ahead too)."""
+    from softrl.assemble import Run
+    from softrl.runtime.local import train
+
+    seed_store(tmp_path)
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
+        "runtime.mode": mode, "optim.steps": 20, "log.checkpoint_every": 20, "eval.samples": 1}))
+    Run(config).q0()  # its commit before the run's
+    store = ExperienceStore(tmp_path / "store")
+    before = store.snapshot().versions["trajectories"]
+    train(config, log=lambda m: None)
+    commits = store.snapshot().versions["trajectories"] - before
+    online = store.trajectories(source="online", run_id="run")
+    assert commits == (2 if mode == "sync" else 3) and 20 * 4 <= online.num_rows <= 22 * 4
+    if mode == "sync":  # one batch per policy version, each stored
+        assert sorted(online["policy_version"].to_pylist()) == [v for v in range(20) for _ in range(4)]
+
+
 def test_the_training_clock_ends_each_step_after_its_learner_step(tiny, tmp_path, monkeypatch):
     """A step's logged time (and so samples/s, the run's seconds) includes its own learner step: with a
     learner step of at least 0.3 s, step k's time is at least 0.3 k."""

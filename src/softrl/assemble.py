@@ -14,6 +14,7 @@ from pathlib import Path
 import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
 from softrl.data import ExperienceStore
+from softrl.data.batched import BatchedAppender
 from softrl.models.device import Placement
 from softrl.models.loading import encode_prompt, encode_response, load_causal_lm, model_positions
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
@@ -174,6 +175,7 @@ class Run:
             if self.value is not None:
                 self.value.checkpoint_activations()
         self.store = ExperienceStore(config.data.store) if rank == 0 else None
+        self.online_rows = BatchedAppender(self.store) if rank == 0 else None  # commits every few steps
         self.generators: dict[int, object] = {}  # id(model) -> its generator (`Run.generator`)
         self.learner = Learner(self.policy, self.reference, config, self.value, self.placement, rank,
                                config.runtime.learners)
@@ -195,7 +197,8 @@ class Run:
         return rollout_spec(self.config, task or self.train_task, model, self.tokenizer, source, self.generator(model))
 
     def worker(self, model) -> RolloutWorker:
-        return rollout_worker(self.config, self.train_task, model, self.tokenizer, self.store, self.generator(model))
+        return rollout_worker(self.config, self.train_task, model, self.tokenizer, self.online_rows,
+                              self.generator(model))
 
     def q0(self, progress=None, log=None) -> dict[str, float]:
         """Q0 of every training prompt at the run's beta (sampled from the reference now where the

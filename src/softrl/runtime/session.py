@@ -6,6 +6,7 @@ talk."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -128,6 +129,7 @@ class Session:
         p = self.progress
         if self.checkpointed == p.step or not p.step:
             return
+        self.run.online_rows.flush()  # the store has every row the checkpoint's steps sampled
         self.runlog.checkpoint(p.step, self.run.policy.model, {
             "learner": self.run.learner.state_dict(), "progress": vars(p),
             "rng": {**self.feed.state_dict(), "torch": torch.get_rng_state()}})
@@ -147,5 +149,14 @@ class Session:
         return summary
 
     def close(self) -> None:
-        """Release the run directory (also when the run failed or was stopped)."""
-        self.lock.release()
+        """Commit the online rows kept so far and release the run directory (also when the run failed or
+        was stopped; a store that fails again then is left to the error already raised)."""
+        in_flight = sys.exc_info()[1]  # close() from a `finally` or `except` of a failure
+        try:
+            if getattr(self, "run", None) is not None and self.run.online_rows is not None:
+                self.run.online_rows.flush()
+        except Exception:
+            if in_flight is None:
+                raise
+        finally:
+            self.lock.release()
