@@ -241,6 +241,10 @@ def _drop_tests(records):
         records[1].pop(key)
 
 
+def _number_as_solution(records):
+    records[1]["solutions"]["solution"][0] = 5
+
+
 def _malform(records):
     records[1] = '{"name": "1000_B. Column sums", "description": '
 
@@ -250,6 +254,7 @@ def _malform(records):
                       r"\(wrong_answer on test 1\)"),
     (_drop_tests, r"problems.jsonl:2: record '1000_B. Column sums': field 'public_tests' is missing"),
     (_malform, r"problems.jsonl:2: .*JSON"),
+    (_number_as_solution, r"problems.jsonl:2: problem '1000_B. Column sums': known solution 1 is a int, not a program"),
 ])
 def test_bad_problem_file_is_one_line_naming_the_problem(tmp_path, edit, message):
     from softrl.tasks.records import RecordError

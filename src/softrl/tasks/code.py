@@ -214,6 +214,10 @@ class CodeTask(Task):
             except (TypeError, AttributeError, KeyError, SyntaxError) as e:  # a shape no field check named
                 raise RecordError(f"{where}: not a {kind} record ({type(e).__name__}: {e})") from e
             problems[-1].where = where
+            bad = next((i for i, text in enumerate(problems[-1].solutions) if not isinstance(text, str)), None)
+            if bad is not None:
+                raise RecordError(f"{where}: problem {problems[-1].id!r}: known solution {bad + 1} is a "
+                                  f"{type(problems[-1].solutions[bad]).__name__}, not a program's text")
             if limit and len(problems) >= limit:
                 break
         task = cls(problems, name=kind, **kw)
