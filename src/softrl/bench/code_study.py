@@ -6,7 +6,8 @@ batch is twice that, its other half from the store):
 - spo-online; spo-half (the other half: the reference's passed samples); spo-human (the other half: the
   problems' known, human-written solutions);
 - ppo and grpo, online;
-- cispo-half: the best off-policy baseline of `bench frontier` (highest pass@1 at lag 1), on spo-half's data.
+- cispo-half: of the off-policy baselines (GRPO with TIS, CISPO, TOPR) the one with the best pass@1 at lag 1
+  in `bench frontier`, on spo-half's data.
 
 Each arm's learning rate is tuned on a tuning seed (the best final pass@1 over `lrs`) and reported on
 seeds 0..N-1. The study's pool (a store with the training prompts' Q0 from the reference's samples,
