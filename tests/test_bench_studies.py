@@ -194,7 +194,9 @@ def test_code_study_arms_generate_the_same_samples(tmp_path):
     s = cs.Settings(tmp_path)
     tuning = cs.tuning_plan(s, list(cs.ARMS))
     assert len(tuning) == len(cs.ARMS) * len(s.lrs) and {c.seed for c in tuning} == {cs.TUNE_SEED}
-    assert {c.task.name for c in tuning} == {"tinycode-loops"} and {c.model.path for c in tuning} == {"bootstrap"}
+    assert {c.task.name for c in tuning} == {"tinycode-loops"}
+    # the reference by its recipe's folder, so that outcomes kept from another recipe's are refused
+    assert {c.model.path for c in tuning} == {str(cs.reference_dir())} and "tinycode-loops-s0-" in tuning[0].model.path
     generated = {c.sampling.prompts_per_step * c.sampling.samples_per_prompt for c in tuning}
     assert generated == {s.prompts * s.samples_per_prompt}  # equal generation; the half arms' batches are larger
     by_arm = {c.name.split("-lr")[0]: c for c in tuning}
@@ -242,3 +244,7 @@ def test_bench_study_code_quick(tiny, tmp_path):
     assert again.exit_code == 0, again.output
     assert json.loads((report / "study-code.json").read_text())["runs"] == data["runs"]
     assert not (tmp_path / "runs/tinycode-loops/code").exists()  # nothing retrained
+    other = tmp_path / "other.yaml"  # another Q0 budget: the kept runs and the pool are refused, in one line
+    other.write_text(base.read_text() + "q0:\n  k: 3\n")
+    refused = CliRunner().invoke(app, [*args[:4], "--base", str(other), *args[6:]])
+    assert refused.exit_code == 2 and "q0.k" in refused.output and "Traceback" not in refused.output

@@ -544,7 +544,10 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line(delay):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert "Traceback" not in err, err[-2000:]
-    assert proc.returncode == 130 and err.strip() == "interrupted" or proc.returncode == 0 and "Usage" in out, err
+    # while importing: "interrupted", 130; before Python's own handler is in place: killed by the signal;
+    # once the command runs: typer's silent 130; after it: done
+    assert (proc.returncode == 130 and err.strip() in ("interrupted", "")) or proc.returncode == -signal.SIGINT \
+        or (proc.returncode == 0 and "Usage" in out), (proc.returncode, err)
 
 
 @pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["sigterm", "ctrl-c-twice"])

@@ -61,7 +61,8 @@ def task_fingerprint(task: str):
         from softrl.tasks.loopcode import MUTATIONS, REDUCERS, combination_name, combinations, programs, split_of
 
         return [[combination_name(*c), split_of(combination_name(*c)), c[0].phrase, c[1].phrase, REDUCERS[c[2]],
-                 *programs(c[0].code, c[1].code, c[2])] for c in combinations()] + [list(MUTATIONS)]
+                 list(c[0].constants), list(c[1].constants), *programs(c[0].code, c[1].code, c[2])]
+                for c in combinations()] + [list(MUTATIONS)]
     if task == "tinycode":
         from softrl.tasks.tinycode import FAMILIES
 

@@ -303,9 +303,6 @@ def entry() -> None:
         return
     try:
         command(args, prog_name="softrl")
-    except KeyboardInterrupt:  # where the command's own handling (runs stop cleanly) did not take it
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
     except Exception as e:  # noqa: BLE001 - the boundary: one line, the traceback behind --debug
         typer.echo(f"error: {one_line(e)} (--debug shows where)", err=True)
         sys.exit(1)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from softrl.bench.frontier_runs import outcome
-from softrl.bench.learning import base_overrides, final, judged, slug
-from softrl.config import RunConfig, config_from
+from softrl.bench.learning import base_overrides, final, judged, settings_of, slug
+from softrl.config import ConfigError, RunConfig, config_from
 
 TASK = "tinycode-loops"
 TUNE_SEED = 100
@@ -74,7 +74,17 @@ class Settings:
         return self.where / "pool"
 
 
+# what the pool's rows depend on: a pool made with other values is refused, not silently reused
+POOL_KEYS = ("model.path", "task.name", "task.size", "task.seed", "task.options", "q0.k", "beta", "seed")
 QUICK = dict(steps=1, lrs=(1e-4, 1e-3), seeds=2, eval_size=2, eval_every=1, eval_samples=10, task_size=6)
+
+
+def reference_dir() -> Path:
+    """The bootstrap reference's folder, named by its recipe's key (built by `prepare_pool` if missing): a
+    run names it rather than "bootstrap", so outcomes kept from another recipe's reference are refused."""
+    from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig, bootstrap_dir
+
+    return bootstrap_dir(BootstrapConfig(task=TASK, **TASK_DEFAULTS[TASK]))
 
 
 def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
@@ -83,6 +93,7 @@ def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
     overrides = base_overrides(TASK, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size, s.eval_every,
                                s.eval_samples, s.extra)
     overrides.update({
+        "model.path": str(reference_dir()),
         "name": (name := f"{arm}-lr{lr:g}-s{seed}"), "out_dir": str(s.where / "code"),
         "data.store": str(s.where / "code-stores" / name),
         "task.size": s.task_size, "data.mix": a.mix, "data.objective": a.objective,
@@ -168,11 +179,22 @@ def prepare_pool(s: Settings, progress=None) -> dict:
     from softrl.data import ExperienceStore
     from softrl.data.io import task_solutions
 
+    first = run_config(s, "spo-online", s.lrs[0], TUNE_SEED)
+    made_with = {k: v for k, v in settings_of(first).items() if k in POOL_KEYS}
     marker = s.pool / "pool.json"
     if marker.is_file():
-        return json.loads(marker.read_text())
+        found = json.loads(marker.read_text())
+        differs = next((k for k in POOL_KEYS if found.get("settings", {}).get(k) != made_with.get(k)), None)
+        if differs:
+            raise ConfigError(f"{s.pool}: the pool was made with {differs}={found.get('settings', {}).get(differs)!r}, "
+                              f"this study asks {made_with.get(differs)!r}: use another --runs directory, or delete "
+                              "the pool")
+        return found["rows"]
     shutil.rmtree(s.pool, ignore_errors=True)  # one half made when killed
-    first = run_config(s, "spo-online", s.lrs[0], TUNE_SEED)
+    if first.model.path == str(reference_dir()):
+        from softrl.bootstrap import bootstrap
+
+        bootstrap(TASK)
     config = first.model_copy(update={"data": first.data.model_copy(update={"store": str(s.pool)})})
     Run(config).q0(progress=progress)
     human = task_solutions(load_tasks(config)[0], "human")
@@ -182,7 +204,7 @@ def prepare_pool(s: Settings, progress=None) -> dict:
     store = ExperienceStore(s.pool)
     store.append(human)
     counts = {"reference": len(store.trajectories(source="reference", columns=["id"])), "human": len(human)}
-    marker.write_text(json.dumps(counts))
+    marker.write_text(json.dumps({"rows": counts, "settings": made_with}))
     return counts
 
 

@@ -14,7 +14,7 @@ import math
 import statistics
 from pathlib import Path
 
-from softrl.bench.learning import curves, difference, settings_of
+from softrl.bench.learning import check_same_settings, curves, difference, settings_of
 from softrl.config import ConfigError, RunConfig
 
 EVAL_SAMPLES = 20  # per held-out prompt: pass@k for k = 1..20
@@ -38,6 +38,10 @@ def measured(config: RunConfig) -> dict | None:
     the run has not finished."""
     if not (config.run_dir / "summary.json").is_file():
         return None
+    try:  # a folder finished with other settings (another preset, another grid) is not this run
+        check_same_settings(config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     log = records(config.run_dir)
     evals = [r for r in log if "eval/pass@1" in r]
     last = evals[-1]

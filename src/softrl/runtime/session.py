@@ -138,6 +138,7 @@ class Session:
     def finish(self) -> dict:
         """The evaluation after training, the final weights, plots and summary.json."""
         p = self.progress
+        self.run.online_rows.flush()  # here a failing store is the run's error, whatever called it
         after = self.evaluated({"step": p.step, "samples": p.samples, "time": round(p.seconds, 2)})
         self.runlog.write(after)
         final = self.runlog.run_dir / "final"

@@ -7,6 +7,7 @@ import ast
 import hashlib
 import importlib.util
 import json
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field as dc_field
@@ -76,7 +77,8 @@ SOLUTION_CHECKS = ("all", "none")
 def check_known_solutions(problems: list[CodeProblem], sandbox: Sandbox) -> None:
     """Every known solution must pass its own problem's tests: a RecordError naming the record, the
     problem and the solution otherwise (offline "human" data that fails would teach wrong programs).
-    A set of problems that passed is remembered (by content) under the cache, so a file is run once."""
+    A set of problems that passed is remembered (by its problems and where they came from) under the cache,
+    so a file is run once."""
     from softrl.models.loading import cache_root
 
     digest = hashlib.sha256(json.dumps([asdict(p) for p in problems], sort_keys=True, default=str).encode())
@@ -84,7 +86,7 @@ def check_known_solutions(problems: list[CodeProblem], sandbox: Sandbox) -> None
     if marker.is_file():
         return
     pairs = [(p, i, s) for p in problems for i, s in enumerate(p.solutions)]
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # more at once would time out correct solutions
         grades = list(pool.map(lambda pair: run_problem(sandbox, pair[0], pair[2]), pairs))
     for (problem, i, _), grade in zip(pairs, grades):
         if not grade.passed:

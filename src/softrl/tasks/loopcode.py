@@ -35,8 +35,9 @@ FILTERS = (
     Part("odd", "Take those that are odd.", "x % 2 == 1"),
     Part("positive", "Take those that are positive.", "x > 0"),
     Part("negative", "Take those that are negative.", "x < 0"),
-    Part("above", "Take those greater than {k}.", "x > {k}", tuple(range(-5, 10))),
-    Part("below", "Take those less than {k}.", "x < {k}", tuple(range(-5, 10))),
+    # not 0: "greater than 0" is `positive`'s very program, perhaps a held-out combination's
+    Part("above", "Take those greater than {k}.", "x > {k}", tuple(k for k in range(-5, 10) if k)),
+    Part("below", "Take those less than {k}.", "x < {k}", tuple(k for k in range(-5, 10) if k)),
     Part("multiple", "Take those divisible by {k}.", "x % {k} == 0", (3, 4, 5)),
 )
 MAPS = (
@@ -133,12 +134,11 @@ class LoopCodeTask(GeneratedCodeTask):
                        "constants": (k_filter, k_map)})
 
 
-# one-edit slips: a bound off by one, a flipped test, a wrong operation or accumulation. None turns one
-# part into another (max into min, odd into even, a reversal lost): that would be another combination's
-# program, perhaps a held-out one
-MUTATIONS = ((" > ", " >= "), (" < ", " <= "), ("== 0", "!= 0"), ("x * x", "x + x"), (" + ", " - "), ("t += ", "t = "),
-             ("c += 1", "c += x"), ("print(*r)", "print(r)"), ("print(*vs)", "print(vs)"), ("m = v", "m = x"),
-             ("else 'NONE'", "else 0"))
+# one-edit slips: a bound off by one, a wrong operation or accumulation. None turns one part into
+# another, in text or in meaning (max into min, even into odd, square into double, count into sum, a
+# reversal lost): that would teach another combination's program, perhaps a held-out one
+MUTATIONS = ((" > ", " >= "), (" < ", " <= "), (" + ", " - "), ("t += ", "t = "), ("print(*r)", "print(r)"),
+             ("print(*vs)", "print(vs)"), ("m = v", "m = x"), ("else 'NONE'", "else 0"))
 
 
 def plausible_wrong(prompt: Prompt) -> list[str]:
