@@ -129,7 +129,7 @@ class Session:
         p = self.progress
         if self.checkpointed == p.step or not p.step:
             return
-        self.run.online_rows.flush()  # the store has every row the checkpoint's steps sampled
+        self.commit_online()  # the store has every row the checkpoint's steps sampled
         self.runlog.checkpoint(p.step, self.run.policy.model, {
             "learner": self.run.learner.state_dict(), "progress": vars(p),
             "rng": {**self.feed.state_dict(), "torch": torch.get_rng_state()}})
@@ -138,7 +138,7 @@ class Session:
     def finish(self) -> dict:
         """The evaluation after training, the final weights, plots and summary.json."""
         p = self.progress
-        self.run.online_rows.flush()  # here a failing store is the run's error, whatever called it
+        self.commit_online()  # here a failing store is the run's error, whatever called it
         after = self.evaluated({"step": p.step, "samples": p.samples, "time": round(p.seconds, 2)})
         self.runlog.write(after)
         final = self.runlog.run_dir / "final"
@@ -149,13 +149,18 @@ class Session:
         self.close()
         return summary
 
+    def commit_online(self) -> None:
+        """The online rows kept since the last commit, to the store (a full disk: one line naming them)."""
+        with disk_full_reported(self.config, f"online samples (store rows) in {self.config.data.store}"):
+            self.run.online_rows.flush()
+
     def close(self) -> None:
         """Commit the online rows kept so far and release the run directory (also when the run failed or
         was stopped; a store that fails again then is left to the error already raised)."""
         in_flight = sys.exc_info()[1]  # close() from a `finally` or `except` of a failure
         try:
             if getattr(self, "run", None) is not None and self.run.online_rows is not None:
-                self.run.online_rows.flush()
+                self.commit_online()
         except Exception:
             if in_flight is None:
                 raise
