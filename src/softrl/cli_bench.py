@@ -214,11 +214,36 @@ def study(
     typer.echo(f"{table}\nplot: {png}")
 
 
+def run_stage(s, configs: list, jobs: int, update, what: str, prepare) -> None:
+    """One stage's runs still to train under the progress bar (learner steps, or runs when several run at
+    once), each on its own copy of the pool: `prepare(update)` makes the pool first, once, and returns
+    its rows per source. `s`: the benchmark's settings (`bench.frontier.Settings` or the code study's)."""
+    from softrl.bench import frontier as fr
+
+    configs = fr.pending(s, configs)
+    if not configs:
+        return
+    counts = prepare(update)
+    err.print(f"pool: {', '.join(f'{n} {k}' for k, n in counts.items())} rows")
+    if jobs <= 1:
+        update(0, total=len(configs) * s.steps, description=what)
+        fr.run(configs, s, on_step=lambda i, c, r: update(i * s.steps + r["step"],
+                                                          description=f"{what}: {c.name} ({i + 1}/{len(configs)})"))
+        return
+    done = [0]
+    update(0, total=len(configs), description=f"{what} ({jobs} at once)")
+
+    def finished(config) -> None:
+        done[0] += 1
+        update(done[0], description=f"{what}: {config.name} done")
+
+    fr.run(configs, s, jobs=jobs, on_done=finished)
+
+
 def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | None, eval_every: int | None,
           jobs: int, kept: Path | None, base: Path | None, runs: Path, report: Path) -> None:
     """SPO vs PPO vs GRPO on tinycode-loops: every arm's learning rate tuned, then the report seeds."""
     from softrl.bench import code_study as cs
-    from softrl.bench import frontier as fr
     from softrl.bench.learning import aggregate
     from softrl.bench.report import code_markdown, plot_learning
     from softrl.config import ConfigError, read_settings
@@ -232,27 +257,14 @@ def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | No
         tuning = cs.tuning_plan(s, list(cs.ARMS))
     except (ValueError, ConfigError) as e:
         fail(str(e))
+    def pool(update) -> dict:
+        return cs.prepare_pool(s, progress=lambda done, total: update(
+            done, total=total, description="pool: Q0 of the training prompts from the reference's samples"))
+
     with progress_bar("setup") as update, one_line_errors():
-        def stage(configs, what):
-            configs = fr.pending(s, configs)
-            if not configs:
-                return
-            counts = cs.prepare_pool(s, progress=lambda done, total: update(
-                done, total=total, description="pool: Q0 of the training prompts from the reference's samples"))
-            err.print(f"pool: {', '.join(f'{n} {k}' for k, n in counts.items())} rows")
-            done = [0]
-            update(0, total=len(configs), description=f"{what} ({jobs} at once)")
-
-            def finished(config) -> None:
-                done[0] += 1
-                update(done[0], description=f"{what}: {config.name} done")
-
-            fr.run(configs, s, jobs=jobs, on_step=lambda i, c, r: update(
-                i, description=f"{what}: {c.name} step {r['step']}/{s.steps}"), on_done=finished)
-
-        stage(tuning, "tuning")
+        run_stage(s, tuning, jobs, update, "tuning", pool)
         chosen = cs.tuned_lrs(s, list(cs.ARMS))
-        stage(cs.report_plan(s, chosen), "report seeds")
+        run_stage(s, cs.report_plan(s, chosen), jobs, update, "report seeds", pool)
         by_arm = cs.collect(s, chosen)
     agg, claims = aggregate(by_arm), cs.check_claims(by_arm)
     table = code_markdown(agg, claims, s.seeds, chosen, cs.reference_card(tuning[0]))

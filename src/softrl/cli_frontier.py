@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from softrl.cli_bench import TASK_OPT, _choices, _csv, bench_app
+from softrl.cli_bench import TASK_OPT, _choices, _csv, bench_app, run_stage
 from softrl.cli_common import err, fail, one_line_errors, progress_bar
 
 QUICK = {"regimes": "lag1,lag16,human", "methods": "spo,oapl,grpo-tis,topr", "seeds": 1, "tune_seeds": 1,
@@ -77,13 +77,17 @@ def frontier(
     except (ValueError, ConfigError) as e:
         fail(str(e))
     if not report_only:
+        def pool(update) -> dict:  # the earlier run first (the other policy's data), then the pool, once
+            return fr.prepare(s, on_step=lambda _, __, r: update(r["step"], total=s.earlier_steps,
+                                                                 description="earlier run (the other policy's data)"))
+
         with progress_bar("setup", total=None) as update, one_line_errors():
-            _run_stage(fr, s, tuning, jobs, update, "tuning")
+            run_stage(s, tuning, jobs, update, "tuning", pool)
             for name in chosen:
                 picks = fr.choose(fr.grid_points(s, fr.REGIMES[name], only, o["tune_seeds"]))
-                _run_stage(fr, s, fr.report_plan(s, fr.REGIMES[name], {m: [picks["best"][m], picks["matched"][m]]
-                                                                       for m in picks["best"]}, o["seeds"]),
-                           jobs, update, f"{name}: report seeds")
+                run_stage(s, fr.report_plan(s, fr.REGIMES[name], {m: [picks["best"][m], picks["matched"][m]]
+                                                                  for m in picks["best"]}, o["seeds"]),
+                          jobs, update, f"{name}: report seeds", pool)
     report.mkdir(parents=True, exist_ok=True)
     for name in chosen:
         with one_line_errors():
@@ -95,30 +99,6 @@ def frontier(
         plot(result, path.with_suffix(".png"))
         typer.echo(table)
     typer.echo(f"reports: {report}/frontier-*")
-
-
-def _run_stage(fr, s, configs: list, jobs: int, update, what: str) -> None:
-    """One stage's runs still to train under the progress bar (learner steps, or runs when several run at
-    once); the pool every run's store copies is made first, once (its prompts' Q0 included)."""
-    configs = fr.pending(s, configs)
-    if not configs:
-        return
-    counts = fr.prepare(s, on_step=lambda _, __, r: update(r["step"], total=s.earlier_steps,
-                                                           description="earlier run (the other policy's data)"))
-    err.print(f"pool: {', '.join(f'{n} {k}' for k, n in counts.items())} rows")
-    if jobs <= 1:
-        update(0, total=len(configs) * s.steps, description=what)
-        fr.run(configs, s, on_step=lambda i, c, r: update(i * s.steps + r["step"],
-                                                          description=f"{what}: {c.name} ({i + 1}/{len(configs)})"))
-        return
-    done = [0]
-    update(0, total=len(configs), description=f"{what} ({jobs} at once)")
-
-    def finished(config) -> None:
-        done[0] += 1
-        update(done[0], description=f"{what}: {config.name} done")
-
-    fr.run(configs, s, jobs=jobs, on_done=finished)
 
 
 @bench_app.command("staleness")

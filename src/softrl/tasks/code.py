@@ -7,9 +7,7 @@ import ast
 import hashlib
 import importlib.util
 import json
-import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field as dc_field
 from pathlib import Path
 from typing import Any
@@ -74,26 +72,27 @@ def run_problem(sandbox: Sandbox, problem: CodeProblem, response: str) -> Grade:
 SOLUTION_CHECKS = ("all", "none")
 
 
-def check_known_solutions(problems: list[CodeProblem], sandbox: Sandbox) -> None:
+def check_known_solutions(task: "CodeTask") -> None:
     """Every known solution must pass its own problem's tests: a RecordError naming the record, the
     problem and the solution otherwise (offline "human" data that fails would teach wrong programs).
-    A set of problems that passed is remembered (by its problems and where they came from) under the cache,
-    so a file is run once."""
+    Graded by `Task.grade_many` (one sandbox per core at once). A set of problems that passed is
+    remembered (by its problems and where they came from) under the cache, so a file is run once."""
     from softrl.models.loading import cache_root
 
+    problems = list(task.problems.values())
     digest = hashlib.sha256(json.dumps([asdict(p) for p in problems], sort_keys=True, default=str).encode())
     marker = cache_root() / "checked-problems" / digest.hexdigest()[:32]
     if marker.is_file():
         return
-    pairs = [(p, i, s) for p in problems for i, s in enumerate(p.solutions)]
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # more at once would time out correct solutions
-        grades = list(pool.map(lambda pair: run_problem(sandbox, pair[0], pair[2]), pairs))
-    for (problem, i, _), grade in zip(pairs, grades):
+    pairs = [(prompt, text) for prompt in task.prompts() for text in task.reference_solutions(prompt)]
+    for (prompt, text), grade in zip(pairs, task.grade_many(pairs)):
         if not grade.passed:
+            problem = task.problems[prompt.id]
             status = grade.details.get("status") or next(
                 (f"{s} on test {j + 1}" for j, s in enumerate(grade.details.get("statuses", [])) if s != "passed"), "")
-            raise RecordError(f"{problem.where or 'problem file'}: problem {problem.id!r}: known solution {i + 1} of "
-                              f"{len(problem.solutions)} fails its own tests ({status})")
+            raise RecordError(f"{problem.where or 'problem file'}: problem {problem.id!r}: known solution "
+                              f"{problem.solutions.index(text) + 1} of {len(problem.solutions)} fails its own tests "
+                              f"({status})")
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"problems": len(problems), "solutions": len(pairs)}))
 
@@ -224,7 +223,7 @@ class CodeTask(Task):
                 break
         task = cls(problems, name=kind, **kw)
         if check_solutions == "all":
-            check_known_solutions(problems, task.sandbox)
+            check_known_solutions(task)
         return task
 
     @property
