@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from softrl.models.chartok import build_char_tokenizer
-from softrl.models.loading import built_once, cache_root, encode_response, quiet_transformers
+from softrl.files import cache_root
+from softrl.models.loading import built_once, encode_response, quiet_transformers
 
 TASKS = ("countdown", "tinycode", "tinycode-loops")  # the tasks with a bootstrap recipe
 # tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell

@@ -1,4 +1,4 @@
-"""Files that appear whole or not at all."""
+"""Files that appear whole or not at all, and where softrl keeps what it builds."""
 
 from __future__ import annotations
 
@@ -25,3 +25,9 @@ def whole_file(path: Path) -> Iterator[Path]:
         os.replace(work, path)
     finally:
         work.unlink(missing_ok=True)
+
+
+def cache_root() -> Path:
+    """Where built models, prepared models and checked problem files are kept: `$SOFTRL_CACHE`, else
+    ~/.cache/softrl."""
+    return Path(os.environ.get("SOFTRL_CACHE", Path.home() / ".cache" / "softrl"))

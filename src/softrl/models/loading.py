@@ -15,11 +15,6 @@ from softrl.models.device import DTYPES
 
 
 
-def cache_root() -> Path:
-    """Where built and prepared models are kept: `$SOFTRL_CACHE`, else ~/.cache/softrl."""
-    return Path(os.environ.get("SOFTRL_CACHE", Path.home() / ".cache" / "softrl"))
-
-
 def built_once(final: Path, build: Callable[[Path], object], force: bool = False) -> Path:
     """`final`, a cache folder complete once it holds softrl.json; if missing (or `force`), made by
     `build(work)` in a temporary folder renamed onto it. One process builds; the others wait, then use it."""

@@ -15,7 +15,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from softrl.models.loading import built_once, cache_root
+from softrl.files import cache_root
+from softrl.models.loading import built_once
 
 KNOWN = {
     "smollm2-135m": {

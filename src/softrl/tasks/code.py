@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field as dc_field
 from pathlib import Path
 from typing import Any
 
+from softrl.files import cache_root
 from softrl.rewards.sandbox import Limits, Sandbox
 from softrl.tasks.base import Grade, Prompt, Task, extract_code
 from softrl.tasks.records import RecordError, field, read_records
@@ -77,8 +78,6 @@ def check_known_solutions(task: "CodeTask") -> None:
     problem and the solution otherwise (offline "human" data that fails would teach wrong programs).
     Graded by `Task.grade_many` (one sandbox per core at once). A set of problems that passed is
     remembered (by its problems and where they came from) under the cache, so a file is run once."""
-    from softrl.models.loading import cache_root
-
     problems = list(task.problems.values())
     digest = hashlib.sha256(json.dumps([asdict(p) for p in problems], sort_keys=True, default=str).encode())
     marker = cache_root() / "checked-problems" / digest.hexdigest()[:32]
