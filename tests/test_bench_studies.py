@@ -91,7 +91,7 @@ def test_feed_draws_the_pts_source_from_pts_rollouts_only(tiny, tmp_path):
     config = config_from({"task.name": "countdown", "task.size": 4, "data.store": str(tmp_path / "store"),
                           "data.mix": {"online": 0.5, "offline": 0.25, "pts": 0.25}})
     feed = DataFeed(config, store, task, {p.id: 0.5 for p in prompts}, tiny[2], log=lambda m: None)
-    pts, offline = feed.mixture.sources["pts"].rows, feed.mixture.sources["offline"].rows
+    pts, offline = (feed.mixture.sources[s].fetch(list(range(len(feed.mixture.sources[s])))) for s in ("pts", "offline"))
     assert {r["source"] for r in pts} == {"pts"} and len(pts) == 16  # failed rollouts too
     assert {r["source"] for r in offline} == {"reference"} and all(r["passed"] for r in offline)
 

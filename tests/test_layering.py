@@ -19,7 +19,7 @@ LAYERS = [
     {"bootstrap", "assemble", "toy"},
     {"runtime"},
     {"bench", "api"},
-    {"cli", "cli_common", "cli_data", "cli_annotate", "cli_train", "cli_bench", "cli_frontier"},
+    {"cli", "cli_common", "cli_data", "cli_annotate", "cli_train", "cli_bench", "cli_frontier", "cli_bench_store"},
     {"command", "__main__"},
 ]
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}

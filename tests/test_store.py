@@ -191,13 +191,13 @@ def test_a_reader_keeps_its_snapshot_whatever_dedupe_and_writers_do(root):
     store.put_prompts([{"prompt_id": "p1", "q0_k": 2}])
     assert store.trajectories(snapshot, unique=False).num_rows == 3 and store.prompts(snapshot)["p1"]["q0_k"] == 1
     assert store.trajectories(unique=False)["id"].to_pylist() == [a.id, b.id, c.id]
-    # a dedupe's rewrite commits over rows appended after the version it read: they stay
+    # a dedupe's deletion commits over rows appended after the version it read: they stay, in place
     table = store.tables["trajectories"]
     version = table.latest()
     d = full_trajectory(response_tokens=[9])
     store.append([d])
-    table.replace(version, table.read(version).slice(0, 1))
-    assert set(store.trajectories()["id"].to_pylist()) == {a.id, d.id}
+    table.delete(version, table.read(version, row_address=True)["_rowaddr"].to_numpy()[1:])
+    assert store.trajectories(unique=False)["id"].to_pylist() == [a.id, d.id]
     assert store.trajectories(snapshot, unique=False).num_rows == 3  # still
 
 
@@ -349,6 +349,49 @@ def test_group_sampler_and_replay(tmp_path):
     assert len(TrajectoryPool(store.trajectories(passed=True))) == 3
 
 
+def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version(root):
+    """The store's pool holds row addresses, not rows: every draw, group and row (first copies, the
+    newest annotation joined, a prompt and an MC-target filter) is the one an in-memory pool of the
+    same read gives, and it keeps drawing its version's rows after appends and a dedupe."""
+    store = ExperienceStore(root)
+    rows = [full_trajectory(prompt_id=f"p{i % 5}", response_tokens=[i], task="t" if i % 4 else "u", mc_targets=[],
+                            passed=i % 3 == 0) for i in range(120)]
+    store.append(rows[:80])
+    store.append(rows[40:])  # 40 repeated ids: the first committed copies are the pool's
+    store.annotate({rows[1].id: [{"t": 1, "success": 0.5, "k": 4}], rows[2].id: [{"t": 0, "success": 1.0, "k": 2}]})
+    store.annotate({rows[2].id: []})  # the newest annotation wins: no targets
+    pool, memory = store.pool(task="t", prompt_ids=["p1", "p2", "p3"]), \
+        TrajectoryPool(store.trajectories(task="t", prompt_id=["p1", "p2", "p3"]))
+    assert len(pool) == len(memory) == sum(1 for i in range(120) if i % 4 and i % 5 in (1, 2, 3))
+    assert pool.fetch(list(range(len(pool)))) == memory.rows
+    a, b = random.Random(7), random.Random(7)
+    assert pool.draw(50, a) == memory.draw(50, b) and pool.prompts_with(20) == memory.prompts_with(20)
+    assert pool.of_prompt("p2", 4, a) == memory.of_prompt("p2", 4, b)
+    assert GroupSampler(pool, 3, seed=1).sample(5) == GroupSampler(memory, 3, seed=1).sample(5)
+    annotated = store.pool(task="t", annotated=True)
+    assert [r["id"] for r in annotated.fetch(list(range(len(annotated))))] == [rows[1].id]
+    snapshot, before = store.snapshot(), pool.fetch(list(range(len(pool))))
+    store.append([full_trajectory(prompt_id="p1", response_tokens=[999], task="t")])
+    store.dedupe()
+    assert pool.fetch(list(range(len(pool)))) == before and len(store.pool(snapshot, task="t")) == 90
+    assert len(store.pool(task="t")) == 91
+
+
+def test_repeated_ids_are_found_by_their_whole_key():
+    """Ids sorted by their first 64 bits; two that share them are still two (and ids of any form work)."""
+    from softrl.data.pool import first_copies, id_keys, members
+
+    a, b = "0" * 16 + "1" * 16, "0" * 16 + "2" * 16
+    ids = pa.array([a, b, a, "not-hex", b, "not-hex", "f" * 32])
+    keys = id_keys(ids)
+    assert first_copies(keys).tolist() == [0, 1, 3, 6]
+    assert members(keys, id_keys(pa.array([b, "not-hex"]))).tolist() == [False, True, False, True, True, True, False]
+    many = [f"{random.Random(i).getrandbits(128):032x}" for i in range(300)]
+    drawn = random.Random(0).choices(many, k=2000)
+    expected = sorted({x: i for i, x in reversed(list(enumerate(drawn)))}.values())
+    assert first_copies(id_keys(pa.array(drawn))).tolist() == expected
+
+
 def test_batched_appender_commits_every_nth_call_and_on_flush():
     from softrl.data.batched import BatchedAppender
 
@@ -366,3 +409,21 @@ def test_batched_appender_commits_every_nth_call_and_on_flush():
     assert batched.flush() == 1 and batched.flush() == 0 and store.calls[-1] == [6] and batched.commits == 3
     with pytest.raises(ValueError, match="every must be >= 1"):
         BatchedAppender(store, every=0)
+
+
+def test_bench_store_quick_measures_every_figure_on_both_backends(tmp_path):
+    """`softrl bench store --quick`: each size's figures locally and on a loopback S3 server, the
+    writers' rows all arrived once, the report, its JSON and its plot written."""
+    proc = softrl("bench", "store", "--quick", "--writers", "2", "--runs", str(tmp_path / "runs"),
+                  "--report", str(tmp_path / "report"), "--clean")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "report" / "store.json").read_text())
+    assert [p["rows"] for p in result["local"]] == [2000, 20000] and [p["rows"] for p in result["s3"]] == [2000]
+    for point in result["local"] + result["s3"]:
+        assert point["pool_rows"] == sum((i // 16) % 4 == 0 for i in range(point["rows"]))  # task0: a quarter of prompts
+        assert point["stats_rows"] == point["rows"]
+        assert point["dedupe_removed"] == 0 and point["sample_ms"] > 0 and point["q0_ms"] > 0
+    for backend in ("local", "s3"):
+        assert result[f"writers_{backend}"]["writers_arrived"] == result[f"writers_{backend}"]["writer_rows"] == 1000
+    assert "## Targets (issue 34), at 20,000 rows, local" in (tmp_path / "report" / "store.md").read_text()
+    assert (tmp_path / "report" / "store.png").stat().st_size > 10_000 and not (tmp_path / "runs").exists()

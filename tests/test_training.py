@@ -361,7 +361,7 @@ def test_the_offline_pool_names_stored_rows_of_none_of_the_task_prompts(tiny, tm
     store.append(keyed + [Trajectory(other.id, "1+2", 1.0, True, task="countdown", prompt_text=other.text, source="human")])
     said = []
     feed = DataFeed(config, store, task, q0, tiny[2], log=said.append)
-    assert len(feed.mixture.sources["offline"].rows) == 6
+    assert len(feed.mixture.sources["offline"]) == 6
     assert [m.split(" are not trained on")[0] for m in said if m.startswith("warning")] == [
         f"warning: offline pool: 6 human rows in {tmp_path}/store"]
 

@@ -284,6 +284,7 @@ app.command("eval")(eval_command)
 
 from softrl.cli_bench import bench_app  # noqa: E402
 from softrl import cli_frontier  # noqa: E402, F401  (registers bench frontier and bench staleness)
+from softrl import cli_bench_store  # noqa: E402, F401  (registers bench store)
 
 app.add_typer(bench_app, name="bench")
 

@@ -1,4 +1,4 @@
-"""Plots of a run directory's metrics.jsonl (`softrl plot RUN_DIR`)."""
+"""Plots of a run directory's metrics.jsonl (`softrl plot RUN_DIR`), and how every figure is saved."""
 
 from __future__ import annotations
 
@@ -64,3 +64,15 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return [out]
+
+
+def save_figure(fig, out: Path, *legends) -> Path:
+    """Small legends on the given axes, the layout tightened, `fig` written to `out` and closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in legends:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -66,7 +66,7 @@ def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str]
     samples are to come, `progress` (prompts done, prompts) from the start and after every chunk."""
     if k < 1:
         raise ValueError(f"k must be >= 1 samples per prompt, got k={k}")
-    known = store.prompts()
+    known = store.prompts(ids=[p.id for p in prompts])
     todo = [p for p in prompts if not is_done(known.get(p.id), k, model)]
     refuse_long_prompts(spec, todo)
     done = len(prompts) - len(todo)
@@ -87,5 +87,5 @@ def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str]
         done += len(rows)
         if progress is not None:
             progress(done, len(prompts))
-    latest = store.prompts()
+    latest = store.prompts(ids=[p.id for p in prompts])
     return {p.id: latest[p.id] for p in prompts if p.id in latest}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from softrl.plots import save_figure
+
 
 def _f(x, digits: int = 3) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
@@ -104,9 +106,4 @@ def plot(result: dict, out: Path) -> Path:
              title=f"{result['regime']}: grid (dots, tuning seeds), frontiers (lines),\nbest (*) and matched (o) points "
                    "on report seeds")
     right.set(xlabel="k", ylabel="pass@k", title="pass@k at matched KL (report seeds)")
-    left.legend(fontsize=7)
-    right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, left, right)

@@ -1,7 +1,7 @@
 """Samplers: which trajectories make up a training batch.
 
-A *source* is anything with `draw(n, rng) -> list[dict]` (trajectory rows). `TrajectoryPool` is the
-source over rows of the store (e.g. "passed only", SPO's offline set); a runtime's online queue is
+A *source* is anything with `draw(n, rng) -> list[dict]` (trajectory rows). A pool (data/pool.py) is
+the source over rows of the store (e.g. "passed only", SPO's offline set); a runtime's online queue is
 another. `MixtureSampler` mixes sources by weight, `GroupSampler` draws n responses of one prompt
 (AGRO, RLOO, GRPO: groups contiguous), and `replay` swaps fresh samples for stored ones with
 probability p (AGRO's synthetic off-policy setting).
@@ -10,38 +10,14 @@ probability p (AGRO's synthetic off-policy setting).
 from __future__ import annotations
 
 import random
-from collections import defaultdict
-from collections.abc import Sequence
 from typing import Any, Protocol
 
-import pyarrow as pa
+from softrl.data.pool import Pool
 
 
 class Source(Protocol):
     def draw(self, n: int, rng: random.Random) -> list[dict[str, Any]]:
         """Up to `n` trajectory rows (fewer only when the source has run dry)."""
-
-
-class TrajectoryPool:
-    """Rows of a store table, sampled uniformly with replacement, or by prompt."""
-
-    def __init__(self, rows: pa.Table | Sequence[dict[str, Any]]):
-        self.rows = rows.to_pylist() if isinstance(rows, pa.Table) else list(rows)
-        self.by_prompt: dict[str, list[int]] = defaultdict(list)
-        for i, row in enumerate(self.rows):
-            self.by_prompt[row["prompt_id"]].append(i)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def draw(self, n: int, rng: random.Random) -> list[dict[str, Any]]:
-        return [self.rows[rng.randrange(len(self.rows))] for _ in range(n)] if self.rows else []
-
-    def of_prompt(self, prompt_id: str, n: int, rng: random.Random, replace: bool = False) -> list[dict[str, Any]]:
-        """n rows of one prompt; without replacement unless asked (then fewer when it has fewer)."""
-        index = self.by_prompt.get(prompt_id, [])
-        chosen = [rng.choice(index) for _ in range(n)] if replace and index else rng.sample(index, min(n, len(index)))
-        return [self.rows[i] for i in chosen]
 
 
 def split_counts(total: int, weights: dict[str, float], rng: random.Random) -> dict[str, int]:
@@ -88,11 +64,11 @@ class MixtureSampler:
 class GroupSampler:
     """`groups` prompts (among those with at least n rows), n rows each, groups contiguous."""
 
-    def __init__(self, pool: TrajectoryPool, n: int, seed: int = 0):
+    def __init__(self, pool: Pool, n: int, seed: int = 0):
         if n < 1:
             raise ValueError(f"group size n must be >= 1, got n={n}")
         self.pool, self.n, self.rng = pool, n, random.Random(seed)
-        self.prompts = sorted(p for p, rows in pool.by_prompt.items() if len(rows) >= n)
+        self.prompts = pool.prompts_with(n)
 
     def draw(self, n: int, rng: random.Random) -> list[dict[str, Any]]:
         """About n rows in whole groups (a Source; its own RNG, so its state can be saved)."""
@@ -105,7 +81,7 @@ class GroupSampler:
         return [row for prompt_id in chosen for row in self.pool.of_prompt(prompt_id, self.n, self.rng)]
 
 
-def replay(fresh: list[dict[str, Any]], buffer: TrajectoryPool, p: float, rng: random.Random) -> list[dict[str, Any]]:
+def replay(fresh: list[dict[str, Any]], buffer: Pool, p: float, rng: random.Random) -> list[dict[str, Any]]:
     """Each fresh row, with probability p, replaced by a stored row of the same prompt (if it has one)."""
     if not 0 <= p <= 1:
         raise ValueError(f"replay probability p must be in [0, 1], got p={p}")

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from softrl.data import legacy
+from softrl.data.pool import StoredPool, first_copies, id_keys, members
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
 from softrl.data.tables import MissingTable, StoreError, Table, with_retries
 from softrl.tasks.base import check_reward
@@ -57,10 +58,8 @@ def filter_expression(filters: dict[str, Any]) -> pc.Expression | None:
     return expr
 
 
-def first_occurrences(ids: pa.Array) -> np.ndarray:
-    """Row indices of the first row of every distinct id, in row order."""
-    _, first = np.unique(np.asarray(ids.to_pylist(), dtype=object), return_index=True)
-    return np.sort(first)
+def both(a: pc.Expression | None, b: pc.Expression | None) -> pc.Expression | None:
+    return a if b is None else b if a is None else a & b
 
 
 def in_commit_order(table: pa.Table) -> pa.Table:
@@ -137,35 +136,81 @@ class ExperienceStore:
         return Snapshot({name: table.latest() for name, table in self.tables.items()})
 
     def trajectories(self, snapshot: Snapshot | None = None, columns: Sequence[str] | None = None,
-                     unique: bool = True, **filters: Any) -> pa.Table:
-        """Rows matching `filters` (see FILTERABLE; a value or a list of values), in commit order, the
-        first committed copy of each id, with the newest MC-target annotation joined in."""
+                     unique: bool = True, where: pc.Expression | None = None, **filters: Any) -> pa.Table:
+        """Rows matching `filters` (see FILTERABLE; a value or a list of values) and `where` (an Arrow
+        expression), in commit order, the first committed copy of each id, with the newest MC-target
+        annotation joined in."""
         snapshot = snapshot or self.snapshot()
-        where = filter_expression(filters)
+        where = both(filter_expression(filters), where)
         if columns is not None:
             columns = list(dict.fromkeys(["id", *columns]))
         table = in_commit_order(self.tables["trajectories"].read(snapshot.versions["trajectories"], columns, where,
                                                                   row_address=True))
         if unique and table.num_rows:
-            table = table.take(first_occurrences(table["id"]))
+            table = table.take(first_copies(id_keys(table["id"])))
         if (columns is None or "mc_targets" in columns) and table.num_rows:
             table = self._join_annotations(table, snapshot)
         return table
 
-    def _join_annotations(self, table: pa.Table, snapshot: Snapshot) -> pa.Table:
-        notes = newest(self.tables["annotations"].read(snapshot.versions["annotations"], row_address=True),
-                       "trajectory_id")
+    def _annotations(self, snapshot: Snapshot, ids: Sequence[str] | None = None) -> dict[str, list]:
+        """trajectory id -> its newest MC targets (of `ids` only, read by filter, when given)."""
+        where = None if ids is None else pc.field("trajectory_id").isin(list(ids))
+        notes = self.tables["annotations"].read(snapshot.versions["annotations"], ["trajectory_id", "mc_targets"],
+                                                where, row_address=True)
+        return {k: row["mc_targets"] for k, row in newest(notes, "trajectory_id").items()}
+
+    def _join_annotations(self, table: pa.Table, snapshot: Snapshot, by_filter: bool = False) -> pa.Table:
+        """`table` with each row's newest annotation as its `mc_targets`; `by_filter`: read only the
+        annotations of its ids (a few rows drawn from a large table)."""
+        notes = self._annotations(snapshot, table["id"].to_pylist() if by_filter else None)
         if not notes:
             return table
-        targets = [notes[i]["mc_targets"] if i in notes else old
+        targets = [notes[i] if i in notes else old
                    for i, old in zip(table["id"].to_pylist(), table["mc_targets"].to_pylist())]
         index = table.schema.get_field_index("mc_targets")
         return table.set_column(index, table.schema.field(index), pa.array(targets, type=table.schema.field(index).type))
 
-    def prompts(self, snapshot: Snapshot | None = None) -> dict[str, dict[str, Any]]:
-        """prompt_id -> its last committed row (meta decoded)."""
+    def pool(self, snapshot: Snapshot | None = None, prompt_ids: Sequence[str] | None = None, annotated: bool = False,
+             **filters: Any) -> StoredPool:
+        """The rows `trajectories(snapshot, **filters)` gives (of `prompt_ids` only, and only those with MC
+        targets when `annotated`) as a StoredPool: one scan of their ids and prompt ids, the filters
+        pushed down to Lance; each draw takes its rows by address."""
         snapshot = snapshot or self.snapshot()
-        out = newest(self.tables["prompts"].read(snapshot.versions["prompts"], row_address=True), "prompt_id")
+        version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
+        where = both(filter_expression(filters), None if prompt_ids is None else pc.field("prompt_id").isin(list(prompt_ids)))
+        notes = self._annotations(snapshot) if annotated else {}
+        with_targets = id_keys(pa.array([k for k, v in notes.items() if v], pa.string()))
+        emptied = id_keys(pa.array([k for k, v in notes.items() if not v], pa.string()))
+        names: dict[str, int] = {}
+        addresses, keys, codes = [], [], []
+        for batch in table.batches(version, ["id", "prompt_id"] + (["mc_targets"] if annotated else []), where, True):
+            batch_keys = id_keys(batch["id"])
+            keep = np.ones(batch.num_rows, dtype=bool)
+            if annotated:  # the newest annotation's targets, else the row's own
+                own = pc.greater(pc.list_value_length(batch["mc_targets"]), 0).to_numpy(zero_copy_only=False)
+                keep = members(batch_keys, with_targets) | (own & ~members(batch_keys, emptied))
+            encoded = pc.dictionary_encode(batch["prompt_id"])
+            code = np.array([names.setdefault(p, len(names)) for p in encoded.dictionary.to_pylist()], dtype=np.int64)
+            addresses.append(batch[ADDRESS].to_numpy()[keep])
+            keys.append(batch_keys[keep])
+            codes.append(code[encoded.indices.to_numpy()][keep])
+        address = np.concatenate(addresses) if addresses else np.empty(0, dtype=np.uint64)
+        order = np.argsort(address, kind="stable")  # commit order, whatever order the scan gave
+        first = order[first_copies(np.concatenate(keys)[order])] if len(order) else order  # in commit order
+        address = address[first]
+        code = np.concatenate(codes)[first] if len(first) else np.empty(0, dtype=np.int64)
+
+        def take(wanted: np.ndarray) -> pa.Table:
+            rows = table.take(version, wanted)
+            return self._join_annotations(rows, snapshot, by_filter=True) if rows.num_rows else rows
+
+        return StoredPool(address, code, list(names), take)
+
+    def prompts(self, snapshot: Snapshot | None = None, ids: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """prompt_id -> its last committed row (meta decoded); of `ids` only (read by filter) when given."""
+        snapshot = snapshot or self.snapshot()
+        where = None if ids is None else pc.field("prompt_id").isin(list(ids))
+        out = newest(self.tables["prompts"].read(snapshot.versions["prompts"], where=where, row_address=True), "prompt_id")
         for row in out.values():
             row["meta"] = json.loads(row["meta"]) if row["meta"] else {}
         return out
@@ -175,41 +220,68 @@ class ExperienceStore:
 
     # --- maintenance --------------------------------------------------------------------------
     def stats(self, snapshot: Snapshot | None = None) -> dict[str, Any]:
-        """Per source: trajectories, distinct prompts, pass rate, mean reward, annotated rows."""
+        """Per source: trajectories, distinct prompts, pass rate, mean reward, annotated rows. One scan of
+        five small columns a batch at a time (about 30 bytes a row held), never the rows themselves."""
         snapshot = snapshot or self.snapshot()
-        table = self.trajectories(snapshot, columns=["source", "prompt_id", "passed", "reward", "mc_targets"])
-        raw_rows = self.tables["trajectories"].at(snapshot.versions["trajectories"]).count_rows()
+        notes = self._annotations(snapshot)
+        with_targets = id_keys(pa.array([k for k, v in notes.items() if v], pa.string()))
+        emptied = id_keys(pa.array([k for k, v in notes.items() if not v], pa.string()))
+        names: dict[str, dict[str, int]] = {"source": {}, "prompt_id": {}}
+        columns: dict[str, list[np.ndarray]] = {k: [] for k in ("address", "key", "source", "prompt", "passed",
+                                                                "reward", "targets")}
+        for batch in self.tables["trajectories"].batches(snapshot.versions["trajectories"], ["id", "source", "prompt_id",
+                                                         "passed", "reward", "mc_targets"], row_address=True):
+            keys = id_keys(batch["id"])
+            own = pc.greater(pc.list_value_length(batch["mc_targets"]), 0).to_numpy(zero_copy_only=False)
+            for name, out in (("source", "source"), ("prompt_id", "prompt")):
+                encoded = pc.dictionary_encode(batch[name])
+                code = np.array([names[name].setdefault(v, len(names[name])) for v in encoded.dictionary.to_pylist()],
+                                dtype=np.int64)
+                columns[out].append(code[encoded.indices.to_numpy()] if len(code) else np.empty(0, dtype=np.int64))
+            columns["address"].append(batch[ADDRESS].to_numpy())
+            columns["key"].append(keys)
+            columns["passed"].append(batch["passed"].to_numpy(zero_copy_only=False))
+            columns["reward"].append(batch["reward"].to_numpy())
+            columns["targets"].append(members(keys, with_targets) | (own & ~members(keys, emptied)))
+        rows = {k: np.concatenate(v) if v else np.empty(0) for k, v in columns.items()}
+        order = np.argsort(rows["address"], kind="stable")
+        first = order[first_copies(rows["key"][order])] if len(order) else order
+        kept = {k: v[first] for k, v in rows.items() if k not in ("address", "key")}
         per_source = {}
-        sources = table["source"].to_pylist()
-        for source in sorted(set(sources)):
-            part = table.filter(pc.equal(table["source"], source))
-            per_source[source] = {
-                "trajectories": part.num_rows,
-                "prompts": len(pc.unique(part["prompt_id"])),
-                "pass_rate": pc.mean(part["passed"].cast(pa.float64())).as_py(),
-                "mean_reward": pc.mean(part["reward"]).as_py(),
-                "with_mc_targets": sum(1 for m in part["mc_targets"].to_pylist() if m),
-            }
-        prompts = self.prompts(snapshot)
+        for source, code in sorted(names["source"].items()):
+            part = kept["source"] == code
+            if part.any():
+                per_source[source] = {
+                    "trajectories": int(part.sum()), "prompts": len(np.unique(kept["prompt"][part])),
+                    "pass_rate": float(kept["passed"][part].mean()), "mean_reward": float(kept["reward"][part].mean()),
+                    "with_mc_targets": int(kept["targets"][part].sum())}
+        prompts = self.tables["prompts"].read(snapshot.versions["prompts"], ["prompt_id", "q0_hat"], row_address=True)
         return {
-            "trajectories": table.num_rows, "duplicates": raw_rows - table.num_rows,
-            "prompts": len(pc.unique(table["prompt_id"])) if table.num_rows else 0,
-            "prompts_with_q0": sum(1 for p in prompts.values() if p["q0_hat"] is not None),
+            "trajectories": len(first), "duplicates": len(order) - len(first),
+            "prompts": len(np.unique(kept["prompt"])),
+            "prompts_with_q0": sum(1 for p in newest(prompts, "prompt_id").values() if p["q0_hat"] is not None),
             "versions": dict(snapshot.versions), "sources": per_source,
         }
 
     def dedupe(self) -> tuple[int, int]:
-        """Commit the trajectories of the latest version without duplicate ids (the first committed copy
-        kept); returns (rows before, rows after). Rows appended meanwhile are kept as they are, and a
-        reader of an older version goes on reading it; a concurrent dedupe makes this one start over."""
+        """Delete, in one commit, every later copy of a trajectory id in the latest version (the first
+        committed copy stays and no row moves); returns (rows before, rows after). Reads the ids and
+        row addresses only. Rows appended meanwhile stay, a reader of an older version reads it to the
+        end, and a concurrent dedupe or compaction makes this one start over."""
         table = self.tables["trajectories"]
 
         def attempt() -> tuple[int, int]:
-            version = table.latest()
-            rows = in_commit_order(table.read(version, row_address=True))
-            kept = rows.take(first_occurrences(rows["id"])) if rows.num_rows else rows
-            if kept.num_rows < rows.num_rows:
-                table.replace(version, kept)
-            return rows.num_rows, kept.num_rows
+            version, addresses, keys = table.latest(), [], []
+            for batch in table.batches(version, ["id"], row_address=True):
+                addresses.append(batch[ADDRESS].to_numpy())
+                keys.append(id_keys(batch["id"]))
+            if not addresses:
+                return 0, 0
+            address = np.concatenate(addresses)
+            order = np.argsort(address, kind="stable")
+            first = np.zeros(len(address), dtype=bool)
+            first[order[first_copies(np.concatenate(keys)[order])]] = True
+            table.delete(version, address[~first])
+            return len(address), int(first.sum())
 
         return with_retries(attempt, table.uri)

@@ -15,11 +15,12 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TypeVar
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from lance import LanceOperation
@@ -29,6 +30,7 @@ from lance.optimize import Compaction, CompactionOptions
 FORMAT = 2  # 1: Parquet part files (data/legacy.py); 2: Lance tables
 FORMAT_KEY = "softrl.store_format"
 RETRIES = 8
+BATCH_ROWS = 65_536  # rows a scan holds at once
 T = TypeVar("T")
 
 
@@ -137,6 +139,22 @@ class Table:
         return with_retries(lambda: dataset.to_table(columns=columns, filter=where, with_row_address=row_address),
                             self.uri)
 
+    def batches(self, version: int, columns: list[str], where: pc.Expression | None = None,
+                row_address: bool = False) -> Iterator[pa.RecordBatch]:
+        """Rows of `version` a batch at a time, in row-address order (memory bounded by a batch)."""
+        dataset = self.at(version)
+        try:
+            yield from dataset.to_batches(columns=columns, filter=where, with_row_address=row_address,
+                                          batch_size=BATCH_ROWS, scan_in_order=True)
+        except (OSError, ValueError) as e:
+            raise StoreError(explain(e, self.uri)) from None
+
+    def take(self, version: int, addresses: np.ndarray, columns: list[str] | None = None) -> pa.Table:
+        """The rows of `version` at `addresses` (uint64 row addresses, as `read(row_address=True)` gives
+        them), in that order; the pinned Lance's `_take_rows` is its take by address."""
+        dataset = self.at(version)
+        return with_retries(lambda: dataset._take_rows(pa.array(addresses, pa.uint64()), columns), self.uri)
+
     def append(self, rows: pa.Table) -> None:
         with_retries(lambda: lance.write_dataset(rows, self.uri, mode="append", storage_options=self.options),
                      self.uri)
@@ -148,14 +166,23 @@ class Table:
             dataset.merge_insert(key).when_matched_update_all().when_not_matched_insert_all().execute(rows)
         with_retries(attempt, self.uri)
 
-    def replace(self, version: int, rows: pa.Table) -> None:
-        """Commit `rows` in place of every row of `version`: rows appended after it stay, and readers of
-        `version` keep reading it. A concurrent rewrite makes this a CommitConflictError: the caller
+    def delete(self, version: int, addresses: np.ndarray) -> None:
+        """Commit, over `version`, the deletion of the rows at `addresses` (deletion files: no row is
+        rewritten or moved, rows appended after `version` stay, readers of `version` keep reading it).
+        A concurrent rewrite or deletion of the same fragments is a CommitConflictError: the caller
         reads again and retries (through `with_retries`)."""
-        old = self.at(version)
-        fragments = lance.fragment.write_fragments(rows, self.uri, schema=self.schema, storage_options=self.options)
-        operation = LanceOperation.Update(removed_fragment_ids=[f.fragment_id for f in old.get_fragments()],
-                                          new_fragments=fragments)
+        if not len(addresses):
+            return
+        dataset, updated, emptied = self.at(version), [], []
+        fragment_of = addresses >> np.uint64(32)
+        for fragment_id in np.unique(fragment_of).tolist():
+            listed = ", ".join(str(a) for a in addresses[fragment_of == fragment_id].tolist())
+            meta = dataset.get_fragment(fragment_id).delete(f"_rowaddr IN ({listed})")
+            if meta is None:  # every row of it deleted
+                emptied.append(fragment_id)
+            else:
+                updated.append(meta)
+        operation = LanceOperation.Delete(updated_fragments=updated, deleted_fragment_ids=emptied, predicate="dedupe")
         lance.LanceDataset.commit(self.uri, operation, read_version=version, storage_options=self.options)
 
     # --- versions ------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
+import pyarrow.compute as pc
+
 from softrl.data.store import ExperienceStore, Snapshot
 
 TEXT_ID = re.compile(r"prompt-[0-9a-f]{16}")  # `tasks.base.prompt_id_of`: an id made from a prompt's text
@@ -21,7 +23,10 @@ def unmatched_rows(store: ExperienceStore, sources: list[str], task: str, prompt
     and rows of `task` whose ids were made from a text that is none of its prompts'. `other_prompts`:
     also rows of the task's other prompts (ids of another task.size or task.seed); rows naming
     another task are that task's. Read at `snapshot` (the newest versions without one)."""
-    table = store.trajectories(snapshot, source=sources, passed=passed, columns=["source", "task", "prompt_id"])
+    nameless_or_foreign = pc.field("task").is_null() | (pc.field("task") == "") \
+        | ((pc.field("task") == task) & ~pc.field("prompt_id").isin(list(prompt_ids)))  # read only those rows
+    table = store.trajectories(snapshot, source=sources, passed=passed, columns=["source", "task", "prompt_id"],
+                               where=nameless_or_foreign)
     ids, first = set(prompt_ids), next(iter(prompt_ids), None)
     per_source: Counter[str] = Counter()
     foreign, nameless, split, example, example_of_split = 0, 0, 0, None, False

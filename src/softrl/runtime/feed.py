@@ -8,12 +8,14 @@ from collections.abc import Callable
 
 import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
-from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, Snapshot, StoreError, TrajectoryPool
+from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, Snapshot, StoreError
 from softrl.data.unmatched import unmatched_rows
 from softrl.data.versions import pinned
 from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.tasks.base import Prompt, Task
 from softrl.training.batch import Batch, knows_behavior, make_batch, unusable_row
+
+CHECKED_ROWS = 2_000  # rows of each pool checked before a run starts; the rest are checked when drawn
 
 
 class DataFeed:
@@ -44,21 +46,22 @@ class DataFeed:
         sources = {}
         snapshot = self.snapshot  # every pool from the same versions, whatever others commit meanwhile
         for source in wanted:
+            filters = {"task": self.task.name}
             if source == "offline":
-                table = self.store.trajectories(snapshot, task=self.task.name, source=cfg.offline_sources,
-                                                passed=True if cfg.offline_passed_only else None)
+                filters.update(source=cfg.offline_sources, passed=True if cfg.offline_passed_only else None)
             elif source == "pts":  # the rollouts `softrl pts` sampled from prefixes, passed or not
-                table = self.store.trajectories(snapshot, task=self.task.name, source="pts")
-            else:  # mc: rows annotated by `softrl pts`
-                table = self.store.trajectories(snapshot, task=self.task.name)
-            rows = [r for r in table.to_pylist() if r["prompt_id"] in self.q0 and (source != "mc" or r["mc_targets"])]
-            self._check_behavior(source, rows)
-            pool = TrajectoryPool(rows)
-            if registry.get(cfg.objective_for(source).algorithm).min_group:
-                pool = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
+                filters["source"] = "pts"
+            pool = self.store.pool(snapshot, prompt_ids=list(self.q0), annotated=source == "mc",  # mc: `softrl pts`'s
+                                   **filters)
+            checked = pool.checked_rows(CHECKED_ROWS)
+            self._check_behavior(source, checked, len(pool))
             sources[source] = pool
-            self.log(f"{source} pool: {len(rows)} trajectories")
-            self._check_rows(source, rows)
+            if registry.get(cfg.objective_for(source).algorithm).min_group:
+                sources[source] = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
+            self.log(f"{source} pool: {len(pool)} trajectories")
+            self._refuse_unusable(source, checked)
+            if source == "offline":
+                self._say_unmatched(len(pool))
         if not any(len(getattr(src, "pool", src)) for src in sources.values()):
             where = f"{', '.join(wanted)} in {cfg.store}"
             if cfg.mix.get("online", 0) <= 0:
@@ -68,43 +71,44 @@ class DataFeed:
             return None
         return MixtureSampler(sources, wanted, seed=self.config.seed)
 
-    def _check_rows(self, source: str, rows: list[dict]) -> None:
-        """Refused: a row the model cannot be fed (token ids outside its vocabulary, no prompt); for
-        the offline pool, stored rows of its sources that are not the task's prompts are said (and
-        refused when the pool has no row at all)."""
+    def _refuse_unusable(self, source: str, rows: list[dict]) -> None:
+        """Refused: a row the model cannot be fed (token ids outside its vocabulary, no prompt)."""
         problem = unusable_row(rows, self.fingerprint, self.vocab_size, lambda t: encode_prompt(self.tokenizer, t))
         if problem:
             raise ConfigError(f"data.store: {source} pool of {self.store.root}: {problem}: this model cannot train "
                               "on it; import the rows into a new store with `softrl data import FILE --model MODEL`, "
                               "which checks them")
-        if source != "offline":
-            return
+
+    def _say_unmatched(self, pool_size: int) -> None:
+        """Stored rows of the offline sources that are not the task's prompts are said (and refused
+        when the pool has no row at all)."""
         cfg = self.config.data
         ids, passed = [p.id for p in self.prompts if p.id in self.q0], True if cfg.offline_passed_only else None
         unmatched = unmatched_rows(self.store, cfg.offline_sources, self.task.name, ids, passed, snapshot=self.snapshot)
         everything = unmatched_rows(self.store, cfg.offline_sources, self.task.name, ids, passed, True, self.snapshot) \
-            if not rows else None  # with the rows of the task's other prompts (another task.size or task.seed)
-        if unmatched and not rows:  # rows meant for this task and none usable: not a run on nothing
+            if not pool_size else None  # with the rows of the task's other prompts (another task.size or task.seed)
+        if unmatched and not pool_size:  # rows meant for this task and none usable: not a run on nothing
             raise ConfigError(f"data.offline_sources: the offline pool would be empty: {everything}")
         if unmatched or everything:
             self.log(f"warning: offline pool: {unmatched or everything}")
 
-    def _check_behavior(self, source: str, rows: list[dict]) -> None:
+    def _check_behavior(self, source: str, rows: list[dict], pool_size: int) -> None:
         """An objective that weighs rows by pi/mu skips rows without mu's log-probs: said, and refused
-        when that is every row of the pool."""
+        when that is every row of the pool (`rows`: the pool's checked rows)."""
         options = self.config.data.objective_for(source)
         objective = registry.get(options.algorithm)
         if not rows or not objective.behavior(options):
             return
         unknown = sum(not knows_behavior(r) for r in rows)
+        of = f" (of {len(rows):,} checked among {pool_size:,})" if len(rows) < pool_size else ""
         if unknown == len(rows) and objective.behavior_every_row:
             other = ", or is_correction=none" if hasattr(options, "is_correction") else ""
             raise ConfigError(f"data.mix: {options.algorithm} weighs {source} rows by pi/mu and none of the {len(rows)} "
-                              f"{source} rows has its sampler's log-probs at temperature 1 (human or imported data): "
-                              f"use spo, agro-off or topr{other}")
+                              f"{source} rows{of} has its sampler's log-probs at temperature 1 (human or imported "
+                              f"data): use spo, agro-off or topr{other}")
         if unknown:
-            self.log(f"{source} pool: {options.algorithm}: the {unknown} rows without their sampler's log-probs are "
-                     f"{objective.without_behavior}")
+            self.log(f"{source} pool: {options.algorithm}: the {unknown} rows{of} without their sampler's log-probs "
+                     f"are {objective.without_behavior}")
 
     def next_prompts(self) -> list[Prompt]:
         return self.prompt_rng.sample(self.prompts, min(self.config.sampling.prompts_per_step, len(self.prompts)))
@@ -119,7 +123,10 @@ class DataFeed:
             count = round(online_rows * sum(w for s, w in mix.items() if s != "online") / online_weight)
         else:
             count = self.config.sampling.prompts_per_step * self.config.sampling.samples_per_prompt
-        return self.mixture.sample(count) if count else []
+        rows = self.mixture.sample(count) if count else []
+        for source in self.mixture.sources:  # a pool larger than its checked rows: what it gives is checked
+            self._refuse_unusable(source, [r for r in rows if r["mix_source"] == source])
+        return rows
 
     def batch(self, online: list[dict]) -> Batch:
         """A learner step's batch: the online rows and the other sources' share."""

@@ -1,0 +1,132 @@
+"""Pools: the rows a source of the training mix draws from. `Pool` holds, per row, only the index of its
+prompt; the rows themselves come from `fetch`. `TrajectoryPool` keeps rows in memory (a run's online
+buffer, tests); `StoredPool` keeps the row addresses of one store version and fetches a draw's rows
+with Lance's `take`, so its memory is about 12 bytes a row whatever the rows hold (a store of 1e7
+rows of 500 tokens is a 120 MB pool, not tens of gigabytes of Python objects)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+Rows = list[dict[str, Any]]
+HEX = np.full(256, 255, dtype=np.uint8)
+HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+
+
+def id_keys(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Each trajectory id as two 64-bit words (`[N, 2]` uint64), for finding repeated ids without a
+    Python string per row: the 128 bits of an id of 32 hex digits (every id softrl makes), exact;
+    any other id, its BLAKE2 digest."""
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    if not len(ids):
+        return np.empty((0, 2), dtype=np.uint64)
+    digits = None
+    if pc.all(pc.equal(pc.binary_length(ids), 32)).as_py():
+        fixed = ids.cast(pa.binary()).cast(pa.binary(32))
+        digits = HEX[np.frombuffer(fixed.buffers()[1], np.uint8, 32 * len(ids), 32 * fixed.offset).reshape(-1, 32)]
+    if digits is not None and (digits != 255).all():
+        raw = np.ascontiguousarray((digits[:, 0::2] << 4) | digits[:, 1::2])  # [N, 16] bytes
+    else:
+        raw = np.frombuffer(b"".join(hashlib.blake2b(i.encode(), digest_size=16).digest() for i in ids.to_pylist()),
+                            np.uint8).reshape(-1, 16)
+    return raw.view(np.uint64)  # [N, 2]
+
+
+def first_copies(keys: np.ndarray) -> np.ndarray:
+    """Positions of the first row of every distinct key (`keys`: [N, 2]), in row order. Sorted by the
+    first word only (a stable sort of 1e7 words takes about a second; of 128-bit keys, several); rows
+    that share a first word, the repeats and the rare collisions, are told apart by the whole key."""
+    order = np.argsort(keys[:, 0], kind="stable")
+    high = keys[order, 0]
+    starts = np.ones(len(order), dtype=bool)
+    starts[1:] = high[1:] != high[:-1]
+    run = np.cumsum(starts) - 1
+    shared = np.bincount(run)[run] > 1
+    seen, kept = set(), []
+    for position in order[shared].tolist():  # grouped by first word, in row order within a group
+        key = (int(keys[position, 0]), int(keys[position, 1]))
+        if key not in seen:
+            seen.add(key)
+            kept.append(position)
+    return np.sort(np.concatenate([order[starts & ~shared], np.asarray(kept, dtype=order.dtype)]))
+
+
+def members(keys: np.ndarray, of: np.ndarray) -> np.ndarray:
+    """`[N]` bool: whether each key (`[N, 2]`) is one of `of` (`[M, 2]`, M small: annotations)."""
+    wanted = {(int(a), int(b)) for a, b in of.tolist()}
+    candidates = np.isin(keys[:, 0], of[:, 0])
+    out = np.zeros(len(keys), dtype=bool)
+    for position in np.flatnonzero(candidates).tolist():
+        out[position] = (int(keys[position, 0]), int(keys[position, 1])) in wanted
+    return out
+
+
+class Pool:
+    """Rows 0..N-1, each of a prompt (`prompt_index[i]` into `prompt_names`), sampled uniformly with
+    replacement, or by prompt; `fetch(positions)` gives the rows at positions, in that order."""
+
+    def __init__(self, prompt_index: np.ndarray, prompt_names: Sequence[str], fetch: Callable[[list[int]], Rows]):
+        self.prompt_index, self.prompt_names, self.fetch = prompt_index, list(prompt_names), fetch
+        order = np.argsort(prompt_index, kind="stable")  # positions grouped by prompt, row order within
+        bounds = np.searchsorted(prompt_index[order], np.arange(len(self.prompt_names) + 1))
+        self._of = {name: order[bounds[k]:bounds[k + 1]] for k, name in enumerate(self.prompt_names)
+                    if bounds[k + 1] > bounds[k]}
+
+    def __len__(self) -> int:
+        return len(self.prompt_index)
+
+    def draw(self, n: int, rng: random.Random) -> Rows:
+        return self.fetch([rng.randrange(len(self)) for _ in range(n)]) if len(self) else []
+
+    def prompts_with(self, n: int) -> list[str]:
+        """The prompt ids with at least n rows, sorted."""
+        return sorted(name for name, positions in self._of.items() if len(positions) >= n)
+
+    def of_prompt(self, prompt_id: str, n: int, rng: random.Random, replace: bool = False) -> Rows:
+        """n rows of one prompt; without replacement unless asked (then fewer when it has fewer)."""
+        index = self._of.get(prompt_id, np.empty(0, dtype=np.int64)).tolist()
+        chosen = [rng.choice(index) for _ in range(n)] if replace and index else rng.sample(index, min(n, len(index)))
+        return self.fetch(chosen)
+
+    def checked_rows(self, limit: int) -> Rows:
+        """Every row when there are at most `limit`, else `limit` rows drawn once by a fixed seed: what a
+        run checks before it starts (a store of 1e7 rows is not read whole to find one bad row)."""
+        positions = range(len(self)) if len(self) <= limit else sorted(random.Random(0).sample(range(len(self)), limit))
+        return self.fetch(list(positions))
+
+
+class TrajectoryPool(Pool):
+    """Rows held in memory."""
+
+    def __init__(self, rows: pa.Table | Sequence[dict[str, Any]]):
+        self.rows = rows.to_pylist() if isinstance(rows, pa.Table) else list(rows)
+        names = list(dict.fromkeys(row["prompt_id"] for row in self.rows))
+        code = {name: k for k, name in enumerate(names)}
+        super().__init__(np.array([code[r["prompt_id"]] for r in self.rows], dtype=np.int64), names,
+                         lambda positions: [self.rows[i] for i in positions])
+
+
+class StoredPool(Pool):
+    """Rows of one version of a store's trajectory table, held as row addresses (`[N]` uint64) and
+    fetched by `take(addresses) -> pa.Table` (with the run's joins, e.g. MC-target annotations)."""
+
+    def __init__(self, addresses: np.ndarray, prompt_index: np.ndarray, prompt_names: Sequence[str],
+                 take: Callable[[np.ndarray], pa.Table]):
+        self.addresses = addresses
+
+        def fetch(positions: list[int]) -> Rows:
+            if not positions:
+                return []
+            wanted = np.asarray(positions, dtype=np.int64)
+            unique, back = np.unique(self.addresses[wanted], return_inverse=True)
+            rows = take(unique).to_pylist()  # in address order
+            return [rows[k] for k in back]
+
+        super().__init__(prompt_index, prompt_names, fetch)
