@@ -700,16 +700,16 @@ def test_a_full_disk_is_one_line_and_what_was_written_before_stays(tmp_path, tin
     else:
         from softrl.data import tables
 
-        write_dataset = tables.lance.write_dataset
+        write_fragments = tables.lance.fragment.write_fragments  # how a run's online rows are written
 
         def lance_write(table, uri, *a, **k):
             if "policy_version" in table.column_names and table.num_rows and \
                     table.column("source")[0].as_py() == "online" and 2 in table.column("policy_version").to_pylist():
                 rows.append(ExperienceStore(store).trajectories(source="online", unique=False).num_rows)
                 raise OSError(errno.ENOSPC, "LanceError(IO): No space left on device (os error 28)")
-            return write_dataset(table, uri, *a, **k)
+            return write_fragments(table, uri, *a, **k)
 
-        monkeypatch.setattr(tables.lance, "write_dataset", lance_write)
+        monkeypatch.setattr(tables.lance.fragment, "write_fragments", lance_write)
         said = f"disk full while writing online samples (store rows) in {store}: earlier checkpoints (in"
     with pytest.raises(DiskFullError) as caught:
         train(config, log=lambda m: None)

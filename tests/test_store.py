@@ -392,21 +392,23 @@ def test_repeated_ids_are_found_by_their_whole_key():
     assert first_copies(id_keys(pa.array(drawn))).tolist() == expected
 
 
-def test_batched_appender_commits_every_nth_call_and_on_flush():
-    from softrl.data.batched import BatchedAppender
+def test_batched_appender_commits_every_nth_call_and_on_flush(root):
+    """A run's rows, and the fragments its workers wrote elsewhere, reach readers in one commit per
+    `every` calls (and on flush), never before; nothing is lost or written twice."""
+    from softrl.data.batched import BatchedAppender, FragmentWriter
 
-    class Counting:
-        def __init__(self):
-            self.calls = []
-
-        def append(self, rows):
-            self.calls.append(list(rows))
-            return len(self.calls[-1])
-
-    store = Counting()
-    batched = BatchedAppender(store, every=3)
-    assert [batched.append([i]) for i in range(7)] == [0, 0, 3, 0, 0, 3, 0] and store.calls == [[0, 1, 2], [3, 4, 5]]
-    assert batched.flush() == 1 and batched.flush() == 0 and store.calls[-1] == [6] and batched.commits == 3
+    store = ExperienceStore(root)
+    table, rows = store.tables["trajectories"], [full_trajectory(response_tokens=[i]) for i in range(8)]
+    batched, worker, start = BatchedAppender(store, every=3), FragmentWriter(ExperienceStore(root)), table.latest()
+    assert [batched.append([rows[i]]) for i in range(2)] == [0, 0]
+    assert worker.append([rows[2], rows[3]]) == 1 and worker.append([rows[4]]) == 1
+    assert len(store) == 0 and table.latest() == start  # written by the worker, seen by nobody yet
+    assert batched.add_fragments(worker.take()) == 2 and worker.take() == [] and table.latest() == start + 1
+    assert store.trajectories()["id"].to_pylist() == [rows[i].id for i in (2, 3, 4, 0, 1)]
+    assert [batched.append([rows[i]]) for i in (5, 6, 7)] == [0, 0, 3] and table.latest() == start + 2
+    assert batched.flush() == 0 and table.latest() == start + 2 and batched.commits == 2
+    batched.append([rows[0]])  # a repeat is stored again (reads keep the first copy)
+    assert batched.flush() == 1 and batched.commits == 3 and len(store) == 8
     with pytest.raises(ValueError, match="every must be >= 1"):
         BatchedAppender(store, every=0)
 

@@ -1,5 +1,7 @@
 """Batched commits: a run's online rows reach the store every few learner steps in one commit, not one
-commit per step (each commit is a table version; thousands of them slow every reader and writer)."""
+commit per step (each commit is a table version; thousands of them slow every reader and writer).
+Rollout workers elsewhere (Ray) write their rows as uncommitted fragments (`FragmentWriter`) and the
+run's one committer commits them with its own (`BatchedAppender.add_fragments`)."""
 
 from __future__ import annotations
 
@@ -22,22 +24,53 @@ class BatchedAppender:
             raise ValueError(f"every must be >= 1, got {every}")
         self.store, self.every = store, every
         self._rows: list[Trajectory | dict[str, Any]] = []
+        self._fragments: list[dict] = []
         self._calls, self.commits = 0, 0
         self._lock = threading.Lock()
 
     def append(self, rows: Iterable[Trajectory | dict[str, Any]]) -> int:
         with self._lock:
             self._rows.extend(rows)
+        return self._counted()
+
+    def add_fragments(self, fragments: Iterable[dict]) -> int:
+        """Keep fragments written by workers (`FragmentWriter`) for the next commit; one call per step."""
+        with self._lock:
+            self._fragments.extend(fragments)
+        return self._counted()
+
+    def _counted(self) -> int:
+        with self._lock:
             self._calls += 1
             due = self._calls % self.every == 0
         return self.flush() if due else 0
 
     def flush(self) -> int:
-        """Commit the rows kept so far (none: no commit); returns rows written."""
+        """Commit the rows and fragments kept so far, in one commit (none: no commit); returns the rows
+        written here (workers' fragments not counted)."""
         with self._lock:
             rows, self._rows = self._rows, []
-            if not rows:
+            fragments, self._fragments = self._fragments, []
+            if not rows and not fragments:
                 return 0
-            written = self.store.append(rows)
+            own = self.store.write_fragments(rows) if rows else []
+            self.store.commit_fragments(fragments + own)
             self.commits += 1
-            return written
+            return sum(f["physical_rows"] for f in own)
+
+
+class FragmentWriter:
+    """A rollout worker's store: `append` writes rows as uncommitted fragments, `take` hands their
+    metadata over (to travel with the rows to the run's committer)."""
+
+    def __init__(self, store):
+        self.store, self._fragments = store, []
+
+    def append(self, rows: Iterable[Trajectory | dict[str, Any]]) -> int:
+        written = self.store.write_fragments(rows)
+        self._fragments += written
+        return len(written)
+
+    def take(self) -> list[dict]:
+        fragments, self._fragments = self._fragments, []
+        return fragments

@@ -78,6 +78,18 @@ def location(root: str | Path) -> str:
     return text.rstrip("/") if text.startswith("s3://") else str(Path(text))
 
 
+def checked_rows(trajectories: Iterable[Trajectory | dict[str, Any]]) -> pa.Table:
+    """Trajectory rows as a table, the later copies of an id dropped; a reward that is not a finite
+    number in [0, 1] is a RewardError naming the row."""
+    rows: dict[str, dict[str, Any]] = {}
+    for t in trajectories:
+        row = (t if isinstance(t, Trajectory) else Trajectory.from_row(t)).to_row()
+        row["reward"] = check_reward(row["reward"], f"task {row['task'] or '?'}, prompt {row['prompt_id']}, "
+                                                    f"trajectory {row['id']}")
+        rows.setdefault(row["id"], row)
+    return pa.Table.from_pylist(list(rows.values()), schema=TRAJECTORY_SCHEMA)
+
+
 class ExperienceStore:
     def __init__(self, root: str | Path, create: bool = True):
         self.root = location(root)
@@ -100,15 +112,23 @@ class ExperienceStore:
     def append(self, trajectories: Iterable[Trajectory | dict[str, Any]]) -> int:
         """Write trajectories in one commit (duplicates within the call dropped); returns rows written.
         Every reward must be a finite number in [0, 1]: one bad row is a RewardError and nothing is written."""
-        rows: dict[str, dict[str, Any]] = {}
-        for t in trajectories:
-            row = (t if isinstance(t, Trajectory) else Trajectory.from_row(t)).to_row()
-            row["reward"] = check_reward(row["reward"], f"task {row['task'] or '?'}, prompt {row['prompt_id']}, "
-                                                        f"trajectory {row['id']}")
-            rows.setdefault(row["id"], row)
-        if rows:
-            self.tables["trajectories"].append(pa.Table.from_pylist(list(rows.values()), schema=TRAJECTORY_SCHEMA))
-        return len(rows)
+        rows = checked_rows(trajectories)
+        if rows.num_rows:
+            self.tables["trajectories"].append(rows)
+        return rows.num_rows
+
+    def write_fragments(self, trajectories: Iterable[Trajectory | dict[str, Any]]) -> list[dict]:
+        """Write trajectories (checked as `append` checks them) without committing them: a rollout
+        worker on any node writes, one committer commits many workers' fragments at once
+        (`commit_fragments`); until then no reader sees them, and a worker killed meanwhile leaves
+        only files that no version names."""
+        rows = checked_rows(trajectories)
+        return self.tables["trajectories"].write_fragments(rows) if rows.num_rows else []
+
+    def commit_fragments(self, fragments: Sequence[dict]) -> None:
+        """One commit of every fragment `write_fragments` wrote (in the order given)."""
+        if fragments:
+            self.tables["trajectories"].commit_fragments(list(fragments))
 
     def _upsert(self, name: str, rows: list[dict[str, Any]]) -> int:
         unique = {row[KEYS[name]]: row for row in rows}  # within one call, the later row wins

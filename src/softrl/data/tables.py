@@ -11,6 +11,7 @@ version reads it to the end.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -25,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance import LanceOperation
 from lance.commit import CommitConflictError
+from lance.fragment import FragmentMetadata
 from lance.optimize import Compaction, CompactionOptions
 
 FORMAT = 2  # 1: Parquet part files (data/legacy.py); 2: Lance tables
@@ -157,6 +159,20 @@ class Table:
 
     def append(self, rows: pa.Table) -> None:
         with_retries(lambda: lance.write_dataset(rows, self.uri, mode="append", storage_options=self.options),
+                     self.uri)
+
+    def write_fragments(self, rows: pa.Table) -> list[dict]:
+        """Write `rows` as data files that no version names yet (any process, any node); their
+        fragments' metadata (JSON-able dicts) go to one committer's `commit_fragments`."""
+        return with_retries(lambda: [f.to_json() for f in lance.fragment.write_fragments(
+            rows, self.uri, schema=self.schema, storage_options=self.options)], self.uri)
+
+    def commit_fragments(self, fragments: list[dict]) -> None:
+        """One commit appending every fragment written by `write_fragments` (Lance rebases an append
+        over commits made meanwhile; a lost race is retried)."""
+        metadata = [FragmentMetadata.from_json(json.dumps(f)) for f in fragments]
+        with_retries(lambda: lance.LanceDataset.commit(self.uri, LanceOperation.Append(metadata),
+                                                       read_version=self.latest(), storage_options=self.options),
                      self.uri)
 
     def upsert(self, key: str, rows: pa.Table) -> None:

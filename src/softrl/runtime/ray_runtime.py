@@ -1,15 +1,14 @@
 """The Ray runtime: N rollout-worker actors and a learner actor (rank 0 of a learner group of
 `runtime.learners` actors), on a local Ray or a cluster.
 
-The driver picks prompts, has the workers sample them (each worker writes its trajectories to the
-store itself), hands the rows to the learner, and every `model_update_interval` learner steps sends
-the learner's weights to the workers: over torch.distributed channels (runtime/weights.py), or
-through the object store (`runtime.weight_sync: object_store`). Generation of the next batch is
-issued before the learner steps on this one, so the two overlap (online rows are one version
-stale, or more with a larger interval). A worker actor that dies is restarted by Ray; the driver
-sends it the current weights and asks again, and the run goes on.
-
-Same pieces as the local runtime (Session, RolloutWorker, Learner); only where they run differs.
+The driver picks prompts, has the workers sample them (each writes its trajectories as fragments
+that the learner commits, every few steps, in one commit), hands the rows to the learner, and
+every `model_update_interval` learner steps sends the learner's weights to the workers: over
+torch.distributed channels (runtime/weights.py), or through the object store
+(`runtime.weight_sync: object_store`). Generation of the next batch is issued before the learner
+steps on this one, so the two overlap (online rows are one version stale, or more with a larger
+interval). A worker actor that dies is restarted by Ray; the driver sends it the current weights
+and asks again. Same pieces as the local runtime (Session, RolloutWorker, Learner), elsewhere.
 """
 
 from __future__ import annotations
@@ -116,7 +115,8 @@ class _Learner(WeightSource):
     def next_prompt_ids(self) -> list[str]:
         return [p.id for p in self.session.feed.next_prompts()]
 
-    def step(self, online: list[dict], elapsed: float, timings: dict[str, float]) -> dict:
+    def step(self, online: list[dict], fragments: list[dict], elapsed: float, timings: dict[str, float]) -> dict:
+        self.session.run.online_rows.add_fragments(fragments)  # committed every few steps, with the checkpoints
         return self.session.learn(online, elapsed, timings)
 
     def checkpoint(self) -> None:
@@ -145,6 +145,7 @@ class Worker:
 
         from softrl.assemble import load_tasks, placement, rollout_worker
         from softrl.data import ExperienceStore
+        from softrl.data.batched import FragmentWriter
         from softrl.models.loading import load_causal_lm
 
         torch.set_num_threads(1)
@@ -156,7 +157,9 @@ class Worker:
         self.receiver = None
         task, _ = load_tasks(cfg)
         self.prompts = {p.id: p for p in task.prompts()}
-        self.worker = rollout_worker(cfg, task, self.model, tokenizer, ExperienceStore(cfg.data.store))
+        # its rows are written as fragments here and committed by the run's one committer (the learner)
+        self.fragments = FragmentWriter(ExperienceStore(cfg.data.store))
+        self.worker = rollout_worker(cfg, task, self.model, tokenizer, self.fragments)
 
     def pid(self) -> int:
         return os.getpid()
@@ -187,11 +190,12 @@ class Worker:
         self.version = version
         return version
 
-    def collect(self, prompt_ids: list[str], n: int, seed: int) -> tuple[int, list[dict]]:
-        """(the weights' version, the rows): a restarted worker answers with version -1."""
+    def collect(self, prompt_ids: list[str], n: int, seed: int) -> tuple[int, list[dict], list[dict]]:
+        """(the weights' version, the rows, the fragments they were written to): a restarted worker
+        answers with version -1."""
         self.model.eval()
         rows = self.worker.collect([self.prompts[i] for i in prompt_ids], n, self.version, seed)
-        return self.version, [{**r.to_row(), "mix_source": "online"} for r in rows]
+        return self.version, [{**r.to_row(), "mix_source": "online"} for r in rows], self.fragments.take()
 
 
 class Channels:
@@ -330,15 +334,17 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop) -> d
         def ask(i: int, share: list[str], at_step: int):
             return workers[i].collect.remote(share, n, config.seed * 1_000_003 + at_step * 101 + i)
 
-        def gather(pending: list, at_step: int) -> list[dict]:
-            """Every share's rows. A worker that died (Ray restarts it) or answered with other weights
-            than it was asked with (a restart lost them) gets the current ones and the request again."""
+        def gather(pending: list, at_step: int) -> tuple[list[dict], list[dict]]:
+            """Every share's rows, and the fragments every answer wrote (stored, trained on or not). A worker
+            that died (Ray restarts it) or answered with other weights than it was asked with (a restart
+            lost them) gets the current ones and the request again."""
             nonlocal restarts
-            rows = []
+            rows, fragments = [], []
             for i, share, ref, expected in pending:
                 for attempt in range(MAX_RECOVERY_TRIES):
                     try:
-                        got_version, got = ray.get(ref)
+                        got_version, got, written = ray.get(ref)
+                        fragments += written
                         if got_version == expected:
                             rows += got
                             break
@@ -354,7 +360,7 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop) -> d
                     ref, expected = ask(i, share, at_step), version
                 else:
                     raise RuntimeError(f"rollout worker {i} did not come back after {MAX_RECOVERY_TRIES} tries")
-            return rows
+            return rows, fragments
 
         started = time.time()
         earlier = info["seconds"]
@@ -362,11 +368,11 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop) -> d
         stop.stepping = True  # a first signal now waits for the step in progress
         while step < config.optim.steps:
             waiting = time.time()
-            online = gather(pending, step)
+            online, fragments = gather(pending, step)
             timings = {"time/wait": time.time() - waiting}  # for the workers' rows: generation not overlapped
             if step + 1 < config.optim.steps:
                 pending = issue(step + 1)  # generation of the next batch overlaps this learner step
-            record = ray.get(learner.step.remote(online, earlier + time.time() - started, timings))
+            record = ray.get(learner.step.remote(online, fragments, earlier + time.time() - started, timings))
             step = record["step"]
             if step % rc.model_update_interval == 0:
                 version = step
