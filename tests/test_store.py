@@ -392,6 +392,25 @@ def test_repeated_ids_are_found_by_their_whole_key():
     assert first_copies(id_keys(pa.array(drawn))).tolist() == expected
 
 
+def test_stats_on_ray_data_are_the_local_scan_s(tmp_path):
+    """`softrl data stats --ray` (Ray Data: reads by fragment, first copies by a distributed group-by)
+    gives the figures of the one-process scan: repeats, annotations (the newest wins), Q0 counted."""
+    pytest.importorskip("ray")
+    store = ExperienceStore(tmp_path / "store")
+    rows = [full_trajectory(prompt_id=f"p{i % 7}", response_tokens=[i], source=("online", "human", "pts")[i % 3],
+                            reward=(i % 4) / 4, passed=i % 4 == 3, **({"mc_targets": []} if i % 5 else {}))
+            for i in range(60)]
+    store.append(rows[:40])
+    store.append([full_trajectory(**{**rows[i].to_row(), "source": "human"}) for i in range(30, 60)])  # 10 repeats
+    store.annotate({rows[1].id: [{"t": 1, "success": 0.5, "k": 4}], rows[5].id: []})
+    store.put_prompts([{"prompt_id": "p1", "q0_hat": 0.2}, {"prompt_id": "p2"}])
+    proc = softrl("data", "stats", "--ray", "--json", "--store", str(tmp_path / "store"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    on_ray = json.loads(proc.stdout)
+    assert on_ray == json.loads(json.dumps(store.stats())) and on_ray["duplicates"] == 10
+    assert on_ray["sources"]["human"]["trajectories"] == 13 + 20 and on_ray["prompts_with_q0"] == 1
+
+
 def test_batched_appender_commits_every_nth_call_and_on_flush(root):
     """A run's rows, and the fragments its workers wrote elsewhere, reach readers in one commit per
     `every` calls (and on flush), never before; nothing is lost or written twice."""

@@ -133,11 +133,18 @@ def data_export(
 
 
 @data_app.command("stats")
-def data_stats(store: str = STORE_OPT, as_json: bool = JSON_OPT) -> None:
+def data_stats(store: str = STORE_OPT, as_json: bool = JSON_OPT,
+               on_ray: bool = typer.Option(False, "--ray", help="compute on Ray Data: the cluster of RAY_ADDRESS, "
+                                                                   "else a local Ray (a store beyond one machine)")) -> None:
     """Trajectories, prompts and pass rate per source: a table on stdout (--json: the same figures as JSON)."""
     target = open_store(store, create=False)
     with store_errors():
-        stats = target.stats()
+        if on_ray:
+            from softrl.data.distributed import stats_on_ray
+
+            stats = stats_on_ray(target)
+        else:
+            stats = target.stats()
     if as_json:
         typer.echo(json.dumps(stats))
         return

@@ -72,6 +72,13 @@ def newest(table: pa.Table, key: str) -> dict[str, dict[str, Any]]:
     return {row[key]: row for row in in_commit_order(table).to_pylist()}
 
 
+def with_mc_targets(keys: np.ndarray, own: pa.Array, annotated: np.ndarray, emptied: np.ndarray) -> np.ndarray:
+    """`[N]` bool: whether each row (`keys`: its id's keys, `own`: its own MC targets) has MC targets:
+    its newest annotation's (`annotated` ids with targets, `emptied` ids without), else its own."""
+    has_own = pc.greater(pc.list_value_length(own), 0).to_numpy(zero_copy_only=False)
+    return members(keys, annotated) | (has_own & ~members(keys, emptied))
+
+
 def location(root: str | Path) -> str:
     """A root as Lance takes it: an s3:// URI as given (less a trailing slash), a path as a path."""
     text = str(root)
@@ -172,7 +179,7 @@ class ExperienceStore:
             table = self._join_annotations(table, snapshot)
         return table
 
-    def _annotations(self, snapshot: Snapshot, ids: Sequence[str] | None = None) -> dict[str, list]:
+    def annotations(self, snapshot: Snapshot, ids: Sequence[str] | None = None) -> dict[str, list]:
         """trajectory id -> its newest MC targets (of `ids` only, read by filter, when given)."""
         where = None if ids is None else pc.field("trajectory_id").isin(list(ids))
         notes = self.tables["annotations"].read(snapshot.versions["annotations"], ["trajectory_id", "mc_targets"],
@@ -182,7 +189,7 @@ class ExperienceStore:
     def _join_annotations(self, table: pa.Table, snapshot: Snapshot, by_filter: bool = False) -> pa.Table:
         """`table` with each row's newest annotation as its `mc_targets`; `by_filter`: read only the
         annotations of its ids (a few rows drawn from a large table)."""
-        notes = self._annotations(snapshot, table["id"].to_pylist() if by_filter else None)
+        notes = self.annotations(snapshot, table["id"].to_pylist() if by_filter else None)
         if not notes:
             return table
         targets = [notes[i] if i in notes else old
@@ -198,7 +205,7 @@ class ExperienceStore:
         snapshot = snapshot or self.snapshot()
         version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
         where = both(filter_expression(filters), None if prompt_ids is None else pc.field("prompt_id").isin(list(prompt_ids)))
-        notes = self._annotations(snapshot) if annotated else {}
+        notes = self.annotations(snapshot) if annotated else {}
         with_targets = id_keys(pa.array([k for k, v in notes.items() if v], pa.string()))
         emptied = id_keys(pa.array([k for k, v in notes.items() if not v], pa.string()))
         names: dict[str, int] = {}
@@ -206,9 +213,8 @@ class ExperienceStore:
         for batch in table.batches(version, ["id", "prompt_id"] + (["mc_targets"] if annotated else []), where, True):
             batch_keys = id_keys(batch["id"])
             keep = np.ones(batch.num_rows, dtype=bool)
-            if annotated:  # the newest annotation's targets, else the row's own
-                own = pc.greater(pc.list_value_length(batch["mc_targets"]), 0).to_numpy(zero_copy_only=False)
-                keep = members(batch_keys, with_targets) | (own & ~members(batch_keys, emptied))
+            if annotated:
+                keep = with_mc_targets(batch_keys, batch["mc_targets"], with_targets, emptied)
             encoded = pc.dictionary_encode(batch["prompt_id"])
             code = np.array([names.setdefault(p, len(names)) for p in encoded.dictionary.to_pylist()], dtype=np.int64)
             addresses.append(batch[ADDRESS].to_numpy()[keep])
@@ -243,7 +249,7 @@ class ExperienceStore:
         """Per source: trajectories, distinct prompts, pass rate, mean reward, annotated rows. One scan of
         five small columns a batch at a time (about 30 bytes a row held), never the rows themselves."""
         snapshot = snapshot or self.snapshot()
-        notes = self._annotations(snapshot)
+        notes = self.annotations(snapshot)
         with_targets = id_keys(pa.array([k for k, v in notes.items() if v], pa.string()))
         emptied = id_keys(pa.array([k for k, v in notes.items() if not v], pa.string()))
         names: dict[str, dict[str, int]] = {"source": {}, "prompt_id": {}}
@@ -252,7 +258,6 @@ class ExperienceStore:
         for batch in self.tables["trajectories"].batches(snapshot.versions["trajectories"], ["id", "source", "prompt_id",
                                                          "passed", "reward", "mc_targets"], row_address=True):
             keys = id_keys(batch["id"])
-            own = pc.greater(pc.list_value_length(batch["mc_targets"]), 0).to_numpy(zero_copy_only=False)
             for name, out in (("source", "source"), ("prompt_id", "prompt")):
                 encoded = pc.dictionary_encode(batch[name])
                 code = np.array([names[name].setdefault(v, len(names[name])) for v in encoded.dictionary.to_pylist()],
@@ -262,7 +267,7 @@ class ExperienceStore:
             columns["key"].append(keys)
             columns["passed"].append(batch["passed"].to_numpy(zero_copy_only=False))
             columns["reward"].append(batch["reward"].to_numpy())
-            columns["targets"].append(members(keys, with_targets) | (own & ~members(keys, emptied)))
+            columns["targets"].append(with_mc_targets(keys, batch["mc_targets"], with_targets, emptied))
         rows = {k: np.concatenate(v) if v else np.empty(0) for k, v in columns.items()}
         order = np.argsort(rows["address"], kind="stable")
         first = order[first_copies(rows["key"][order])] if len(order) else order
@@ -275,13 +280,16 @@ class ExperienceStore:
                     "trajectories": int(part.sum()), "prompts": len(np.unique(kept["prompt"][part])),
                     "pass_rate": float(kept["passed"][part].mean()), "mean_reward": float(kept["reward"][part].mean()),
                     "with_mc_targets": int(kept["targets"][part].sum())}
-        prompts = self.tables["prompts"].read(snapshot.versions["prompts"], ["prompt_id", "q0_hat"], row_address=True)
-        return {
-            "trajectories": len(first), "duplicates": len(order) - len(first),
-            "prompts": len(np.unique(kept["prompt"])),
-            "prompts_with_q0": sum(1 for p in newest(prompts, "prompt_id").values() if p["q0_hat"] is not None),
-            "versions": dict(snapshot.versions), "sources": per_source,
-        }
+        return self.summary(snapshot, per_source, len(order), len(np.unique(kept["prompt"])))
+
+    def summary(self, snapshot: Snapshot, per_source: dict[str, dict], rows: int, prompts: int) -> dict[str, Any]:
+        """`stats`' answer from the per-source figures (of first copies), the rows counted with their
+        repeats and the distinct prompts; prompts with a Q0 read from the prompts table."""
+        table = self.tables["prompts"].read(snapshot.versions["prompts"], ["prompt_id", "q0_hat"], row_address=True)
+        trajectories = sum(s["trajectories"] for s in per_source.values())
+        return {"trajectories": trajectories, "duplicates": rows - trajectories, "prompts": prompts,
+                "prompts_with_q0": sum(1 for p in newest(table, "prompt_id").values() if p["q0_hat"] is not None),
+                "versions": dict(snapshot.versions), "sources": per_source}
 
     def dedupe(self) -> tuple[int, int]:
         """Delete, in one commit, every later copy of a trajectory id in the latest version (the first
