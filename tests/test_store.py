@@ -349,17 +349,26 @@ def test_group_sampler_and_replay(tmp_path):
     assert len(TrajectoryPool(store.trajectories(passed=True))) == 3
 
 
-def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version(root):
+def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version(root, monkeypatch):
     """The store's pool holds row addresses, not rows: every draw, group and row (first copies, the
     newest annotation joined, a prompt and an MC-target filter) is the one an in-memory pool of the
-    same read gives, and it keeps drawing its version's rows after appends and a dedupe."""
+    same read gives, and it keeps drawing its version's rows after appends and a dedupe. Scans of 7
+    rows a batch, so keys and annotations are matched across batches."""
+    from softrl.data import tables
+
+    monkeypatch.setattr(tables, "BATCH_ROWS", 7)
     store = ExperienceStore(root)
     rows = [full_trajectory(prompt_id=f"p{i % 5}", response_tokens=[i], task="t" if i % 4 else "u", mc_targets=[],
                             passed=i % 3 == 0) for i in range(120)]
     store.append(rows[:80])
     store.append(rows[40:])  # 40 repeated ids: the first committed copies are the pool's
-    store.annotate({rows[1].id: [{"t": 1, "success": 0.5, "k": 4}], rows[2].id: [{"t": 0, "success": 1.0, "k": 2}]})
-    store.annotate({rows[2].id: []})  # the newest annotation wins: no targets
+    store.append([full_trajectory(**{**rows[5].to_row(), "mc_targets": [{"t": 1, "success": 0.5, "k": 4}]}),
+                  full_trajectory(prompt_id="p9", response_tokens=[500], task="t", mc_targets=None),  # null: none
+                  full_trajectory(prompt_id="p9", response_tokens=[501], task="t"),  # targets of its own...
+                  Trajectory("p9", "custom id", 1.0, True, task="t", id="not-a-hex-id")])  # ... emptied below
+    store.annotate({rows[1].id: [{"t": 1, "success": 0.5, "k": 4}], rows[2].id: [{"t": 0, "success": 1.0, "k": 2}],
+                    "not-a-hex-id": []})
+    store.annotate({rows[2].id: [], full_trajectory(prompt_id="p9", response_tokens=[501], task="t").id: []})
     pool, memory = store.pool(task="t", prompt_ids=["p1", "p2", "p3"]), \
         TrajectoryPool(store.trajectories(task="t", prompt_id=["p1", "p2", "p3"]))
     assert len(pool) == len(memory) == sum(1 for i in range(120) if i % 4 and i % 5 in (1, 2, 3))
@@ -368,24 +377,31 @@ def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version
     assert pool.draw(50, a) == memory.draw(50, b) and pool.prompts_with(20) == memory.prompts_with(20)
     assert pool.of_prompt("p2", 4, a) == memory.of_prompt("p2", 4, b)
     assert GroupSampler(pool, 3, seed=1).sample(5) == GroupSampler(memory, 3, seed=1).sample(5)
+    # rows[5]'s later copy has targets of its own, but its first copy (none) decides; an emptied
+    # annotation outweighs a row's own targets; a null list is none
     annotated = store.pool(task="t", annotated=True)
     assert [r["id"] for r in annotated.fetch(list(range(len(annotated))))] == [rows[1].id]
+    expected = [r["id"] for r in store.trajectories(task="t").to_pylist() if r["mc_targets"]]
+    assert expected == [rows[1].id]
     snapshot, before = store.snapshot(), pool.fetch(list(range(len(pool))))
     store.append([full_trajectory(prompt_id="p1", response_tokens=[999], task="t")])
     store.dedupe()
-    assert pool.fetch(list(range(len(pool)))) == before and len(store.pool(snapshot, task="t")) == 90
-    assert len(store.pool(task="t")) == 91
+    assert pool.fetch(list(range(len(pool)))) == before and len(store.pool(snapshot, task="t")) == 93
+    assert len(store.pool(task="t")) == 94
+    with_targets = sum(bool(r["mc_targets"]) for r in store.trajectories(source="online").to_pylist())
+    assert store.stats()["sources"]["online"]["with_mc_targets"] == with_targets == 2  # rows[1], the last append
 
 
 def test_repeated_ids_are_found_by_their_whole_key():
     """Ids sorted by their first 64 bits; two that share them are still two (and ids of any form work)."""
-    from softrl.data.pool import first_copies, id_keys, members
+    from softrl.data.pool import KeySet, first_copies, id_keys
 
     a, b = "0" * 16 + "1" * 16, "0" * 16 + "2" * 16
     ids = pa.array([a, b, a, "not-hex", b, "not-hex", "f" * 32])
     keys = id_keys(ids)
+    assert (id_keys(pa.array([a]))[0] == keys[0]).all()  # an id's key does not depend on the other ids
     assert first_copies(keys).tolist() == [0, 1, 3, 6]
-    assert members(keys, id_keys(pa.array([b, "not-hex"]))).tolist() == [False, True, False, True, True, True, False]
+    assert KeySet(id_keys(pa.array([b, "not-hex"]))).members(keys).tolist() == [False, True, False, True, True, True, False]
     many = [f"{random.Random(i).getrandbits(128):032x}" for i in range(300)]
     drawn = random.Random(0).choices(many, k=2000)
     expected = sorted({x: i for i, x in reversed(list(enumerate(drawn)))}.values())
@@ -420,7 +436,7 @@ def test_batched_appender_commits_every_nth_call_and_on_flush(root):
     table, rows = store.tables["trajectories"], [full_trajectory(response_tokens=[i]) for i in range(8)]
     batched, worker, start = BatchedAppender(store, every=3), FragmentWriter(ExperienceStore(root)), table.latest()
     assert [batched.append([rows[i]]) for i in range(2)] == [0, 0]
-    assert worker.append([rows[2], rows[3]]) == 1 and worker.append([rows[4]]) == 1
+    assert worker.append([rows[2], rows[3]]) == 2 and worker.append([rows[4]]) == 1
     assert len(store) == 0 and table.latest() == start  # written by the worker, seen by nobody yet
     assert batched.add_fragments(worker.take()) == 2 and worker.take() == [] and table.latest() == start + 1
     assert store.trajectories()["id"].to_pylist() == [rows[i].id for i in (2, 3, 4, 0, 1)]
@@ -428,6 +444,7 @@ def test_batched_appender_commits_every_nth_call_and_on_flush(root):
     assert batched.flush() == 0 and table.latest() == start + 2 and batched.commits == 2
     batched.append([rows[0]])  # a repeat is stored again (reads keep the first copy)
     assert batched.flush() == 1 and batched.commits == 3 and len(store) == 8
+    assert store.trajectories(unique=False).num_rows == 9  # each row written once, the repeat once more
     with pytest.raises(ValueError, match="every must be >= 1"):
         BatchedAppender(store, every=0)
 

@@ -22,7 +22,7 @@ def _sizes(option: str, text: str) -> list[int]:
         sizes = [int(float(v)) for v in _csv(text)]
     except ValueError:
         fail(f"{option}: {text!r} is not a comma-separated list of row counts (e.g. 1e4,1e5)")
-    if any(n < 1 for n in sizes) or sizes != sorted(sizes):
+    if not sizes or any(n < 1 for n in sizes) or sizes != sorted(sizes):
         fail(f"{option}: {text!r} must list row counts >= 1, smallest first")
     return sizes
 
@@ -35,7 +35,7 @@ def store(
     writer_rows: int = typer.Option(FULL["writer_rows"], min=1, help="rows each writer appends"),
     runs: Path = typer.Option(Path("runs/store-bench"), help="where the local tables go (kept: a size reached is reused)"),
     report: Path = typer.Option(Path("docs/bench"), help="where store.md, store.json and store.png go"),
-    quick: bool = typer.Option(False, "--quick", help="small sizes (a test's run)"),
+    quick: bool = typer.Option(False, "--quick", help="small sizes, in place of the options above (a test's run)"),
     clean: bool = typer.Option(False, "--clean", help="remove the tables when done (they are large)"),
 ) -> None:
     """The store at growing sizes, locally and on S3: pool build, a sample of 64, Q0 lookup, stats and

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from softrl.data import ExperienceStore, Trajectory
+from softrl.data.batched import BatchedAppender
 from softrl.data.schema import PROMPT_SCHEMA, TRAJECTORY_SCHEMA
 from softrl.plots import save_figure
 
@@ -143,10 +144,11 @@ def writer(root: str, worker: int, rows: int, commit: int, ready, go, done) -> N
                        prompt_tokens=[rng.randrange(50_000) for _ in range(PROMPT_TOKENS)],
                        response_tokens=[worker, i] + [rng.randrange(50_000) for _ in range(RESPONSE_TOKENS - 2)],
                        tokenizer="bench") for i in range(rows)]
+    committer = BatchedAppender(store, every=1)  # a run's path: rows written as fragments, then committed
     ready.release()
     go.wait()
     for start in range(0, rows, commit):
-        store.append(made[start:start + commit])
+        committer.append(made[start:start + commit])
     done.release()
 
 

@@ -25,6 +25,7 @@ class BatchedAppender:
         self.store, self.every = store, every
         self._rows: list[Trajectory | dict[str, Any]] = []
         self._fragments: list[dict] = []
+        self._own = 0  # rows of the kept fragments that this appender wrote (not the workers')
         self._calls, self.commits = 0, 0
         self._lock = threading.Lock()
 
@@ -47,16 +48,18 @@ class BatchedAppender:
 
     def flush(self) -> int:
         """Commit the rows and fragments kept so far, in one commit (none: no commit); returns the rows
-        written here (workers' fragments not counted)."""
+        written here (workers' fragments not counted). What a failure leaves is kept for the next flush."""
         with self._lock:
-            rows, self._rows = self._rows, []
-            fragments, self._fragments = self._fragments, []
-            if not rows and not fragments:
+            if not self._rows and not self._fragments:
                 return 0
-            own = self.store.write_fragments(rows) if rows else []
-            self.store.commit_fragments(fragments + own)
+            if self._rows:  # kept as written fragments, so a commit that fails is tried again at the next flush
+                written = self.store.write_fragments(self._rows)
+                self._rows, self._own = [], self._own + sum(f["physical_rows"] for f in written)
+                self._fragments += written
+            self.store.commit_fragments(self._fragments)
+            self._fragments, own, self._own = [], self._own, 0
             self.commits += 1
-            return sum(f["physical_rows"] for f in own)
+            return own
 
 
 class FragmentWriter:
@@ -69,7 +72,7 @@ class FragmentWriter:
     def append(self, rows: Iterable[Trajectory | dict[str, Any]]) -> int:
         written = self.store.write_fragments(rows)
         self._fragments += written
-        return len(written)
+        return sum(f["physical_rows"] for f in written)
 
     def take(self) -> list[dict]:
         fragments, self._fragments = self._fragments, []

@@ -5,6 +5,7 @@ answer as `ExperienceStore.stats` (tests/test_store.py checks both on one store)
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -12,59 +13,66 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from softrl.data.pool import id_keys
-from softrl.data.store import ADDRESS, ExperienceStore, Snapshot, with_mc_targets
+from softrl.data.store import ADDRESS, ExperienceStore, Snapshot, StoreError, TargetIndex
 
 COLUMNS = ["id", "source", "prompt_id", "passed", "reward", "mc_targets"]
+MAX_PARTITIONS = 64
 
 
 def stats_on_ray(store: ExperienceStore, snapshot: Snapshot | None = None) -> dict[str, Any]:
     """`store.stats(snapshot)`, computed by Ray Data on the Ray cluster this process is connected to
     (a local one is started when none is; `RAY_ADDRESS` names a cluster)."""
-    import ray
-    import ray.data
-    from ray.data.aggregate import Count, Sum
-    from ray.data.context import DataContext, ShuffleStrategy
-
+    try:
+        import ray
+        import ray.data
+        from ray.data.aggregate import Count, Sum
+        from ray.data.context import DataContext, ShuffleStrategy
+    except ImportError:
+        raise StoreError("--ray needs Ray Data: pip install 'softrl[ray]'") from None
     # the default hash shuffle starts aggregator actors: about 50 s before a group-by of 100 rows here
     DataContext.get_current().shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
-
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise StoreError(f"Ray (RAY_ADDRESS={os.environ.get('RAY_ADDRESS', 'none: a local Ray')}): "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     snapshot = snapshot or store.snapshot()
     notes = store.annotations(snapshot)  # small beside the trajectories: sent to every reader
-    annotated = id_keys(pa.array([k for k, v in notes.items() if v], pa.string()))
-    emptied = id_keys(pa.array([k for k, v in notes.items() if not v], pa.string()))
+    targets = TargetIndex(notes)
     table = store.tables["trajectories"]
 
     def flags(batch: pa.Table) -> pa.Table:
         """Per row: its id, address, source, prompt, passed and reward as numbers, whether it has MC targets."""
         keys = id_keys(batch["id"])
+        known = {f"{k}_known": pc.cast(pc.is_valid(batch[k]), pa.int64()) for k in ("passed", "reward")}
         return pa.table({"id": batch["id"], ADDRESS: batch[ADDRESS], "source": batch["source"],
                          "prompt_id": batch["prompt_id"], "passed": pc.cast(batch["passed"], pa.int64()),
-                         "reward": batch["reward"],
-                         "targets": pa.array(with_mc_targets(keys, batch["mc_targets"], annotated, emptied).astype(np.int64))})
+                         "reward": batch["reward"], **known,  # a null is left out of the means, as locally
+                         "targets": pa.array(targets.of(keys, batch["mc_targets"]).astype(np.int64))})
 
     def first_copy(group: pa.Table) -> pa.Table:
         return group.take([int(np.argmin(group[ADDRESS].to_numpy()))])
 
     version = table.at(snapshot.versions["trajectories"])
-    total = version.count_rows()
-    if not total:
+    stored = version.count_rows()
+    if not stored:
         return store.summary(snapshot, {}, 0, 0)
-    parts = max(1, len(version.get_fragments()))  # Ray's default of 200 shuffle partitions: minutes of tasks
+    parts = min(MAX_PARTITIONS, max(1, len(version.get_fragments())))  # Ray's default 200: minutes of tasks
     rows = ray.data.read_lance(table.uri, version=snapshot.versions["trajectories"], columns=COLUMNS,
                                storage_options=table.options, scanner_options={"with_row_address": True})
     kept = rows.map_batches(flags, batch_format="pyarrow").groupby("id", num_partitions=parts) \
         .map_groups(first_copy, batch_format="pyarrow")
     # one row per (source, prompt): small enough to finish here
     grouped = pa.Table.from_pylist(kept.groupby(["source", "prompt_id"], num_partitions=parts).aggregate(
-        Count(), Sum("passed"), Sum("reward"), Sum("targets")).take_all())
+        Count(), Sum("passed"), Sum("reward"), Sum("targets"), Sum("passed_known"), Sum("reward_known")).take_all())
     per_source = {}
     for source in sorted(set(grouped["source"].to_pylist())):
         part = grouped.filter(pc.equal(grouped["source"], source))
-        count = pc.sum(part["count()"]).as_py()
-        per_source[source] = {"trajectories": count, "prompts": part.num_rows,
-                              "pass_rate": pc.sum(part["sum(passed)"]).as_py() / count,
-                              "mean_reward": pc.sum(part["sum(reward)"]).as_py() / count,
-                              "with_mc_targets": pc.sum(part["sum(targets)"]).as_py()}
-    return store.summary(snapshot, per_source, total, len(pc.unique(grouped["prompt_id"])))
+        total = {c: pc.sum(part[f"sum({c})"]).as_py() or 0 for c in ("passed", "reward", "targets", "passed_known",
+                                                                     "reward_known")}
+        mean = {c: total[c] / total[f"{c}_known"] if total[f"{c}_known"] else None for c in ("passed", "reward")}
+        per_source[source] = {"trajectories": pc.sum(part["count()"]).as_py(), "prompts": part.num_rows,
+                              "pass_rate": mean["passed"], "mean_reward": mean["reward"],
+                              "with_mc_targets": total["targets"]}
+    return store.summary(snapshot, per_source, stored, len(pc.unique(grouped["prompt_id"])))

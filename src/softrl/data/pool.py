@@ -22,50 +22,54 @@ HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8
 
 def id_keys(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Each trajectory id as two 64-bit words (`[N, 2]` uint64), for finding repeated ids without a
-    Python string per row: the 128 bits of an id of 32 hex digits (every id softrl makes), exact;
-    any other id, its BLAKE2 digest."""
+    Python string per row. An id of 32 hex digits (every id softrl makes) is its 128 bits, exactly;
+    any other id its BLAKE2 digest. Decided row by row, so an id has one key whatever its neighbours."""
     ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-    if not len(ids):
-        return np.empty((0, 2), dtype=np.uint64)
-    digits = None
-    if pc.all(pc.equal(pc.binary_length(ids), 32)).as_py():
-        fixed = ids.cast(pa.binary()).cast(pa.binary(32))
-        digits = HEX[np.frombuffer(fixed.buffers()[1], np.uint8, 32 * len(ids), 32 * fixed.offset).reshape(-1, 32)]
-    if digits is not None and (digits != 255).all():
-        raw = np.ascontiguousarray((digits[:, 0::2] << 4) | digits[:, 1::2])  # [N, 16] bytes
-    else:
-        raw = np.frombuffer(b"".join(hashlib.blake2b(i.encode(), digest_size=16).digest() for i in ids.to_pylist()),
-                            np.uint8).reshape(-1, 16)
+    raw = np.zeros((len(ids), 16), dtype=np.uint8)
+    hexed = np.zeros(len(ids), dtype=bool)
+    sized = pc.fill_null(pc.equal(pc.binary_length(ids), 32), False).to_numpy(zero_copy_only=False)
+    if sized.any():
+        fixed = ids.filter(pa.array(sized)).cast(pa.binary()).cast(pa.binary(32))
+        digits = HEX[np.frombuffer(fixed.buffers()[1], np.uint8, 32 * len(fixed), 32 * fixed.offset).reshape(-1, 32)]
+        valid = (digits != 255).all(axis=1)
+        hexed[np.flatnonzero(sized)[valid]] = True
+        raw[hexed] = (digits[valid, 0::2] << 4) | digits[valid, 1::2]
+    for position in np.flatnonzero(~hexed).tolist():
+        raw[position] = np.frombuffer(hashlib.blake2b(str(ids[position]).encode(), digest_size=16).digest(), np.uint8)
     return raw.view(np.uint64)  # [N, 2]
 
 
 def first_copies(keys: np.ndarray) -> np.ndarray:
     """Positions of the first row of every distinct key (`keys`: [N, 2]), in row order. Sorted by the
     first word only (a stable sort of 1e7 words takes about a second; of 128-bit keys, several); rows
-    that share a first word, the repeats and the rare collisions, are told apart by the whole key."""
+    that share a first word, the repeats and the rare collisions, are then sorted by the whole key."""
     order = np.argsort(keys[:, 0], kind="stable")
     high = keys[order, 0]
     starts = np.ones(len(order), dtype=bool)
     starts[1:] = high[1:] != high[:-1]
     run = np.cumsum(starts) - 1
     shared = np.bincount(run)[run] > 1
-    seen, kept = set(), []
-    for position in order[shared].tolist():  # grouped by first word, in row order within a group
-        key = (int(keys[position, 0]), int(keys[position, 1]))
-        if key not in seen:
-            seen.add(key)
-            kept.append(position)
-    return np.sort(np.concatenate([order[starts & ~shared], np.asarray(kept, dtype=order.dtype)]))
+    grouped = order[shared]
+    grouped = grouped[np.lexsort((grouped, keys[grouped, 1], keys[grouped, 0]))]  # by key, then row
+    new = np.ones(len(grouped), dtype=bool)
+    new[1:] = (keys[grouped[1:]] != keys[grouped[:-1]]).any(axis=1)
+    return np.sort(np.concatenate([order[starts & ~shared], grouped[new]]))
 
 
-def members(keys: np.ndarray, of: np.ndarray) -> np.ndarray:
-    """`[N]` bool: whether each key (`[N, 2]`) is one of `of` (`[M, 2]`, M small: annotations)."""
-    wanted = {(int(a), int(b)) for a, b in of.tolist()}
-    candidates = np.isin(keys[:, 0], of[:, 0])
-    out = np.zeros(len(keys), dtype=bool)
-    for position in np.flatnonzero(candidates).tolist():
-        out[position] = (int(keys[position, 0]), int(keys[position, 1])) in wanted
-    return out
+class KeySet:
+    """A set of id keys (`[M, 2]`, M small: annotations), asked about many rows at a time."""
+
+    def __init__(self, keys: np.ndarray):
+        self.high = np.unique(keys[:, 0])
+        self.whole = np.ascontiguousarray(keys).view("V16").ravel()
+
+    def members(self, keys: np.ndarray) -> np.ndarray:
+        """`[N]` bool: whether each key (`[N, 2]`) is in the set."""
+        out = np.isin(keys[:, 0], self.high)
+        if out.any():
+            candidates = np.flatnonzero(out)
+            out[candidates] = np.isin(np.ascontiguousarray(keys[candidates]).view("V16").ravel(), self.whole)
+        return out
 
 
 class Pool:

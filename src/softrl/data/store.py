@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from softrl.data import legacy
-from softrl.data.pool import StoredPool, first_copies, id_keys, members
+from softrl.data.pool import KeySet, StoredPool, first_copies, id_keys
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
 from softrl.data.tables import MissingTable, StoreError, Table, with_retries
 from softrl.tasks.base import check_reward
@@ -72,11 +72,23 @@ def newest(table: pa.Table, key: str) -> dict[str, dict[str, Any]]:
     return {row[key]: row for row in in_commit_order(table).to_pylist()}
 
 
-def with_mc_targets(keys: np.ndarray, own: pa.Array, annotated: np.ndarray, emptied: np.ndarray) -> np.ndarray:
-    """`[N]` bool: whether each row (`keys`: its id's keys, `own`: its own MC targets) has MC targets:
-    its newest annotation's (`annotated` ids with targets, `emptied` ids without), else its own."""
-    has_own = pc.greater(pc.list_value_length(own), 0).to_numpy(zero_copy_only=False)
-    return members(keys, annotated) | (has_own & ~members(keys, emptied))
+def nan_mean(values: np.ndarray) -> float | None:
+    known = values[~np.isnan(values)]
+    return float(known.mean()) if len(known) else None
+
+
+class TargetIndex:
+    """Which rows have MC targets: their newest annotation's (an annotation with none empties a row's
+    own), else their own; built once from the annotations (`store.annotations`), asked per batch."""
+
+    def __init__(self, notes: dict[str, list]):
+        self.annotated = KeySet(id_keys(pa.array([k for k, v in notes.items() if v], pa.string())))
+        self.emptied = KeySet(id_keys(pa.array([k for k, v in notes.items() if not v], pa.string())))
+
+    def of(self, keys: np.ndarray, own: pa.Array) -> np.ndarray:
+        """`[N]` bool for rows with id keys `keys` and their own `mc_targets` (null: none)."""
+        has_own = pc.fill_null(pc.greater(pc.list_value_length(own), 0), False).to_numpy(zero_copy_only=False)
+        return self.annotated.members(keys) | (has_own & ~self.emptied.members(keys))
 
 
 def location(root: str | Path) -> str:
@@ -205,24 +217,22 @@ class ExperienceStore:
         snapshot = snapshot or self.snapshot()
         version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
         where = both(filter_expression(filters), None if prompt_ids is None else pc.field("prompt_id").isin(list(prompt_ids)))
-        notes = self.annotations(snapshot) if annotated else {}
-        with_targets = id_keys(pa.array([k for k, v in notes.items() if v], pa.string()))
-        emptied = id_keys(pa.array([k for k, v in notes.items() if not v], pa.string()))
+        targets = TargetIndex(self.annotations(snapshot)) if annotated else None
         names: dict[str, int] = {}
-        addresses, keys, codes = [], [], []
+        addresses, keys, codes, keeps = [], [], [], []
         for batch in table.batches(version, ["id", "prompt_id"] + (["mc_targets"] if annotated else []), where, True):
             batch_keys = id_keys(batch["id"])
-            keep = np.ones(batch.num_rows, dtype=bool)
-            if annotated:
-                keep = with_mc_targets(batch_keys, batch["mc_targets"], with_targets, emptied)
+            keeps.append(targets.of(batch_keys, batch["mc_targets"]) if targets else np.ones(batch.num_rows, dtype=bool))
             encoded = pc.dictionary_encode(batch["prompt_id"])
             code = np.array([names.setdefault(p, len(names)) for p in encoded.dictionary.to_pylist()], dtype=np.int64)
-            addresses.append(batch[ADDRESS].to_numpy()[keep])
-            keys.append(batch_keys[keep])
-            codes.append(code[encoded.indices.to_numpy()][keep])
+            addresses.append(batch[ADDRESS].to_numpy())
+            keys.append(batch_keys)
+            codes.append(code[encoded.indices.to_numpy()] if len(code) else np.empty(0, dtype=np.int64))
         address = np.concatenate(addresses) if addresses else np.empty(0, dtype=np.uint64)
         order = np.argsort(address, kind="stable")  # commit order, whatever order the scan gave
         first = order[first_copies(np.concatenate(keys)[order])] if len(order) else order  # in commit order
+        if len(first):
+            first = first[np.concatenate(keeps)[first]]  # the first copy decides, as `trajectories` does
         address = address[first]
         code = np.concatenate(codes)[first] if len(first) else np.empty(0, dtype=np.int64)
 
@@ -249,9 +259,7 @@ class ExperienceStore:
         """Per source: trajectories, distinct prompts, pass rate, mean reward, annotated rows. One scan of
         five small columns a batch at a time (about 30 bytes a row held), never the rows themselves."""
         snapshot = snapshot or self.snapshot()
-        notes = self.annotations(snapshot)
-        with_targets = id_keys(pa.array([k for k, v in notes.items() if v], pa.string()))
-        emptied = id_keys(pa.array([k for k, v in notes.items() if not v], pa.string()))
+        targets = TargetIndex(self.annotations(snapshot))
         names: dict[str, dict[str, int]] = {"source": {}, "prompt_id": {}}
         columns: dict[str, list[np.ndarray]] = {k: [] for k in ("address", "key", "source", "prompt", "passed",
                                                                 "reward", "targets")}
@@ -265,9 +273,10 @@ class ExperienceStore:
                 columns[out].append(code[encoded.indices.to_numpy()] if len(code) else np.empty(0, dtype=np.int64))
             columns["address"].append(batch[ADDRESS].to_numpy())
             columns["key"].append(keys)
-            columns["passed"].append(batch["passed"].to_numpy(zero_copy_only=False))
-            columns["reward"].append(batch["reward"].to_numpy())
-            columns["targets"].append(with_mc_targets(keys, batch["mc_targets"], with_targets, emptied))
+            # as floats, a null as NaN: left out of the means, as pyarrow's mean leaves it out
+            columns["passed"].append(pc.cast(batch["passed"], pa.float64()).to_numpy(zero_copy_only=False))
+            columns["reward"].append(batch["reward"].to_numpy(zero_copy_only=False))
+            columns["targets"].append(targets.of(keys, batch["mc_targets"]))
         rows = {k: np.concatenate(v) if v else np.empty(0) for k, v in columns.items()}
         order = np.argsort(rows["address"], kind="stable")
         first = order[first_copies(rows["key"][order])] if len(order) else order
@@ -278,7 +287,7 @@ class ExperienceStore:
             if part.any():
                 per_source[source] = {
                     "trajectories": int(part.sum()), "prompts": len(np.unique(kept["prompt"][part])),
-                    "pass_rate": float(kept["passed"][part].mean()), "mean_reward": float(kept["reward"][part].mean()),
+                    "pass_rate": nan_mean(kept["passed"][part]), "mean_reward": nan_mean(kept["reward"][part]),
                     "with_mc_targets": int(kept["targets"][part].sum())}
         return self.summary(snapshot, per_source, len(order), len(np.unique(kept["prompt"])))
 

@@ -190,10 +190,11 @@ class Table:
         if not len(addresses):
             return
         dataset, updated, emptied = self.at(version), [], []
+        addresses = np.sort(addresses)
         fragment_of = addresses >> np.uint64(32)
-        for fragment_id in np.unique(fragment_of).tolist():
-            listed = ", ".join(str(a) for a in addresses[fragment_of == fragment_id].tolist())
-            meta = dataset.get_fragment(fragment_id).delete(f"_rowaddr IN ({listed})")
+        ids, starts = np.unique(fragment_of, return_index=True)
+        for fragment_id, part in zip(ids.tolist(), np.split(addresses, starts[1:])):
+            meta = dataset.get_fragment(fragment_id).delete(f"_rowaddr IN ({', '.join(map(str, part.tolist()))})")
             if meta is None:  # every row of it deleted
                 emptied.append(fragment_id)
             else:

@@ -24,9 +24,14 @@ def unmatched_rows(store: ExperienceStore, sources: list[str], task: str, prompt
     also rows of the task's other prompts (ids of another task.size or task.seed); rows naming
     another task are that task's. Read at `snapshot` (the newest versions without one)."""
     nameless_or_foreign = pc.field("task").is_null() | (pc.field("task") == "") \
-        | ((pc.field("task") == task) & ~pc.field("prompt_id").isin(list(prompt_ids)))  # read only those rows
+        | ((pc.field("task") == task) & ~pc.field("prompt_id").isin(list(prompt_ids)))
+    candidates = store.trajectories(snapshot, source=sources, passed=passed, columns=["id"], unique=False,
+                                    where=nameless_or_foreign)["id"].to_pylist()  # few: read by filter
+    # the first copy of each of their ids among all rows of the sources decides, as the pool's reads do
     table = store.trajectories(snapshot, source=sources, passed=passed, columns=["source", "task", "prompt_id"],
-                               where=nameless_or_foreign)
+                               where=pc.field("id").isin(candidates)) if candidates else None
+    if table is None:
+        return None
     ids, first = set(prompt_ids), next(iter(prompt_ids), None)
     per_source: Counter[str] = Counter()
     foreign, nameless, split, example, example_of_split = 0, 0, 0, None, False

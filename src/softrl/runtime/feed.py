@@ -101,10 +101,10 @@ class DataFeed:
             return
         unknown = sum(not knows_behavior(r) for r in rows)
         of = f" (of {len(rows):,} checked among {pool_size:,})" if len(rows) < pool_size else ""
-        if unknown == len(rows) and objective.behavior_every_row:
+        if unknown == len(rows) == pool_size and objective.behavior_every_row:  # a sample cannot tell "none"
             other = ", or is_correction=none" if hasattr(options, "is_correction") else ""
             raise ConfigError(f"data.mix: {options.algorithm} weighs {source} rows by pi/mu and none of the {len(rows)} "
-                              f"{source} rows{of} has its sampler's log-probs at temperature 1 (human or imported "
+                              f"{source} rows has its sampler's log-probs at temperature 1 (human or imported "
                               f"data): use spo, agro-off or topr{other}")
         if unknown:
             self.log(f"{source} pool: {options.algorithm}: the {unknown} rows{of} without their sampler's log-probs "
