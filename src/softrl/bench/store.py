@@ -11,6 +11,7 @@ it, the Q0 lookup of 64 prompts, stats, dedupe. Separately, N writer processes a
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing
 import os
@@ -97,6 +98,11 @@ def prompt_rows(prompts: np.ndarray) -> pa.Table:
 
 
 def peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM: getrusage's maxrss would carry the peak of the parent
+    this process was forked from, which Linux keeps across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -210,6 +216,7 @@ class LoopbackS3:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         self.server.start()
         self.saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID",
