@@ -722,7 +722,9 @@ def test_a_full_disk_is_one_line_and_what_was_written_before_stays(tmp_path, tin
     assert all(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines())  # none torn
     assert not (run / ".lock").exists()
     if where == "store":
-        assert rows == [ExperienceStore(store).trajectories(source="online", unique=False).num_rows] and rows[0] >= 8
+        # the failed commit is tried once more when the run closes; both found the same committed rows
+        assert set(rows) == {ExperienceStore(store).trajectories(source="online", unique=False).num_rows}
+        assert len(rows) == 2 and rows[0] >= 8
     monkeypatch.undo()
     summary = train(config, resume=True, log=lambda m: None)
     assert summary["steps"] == 4 and [s for s, _ in losses(tmp_path)] == [1, 2, 3, 4]
