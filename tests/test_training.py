@@ -263,8 +263,11 @@ def test_ray_runtime_survives_a_killed_worker(tiny, tmp_path, weight_sync, learn
             killed.append(record["worker_pids"][0])
             os.kill(record["worker_pids"][0], signal.SIGKILL)
 
-    summary = ray_runtime.train(config, on_step=on_step, log=lambda m: None)
+    phases, said = [], []
+    summary = ray_runtime.train(config, on_step=on_step, on_phase=lambda *p: phases.append(p), log=said.append)
     assert killed and summary["steps"] == 6 and summary["worker_restarts"] >= 1
+    assert ("q0", 6, 6) in phases and any(line.startswith("Q0: sampling the reference model on 6 prompts")
+                                          for line in said)  # Q0's progress and plan reach the driver
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
     online = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id="run")

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from statistics import median
 
-from softrl.runtime.ray_runtime import Channels, ObjectStore, WeightSource, Worker, _ray
+from softrl.runtime.ray_runtime import WeightSource, Worker, _ray
+from softrl.runtime.ray_weights import Channels, ObjectStore
 
 METHODS = ("object_store", "broadcast")
 

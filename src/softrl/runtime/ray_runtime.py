@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from softrl.config import ConfigError, RunConfig
+from softrl.runtime.ray_weights import Channels, ObjectStore
 
 
 # a local Ray stays on loopback: no usage reports, and no outward probe for this node's address
@@ -79,6 +80,7 @@ class _Learner(WeightSource):
         self.session = None  # built by setup()
         self.group = None  # with runtime.learners > 1: rank 0 of the learner group
         self.evaluations: list[dict] = []  # made since the driver last asked: for its on_eval
+        self.q0_done, self.said = (0, 0), []  # setup's Q0 progress and lines, for the driver to show
 
     def rendezvous(self, local: bool) -> str:
         """Where the learner group meets: a port of this actor's node."""
@@ -97,10 +99,16 @@ class _Learner(WeightSource):
 
         if self.config.runtime.learners > 1:
             self.group = LearnerGroup(self.config, init_method)
-        self.session = s = Session(self.config, self.resume, log=lambda m: None, group=self.group,
-                                   on_eval=self.evaluations.append)
+        self.session = s = Session(self.config, self.resume, log=self.said.append, group=self.group,
+                                   on_eval=self.evaluations.append,
+                                   progress=lambda done, total: setattr(self, "q0_done", (done, total)))
         return {"model_path": s.run.model_path, "step": s.progress.step, "version": s.learner.version,
                 "seconds": s.progress.seconds}
+
+    def setup_progress(self) -> tuple[tuple[int, int], list[str]]:
+        """(Q0 prompts done, of), and the lines said since the last call: asked while `setup` runs."""
+        said, self.said[:] = list(self.said), []
+        return self.q0_done, said
 
     def new_evaluations(self) -> list[dict]:
         made, self.evaluations[:] = list(self.evaluations), []
@@ -198,66 +206,6 @@ class Worker:
         return self.version, [{**r.to_row(), "mix_source": "online"} for r in rows], self.fragments.take()
 
 
-class Channels:
-    """The driver's view of the weight channels (runtime/weights.py): one per worker, reopened under a
-    new epoch when Ray restarts the worker; NCCL where the learner and the worker are both on CUDA."""
-
-    def __init__(self, ray, learner, workers: list, local: bool):
-        self.ray, self.learner, self.workers = ray, learner, workers
-        self.address = ray.get(learner.open_weights.remote(local))
-        self.learner_cuda = ray.get(learner.on_cuda.remote())
-        self.epochs = [0] * len(workers)
-        for i in range(len(workers)):
-            self.reopen(i)
-
-    def reopen(self, i: int) -> None:
-        """Worker i's channel: both ends meet (the learner waits for the worker), under a new epoch."""
-        worker_cuda = self.ray.get(self.workers[i].on_cuda.remote())  # raises while Ray is still restarting it,
-        self.epochs[i] += 1  # before the learner would wait for it in vain
-        nccl = self.learner_cuda and worker_cuda
-        dtype = self.ray.get(self.workers[i].dtype.remote())
-        joined = self.workers[i].open_channel.remote(self.address, i, self.epochs[i], nccl)
-        self.ray.get([self.learner.open_channel.remote(i, self.epochs[i], nccl, dtype), joined])
-
-    def deliver(self, indices, version: int) -> None:
-        """The learner's current weights to workers `indices`; one that is down gets them when it is
-        back (`reopen`, then `deliver` again)."""
-        from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
-
-        indices = list(indices)
-        received = [self.workers[i].receive_weights.remote(version) for i in indices]
-        self.ray.get(self.learner.send_weights.remote(indices))
-        for ref in received:
-            try:
-                self.ray.get(ref)
-            except (RayActorError, ActorUnavailableError, RayTaskError):
-                pass  # it answers its next request with an older version, and `reopen` follows
-
-
-class ObjectStore:
-    """Weight sync through Ray's object store: the learner's state dict, pickled once per version,
-    loaded by each worker. The same interface as `Channels`; a restarted worker needs nothing reopened."""
-
-    def __init__(self, ray, learner, workers: list):
-        self.ray, self.learner, self.workers = ray, learner, workers
-        self.version, self.weights = None, None
-
-    def reopen(self, i: int) -> None:
-        pass
-
-    def deliver(self, indices, version: int) -> None:
-        """The learner's weights of `version` to workers `indices`; one that is down gets them when it is back."""
-        from ray.exceptions import ActorUnavailableError, RayActorError
-
-        if version != self.version:
-            self.version, self.weights = version, self.learner.weights.remote()
-        for i in indices:
-            try:
-                self.ray.get(self.workers[i].set_weights.remote(self.weights, version))
-            except (RayActorError, ActorUnavailableError):
-                pass
-
-
 PYTHON_TASKS_REFUSED = ("runtime.kind: ray builds its tasks in its actors from task.name: put the reward function "
                         "in a module and use task.name=module:function (or the local runtime)")
 
@@ -279,14 +227,14 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
     stop = StopRequests()
     with stop.installed(), disk_full_reported(config):
         try:
-            return _run(config, resume, on_step, on_phase, on_eval, stop)
+            return _run(config, resume, on_step, on_phase, on_eval, stop, log)
         except KeyboardInterrupt:
             stop.raised = True
             raise RunStopped(config.run_dir, newest_checkpoint_step(config.run_dir),
                              stop.signum or signal.SIGINT) from None
 
 
-def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop) -> dict:
+def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log: Callable[[str], None]) -> dict:
     rc = config.runtime
     ray = _ray(local=rc.ray_address is None)
     from ray.exceptions import ActorUnavailableError, RayActorError
@@ -302,12 +250,21 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop) -> d
     members: list = []  # the learner group's ranks other than 0
     try:
         data = config.model_dump(mode="json")
-        learner = ray.remote(num_cpus=0)(_Learner).remote(data, resume)
+        # `setup_progress` answers from a thread of its own while `setup` runs; every other call, one at a time
+        learner = ray.remote(num_cpus=0, concurrency_groups={"progress": 1})(_Learner).remote(data, resume)
         phase("setup (Q0, evaluation)", 0, 1)
         init_method = ray.get(learner.rendezvous.remote(rc.ray_address is None)) if rc.learners > 1 else None
         members = [ray.remote(num_cpus=0)(_GroupMember).remote() for _ in range(1, rc.learners)]
         member_runs = [m.run.remote(data, rank, rc.learners, init_method) for rank, m in enumerate(members, 1)]
-        info = ray.get(learner.setup.remote(init_method))
+        setting_up, finished = learner.setup.remote(init_method), False
+        while not finished:  # Q0's progress and the session's lines, as the local runtime shows them
+            finished = bool(ray.wait([setting_up], timeout=1.0)[0])
+            (done, total), said = ray.get(learner.setup_progress.options(concurrency_group="progress").remote())
+            for line in said:
+                log(line)
+            if total:
+                phase("q0", done, total)
+        info = ray.get(setting_up)
 
         def evaluations() -> None:
             for record in ray.get(learner.new_evaluations.remote()) if on_eval is not None else []:
