@@ -449,6 +449,29 @@ def test_batched_appender_commits_every_nth_call_and_on_flush(root):
         BatchedAppender(store, every=0)
 
 
+def test_a_commit_whose_answer_was_lost_is_not_made_twice(root, monkeypatch):
+    """An object store can land a commit and still answer with a conflict (a repeated conditional put):
+    the retry finds the fragments already committed and does not append them again."""
+    from lance.commit import CommitConflictError
+
+    from softrl.data import tables
+
+    store = ExperienceStore(root)
+    fragments = store.write_fragments([full_trajectory(response_tokens=[i]) for i in range(3)])
+    real, calls = tables.lance.LanceDataset.commit, []
+
+    def landed_but_lost(*args, **kwargs):
+        calls.append(1)
+        out = real(*args, **kwargs)
+        if len(calls) == 1:
+            raise CommitConflictError("the answer was lost")
+        return out
+
+    monkeypatch.setattr(tables.lance.LanceDataset, "commit", landed_but_lost)
+    store.commit_fragments(fragments)
+    assert len(calls) == 1 and store.trajectories(unique=False).num_rows == 3
+
+
 def test_bench_store_quick_measures_every_figure_on_both_backends(tmp_path):
     """`softrl bench store --quick`: each size's figures locally and on a loopback S3 server, the
     writers' rows all arrived once, the report, its JSON and its plot written."""

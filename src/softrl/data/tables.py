@@ -171,9 +171,22 @@ class Table:
         """One commit appending every fragment written by `write_fragments` (Lance rebases an append
         over commits made meanwhile; a lost race is retried)."""
         metadata = [FragmentMetadata.from_json(json.dumps(f)) for f in fragments]
-        with_retries(lambda: lance.LanceDataset.commit(self.uri, LanceOperation.Append(metadata),
-                                                       read_version=self.latest(), storage_options=self.options),
-                     self.uri)
+        tried = []
+
+        def attempt() -> None:
+            # a retry after a commit that did land but whose answer was lost (an object store's "already
+            # exists" on a repeated put) must not append the same files twice
+            if tried and fragments[0]["files"][0]["path"] in self._committed_files():
+                return
+            tried.append(True)
+            lance.LanceDataset.commit(self.uri, LanceOperation.Append(metadata), read_version=self.latest(),
+                                      storage_options=self.options)
+
+        with_retries(attempt, self.uri)
+
+    def _committed_files(self) -> set[str]:
+        dataset = lance.dataset(self.uri, storage_options=self.options)
+        return {file.path for fragment in dataset.get_fragments() for file in fragment.metadata.files}
 
     def upsert(self, key: str, rows: pa.Table) -> None:
         """Rows replace those of the same `key`, in commit order (Lance retries a lost race itself)."""
