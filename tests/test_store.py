@@ -159,12 +159,35 @@ def test_an_export_is_whole_or_not_at_all_and_never_among_the_parts(tmp_path, mo
         raise OSError(errno.ENOSPC, "No space left on device")
 
     real = jsonlib.dumps
-    monkeypatch.setattr(io.pq, "write_table", full)
+    monkeypatch.setattr(io.pq, "ParquetWriter", full)
     monkeypatch.setattr(io.json, "dumps", lambda row, **k: full() if row.get("response_tokens") == [3] else
                         real(row, **k))  # the second row finds the disk full
     with pytest.raises(OSError, match="No space left"):
         io.export(table, out, tmp_path / "store")
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [name, "store"]
+
+
+def test_export_streams_the_pool_and_writes_a_hugging_face_dataset(tmp_path):
+    """`softrl data export` takes rows 10,000 at a time from a pool (no whole-store read); the same rows,
+    first copies with annotations, reach Parquet, JSONL and a Hugging Face dataset directory."""
+    datasets = pytest.importorskip("datasets")
+    from softrl.data.io import export
+
+    store = ExperienceStore(tmp_path / "store")
+    rows = [full_trajectory(response_tokens=[i], source=("online", "human")[i % 2]) for i in range(25)]
+    store.append(rows[:20])
+    store.append(rows[10:])  # 10 repeats
+    store.annotate({rows[3].id: [{"t": 0, "success": 1.0, "k": 2}]})
+    expected = store.trajectories(source="human")
+    pool = store.pool(source="human")
+    assert export(pool.tables(4), tmp_path / "a.parquet") == expected.num_rows == 12
+    assert pq.read_table(tmp_path / "a.parquet").to_pylist() == expected.to_pylist()
+    proc = softrl("data", "export", str(tmp_path / "b.hf"), "--source", "human", "--store", str(tmp_path / "store"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = datasets.load_from_disk(str(tmp_path / "b.hf"))
+    assert list(loaded["id"]) == expected["id"].to_pylist()
+    assert [r["mc_targets"] for r in loaded] == [r["mc_targets"] for r in expected.to_pylist()]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet", "b.hf", "store"]  # nothing left beside
 
 
 def test_newest_wins_by_commit_order_not_by_the_clock(root, monkeypatch):

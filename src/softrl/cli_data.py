@@ -109,7 +109,7 @@ def _vocabulary(model: str, task: str) -> tuple[str, int]:
 
 @data_app.command("export")
 def data_export(
-    out: Path = typer.Argument(..., help="output file: .parquet, .jsonl or .jsonl.gz"),
+    out: Path = typer.Argument(..., help="output file: .parquet, .jsonl or .jsonl.gz; NAME.hf: a Hugging Face dataset"),
     source: list[str] = typer.Option(None, "--source", help="only these sources (repeatable)"),
     task: list[str] = typer.Option(None, "--task", help="only these tasks (repeatable)"),
     passed: bool = typer.Option(None, "--passed/--failed", help="only passed (or only failed) trajectories"),
@@ -120,10 +120,11 @@ def data_export(
     from softrl.data.io import export
 
     target = open_store(store, create=False)
-    with store_errors():
-        table = target.trajectories(source=source or None, task=task or None, passed=passed)
+    with store_errors():  # streamed: the pool holds row addresses, rows are taken 10,000 at a time
+        pool = target.pool(source=source or None, task=task or None, passed=passed)
     try:
-        n = export(table, out, store)
+        with store_errors():
+            n = export(pool.tables(), out, store)
     except (ValueError, OSError) as e:  # a write error from a file object names no path: this one is it
         fail(str(e) if str(out) in str(e) else f"{out}: {one_line(e)}")
     if as_json:

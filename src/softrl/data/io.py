@@ -6,7 +6,10 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
+import shutil
 from datetime import datetime
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -167,22 +170,62 @@ def task_solutions(task: Task, source: str = "human") -> list[Trajectory]:
             for (p, s), g in zip(pairs, grades)]
 
 
-def export(table: pa.Table, out: str | Path, store: str | Path | None = None) -> int:
-    """Rows to `.parquet`, `.jsonl` or `.jsonl.gz` (timestamps as ISO strings); returns rows written.
-    The file appears whole or not at all (written beside it, then renamed: a full disk or a kill leaves
-    an earlier file of that name as it was), and never inside `store`, among its parts."""
+def export(rows: pa.Table | Iterable[pa.Table], out: str | Path, store: str | Path | None = None) -> int:
+    """Rows (a table, or tables streamed one at a time: `StoredPool.tables`) to `.parquet`, `.jsonl`,
+    `.jsonl.gz` (timestamps as ISO strings) or a Hugging Face dataset directory `NAME.hf`
+    (`datasets.load_from_disk`); returns rows written. The output appears whole or not at all
+    (written beside it, then renamed: a full disk or a kill leaves an earlier one of that name as it
+    was), and never inside `store`, among its parts."""
     out = Path(out)
-    if not (out.suffix == ".parquet" or out.name.endswith((".jsonl", ".jsonl.gz"))):
-        raise ValueError(f"cannot export to {out}: use a .parquet, .jsonl or .jsonl.gz file name")
+    if not (out.suffix in (".parquet", ".hf") or out.name.endswith((".jsonl", ".jsonl.gz"))):
+        raise ValueError(f"cannot export to {out}: use a .parquet, .jsonl or .jsonl.gz file name, or NAME.hf for a "
+                         "Hugging Face dataset directory")
     if store is not None and "://" not in str(store) and out.resolve().is_relative_to(Path(store).resolve()):
         raise ValueError(f"cannot export to {out}: it is inside the store {store}, whose files are its parts; "
                          "write it elsewhere")
+    chunks = [rows] if isinstance(rows, pa.Table) else rows
+    if out.suffix == ".hf":
+        return export_hf(chunks, out)
+    written = 0
     with whole_file(out) as work:
         if out.suffix == ".parquet":
-            pq.write_table(table, work)
+            writer = None
+            for chunk in chunks:
+                writer = writer or pq.ParquetWriter(work, chunk.schema)
+                writer.write_table(chunk)
+                written += chunk.num_rows
+            if writer is None:
+                pq.write_table(TRAJECTORY_SCHEMA.empty_table(), work)
+            else:
+                writer.close()
         else:
             opener = gzip.open if out.suffix == ".gz" else open
             with opener(work, "wt", encoding="utf-8") as f:
-                for row in table.to_pylist():
-                    f.write(json.dumps(row, default=lambda v: v.isoformat()) + "\n")
-    return table.num_rows
+                for chunk in chunks:
+                    for row in chunk.to_pylist():
+                        f.write(json.dumps(row, default=lambda v: v.isoformat()) + "\n")
+                    written += chunk.num_rows
+    return written
+
+
+def export_hf(chunks: Iterable[pa.Table], out: Path) -> int:
+    """A Hugging Face dataset directory (`save_to_disk`), built from a Parquet file streamed beside it."""
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"cannot export to {out}: a Hugging Face dataset needs `datasets` (pip install "
+                         "'softrl[datasets]')") from None
+    work = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        written = export(chunks, work.with_suffix(".parquet"))
+        datasets.disable_progress_bars()
+        datasets.Dataset.from_parquet(str(work.with_suffix(".parquet")), cache_dir=str(work) + "-cache") \
+            .save_to_disk(str(work))
+        if out.exists():  # replaced only once the new one is whole
+            shutil.rmtree(out)
+        os.replace(work, out)
+        return written
+    finally:
+        for leftover in (work, Path(str(work) + "-cache")):
+            shutil.rmtree(leftover, ignore_errors=True)
+        work.with_suffix(".parquet").unlink(missing_ok=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -123,7 +123,7 @@ class StoredPool(Pool):
 
     def __init__(self, addresses: np.ndarray, prompt_index: np.ndarray, prompt_names: Sequence[str],
                  take: Callable[[np.ndarray], pa.Table]):
-        self.addresses = addresses
+        self.addresses, self.take = addresses, take
 
         def fetch(positions: list[int]) -> Rows:
             if not positions:
@@ -134,3 +134,8 @@ class StoredPool(Pool):
             return [rows[k] for k in back]
 
         super().__init__(prompt_index, prompt_names, fetch)
+
+    def tables(self, rows: int = 10_000) -> Iterator[pa.Table]:
+        """Every row in commit order, `rows` at a time (what an export streams)."""
+        for start in range(0, len(self), rows):
+            yield self.take(self.addresses[start:start + rows])
