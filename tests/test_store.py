@@ -99,6 +99,24 @@ def test_four_writers_and_a_dedupe_at_once_lose_and_duplicate_nothing(root):
     assert store.stats()["sources"]["w2"]["trajectories"] == 10_000
 
 
+def test_two_dedupes_and_a_compaction_at_once_leave_every_id_once(root):
+    """Processes deduplicating and compacting one table at once: the losers of each commit race read
+    again and retry; every id stays, once, in commit order."""
+    store = ExperienceStore(root)
+    rows = [full_trajectory(response_tokens=[i]) for i in range(300)]
+    for start in range(0, 300, 50):  # six commits, each repeating part of the one before
+        store.append(rows[max(0, start - 20):start + 50])
+    work = {"dedupe": "print(ExperienceStore(sys.argv[1]).dedupe())",
+            "compact": "print(ExperienceStore(sys.argv[1]).tables['trajectories'].compact())"}
+    procs = [subprocess.Popen([sys.executable, "-c", f"import sys\nfrom softrl.data import ExperienceStore\n{work[w]}",
+                               root], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for w in ("dedupe", "dedupe", "compact")]
+    for p in procs:
+        out, errors = p.communicate(timeout=300)
+        assert p.returncode == 0, errors[-2000:]
+    assert store.trajectories(unique=False)["id"].to_pylist() == [r.id for r in rows]
+
+
 def test_writer_killed_mid_write_leaves_a_readable_store(root):
     ExperienceStore(root)
     proc = subprocess.Popen([sys.executable, "-c", WRITER, root, "0", "-1", "3000"], stdout=subprocess.PIPE, text=True)
