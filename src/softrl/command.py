@@ -1,7 +1,9 @@
 """The `softrl` console script. Ctrl-C while the command line is still loading (typer, rich, torch:
 a second or more) ends it with one line and status 130, never a traceback; during a command, typer
-ends it with status 130 and runs stop cleanly (runtime/stop.py)."""
+ends it with status 130 and runs stop cleanly (runtime/stop.py); once the command is over, while
+Python exits, Ctrl-C is ignored."""
 
+import signal
 import sys
 
 
@@ -11,4 +13,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
-    entry()
+    try:
+        entry()
+    finally:  # the command is over: a Ctrl-C now would land in Python's exit handlers (torch's) as a traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
