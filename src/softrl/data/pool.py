@@ -56,6 +56,19 @@ def first_copies(keys: np.ndarray) -> np.ndarray:
     return np.sort(np.concatenate([order[starts & ~shared], grouped[new]]))
 
 
+def first_by_address(address: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Positions of each id's first committed copy (the lowest row address), in commit order."""
+    order = np.argsort(address, kind="stable")
+    return order[first_copies(keys[order])] if len(order) else order
+
+
+def encode(values: pa.Array, names: dict[str, int]) -> np.ndarray:
+    """`[N]` int64: each value's index in `names`, new values added (so codes hold across batches)."""
+    encoded = pc.dictionary_encode(values)
+    code = np.array([names.setdefault(v, len(names)) for v in encoded.dictionary.to_pylist()], dtype=np.int64)
+    return code[encoded.indices.to_numpy()] if len(code) else np.empty(0, dtype=np.int64)
+
+
 class KeySet:
     """A set of id keys (`[M, 2]`, M small: annotations), asked about many rows at a time."""
 

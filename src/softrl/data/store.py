@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from softrl.data import legacy
-from softrl.data.pool import KeySet, StoredPool, first_copies, id_keys
+from softrl.data.pool import KeySet, StoredPool, encode, first_by_address, first_copies, id_keys
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
 from softrl.data.tables import MissingTable, StoreError, Table, with_retries
 from softrl.tasks.base import check_reward
@@ -223,14 +223,11 @@ class ExperienceStore:
         for batch in table.batches(version, ["id", "prompt_id"] + (["mc_targets"] if annotated else []), where, True):
             batch_keys = id_keys(batch["id"])
             keeps.append(targets.of(batch_keys, batch["mc_targets"]) if targets else np.ones(batch.num_rows, dtype=bool))
-            encoded = pc.dictionary_encode(batch["prompt_id"])
-            code = np.array([names.setdefault(p, len(names)) for p in encoded.dictionary.to_pylist()], dtype=np.int64)
             addresses.append(batch[ADDRESS].to_numpy())
             keys.append(batch_keys)
-            codes.append(code[encoded.indices.to_numpy()] if len(code) else np.empty(0, dtype=np.int64))
+            codes.append(encode(batch["prompt_id"], names))
         address = np.concatenate(addresses) if addresses else np.empty(0, dtype=np.uint64)
-        order = np.argsort(address, kind="stable")  # commit order, whatever order the scan gave
-        first = order[first_copies(np.concatenate(keys)[order])] if len(order) else order  # in commit order
+        first = first_by_address(address, np.concatenate(keys) if keys else np.empty((0, 2), dtype=np.uint64))
         if len(first):
             first = first[np.concatenate(keeps)[first]]  # the first copy decides, as `trajectories` does
         address = address[first]
@@ -266,11 +263,8 @@ class ExperienceStore:
         for batch in self.tables["trajectories"].batches(snapshot.versions["trajectories"], ["id", "source", "prompt_id",
                                                          "passed", "reward", "mc_targets"], row_address=True):
             keys = id_keys(batch["id"])
-            for name, out in (("source", "source"), ("prompt_id", "prompt")):
-                encoded = pc.dictionary_encode(batch[name])
-                code = np.array([names[name].setdefault(v, len(names[name])) for v in encoded.dictionary.to_pylist()],
-                                dtype=np.int64)
-                columns[out].append(code[encoded.indices.to_numpy()] if len(code) else np.empty(0, dtype=np.int64))
+            columns["source"].append(encode(batch["source"], names["source"]))
+            columns["prompt"].append(encode(batch["prompt_id"], names["prompt_id"]))
             columns["address"].append(batch[ADDRESS].to_numpy())
             columns["key"].append(keys)
             # as floats, a null as NaN: left out of the means, as pyarrow's mean leaves it out
@@ -278,8 +272,7 @@ class ExperienceStore:
             columns["reward"].append(batch["reward"].to_numpy(zero_copy_only=False))
             columns["targets"].append(targets.of(keys, batch["mc_targets"]))
         rows = {k: np.concatenate(v) if v else np.empty(0) for k, v in columns.items()}
-        order = np.argsort(rows["address"], kind="stable")
-        first = order[first_copies(rows["key"][order])] if len(order) else order
+        first = first_by_address(rows["address"], rows["key"])
         kept = {k: v[first] for k, v in rows.items() if k not in ("address", "key")}
         per_source = {}
         for source, code in sorted(names["source"].items()):
@@ -289,7 +282,7 @@ class ExperienceStore:
                     "trajectories": int(part.sum()), "prompts": len(np.unique(kept["prompt"][part])),
                     "pass_rate": nan_mean(kept["passed"][part]), "mean_reward": nan_mean(kept["reward"][part]),
                     "with_mc_targets": int(kept["targets"][part].sum())}
-        return self.summary(snapshot, per_source, len(order), len(np.unique(kept["prompt"])))
+        return self.summary(snapshot, per_source, len(rows["address"]), len(np.unique(kept["prompt"])))
 
     def summary(self, snapshot: Snapshot, per_source: dict[str, dict], rows: int, prompts: int) -> dict[str, Any]:
         """`stats`' answer from the per-source figures (of first copies), the rows counted with their
@@ -315,9 +308,8 @@ class ExperienceStore:
             if not addresses:
                 return 0, 0
             address = np.concatenate(addresses)
-            order = np.argsort(address, kind="stable")
             first = np.zeros(len(address), dtype=bool)
-            first[order[first_copies(np.concatenate(keys)[order])]] = True
+            first[first_by_address(address, np.concatenate(keys))] = True
             table.delete(version, address[~first])
             return len(address), int(first.sum())
 
