@@ -87,6 +87,8 @@ def test_quick_end_to_end_and_resumed(tiny, tmp_path):
     assert set(human["grid"]) == {"spo", "topr"} and human["best"]["spo"]["samples"] == 0
     assert (report / "frontier-lag1.png").stat().st_size > 10_000
     assert "| spo | spo_lr" in (report / "frontier-human.md").read_text()
+    # every run starts from the same reference: one evaluation before training per seed (tuning, report)
+    assert len(list((tmp_path / "runs/countdown/start-evals").glob("*.json"))) == 2
     runs = tmp_path / "runs/countdown/frontier/lag1"
     stores = tmp_path / "runs/countdown/frontier-stores"
     assert not [p for p in stores.rglob("*") if p.is_file()]  # each run's private store removed when it ended

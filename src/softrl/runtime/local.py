@@ -131,15 +131,17 @@ class Generation:
 
 def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], None] | None = None,
           on_phase: Callable[[str, int, int], None] | None = None, log: Callable[[str], None] = print,
-          on_eval: Callable[[dict], None] | None = None, tasks=None) -> dict:
+          on_eval: Callable[[dict], None] | None = None, tasks=None,
+          start_eval: Callable[[Callable[[], dict]], dict] | None = None) -> dict:
     """Run (or resume) training; returns the summary also written to RUN_DIR/summary.json. With
     `runtime.learners` > 1 the learner is a data-parallel group (runtime/group.py) and this process
     its rank 0; a process torchrun started as another rank follows rank 0 instead. `on_step` gets
     every step's record, `on_eval` every evaluation's; `tasks`: (training, evaluation) Tasks made in
-    Python instead of config.task's. SIGINT (Ctrl-C) or SIGTERM stop the run after the step in
-    progress, with a checkpoint of it (a second signal, or one outside the steps, at once), raising
-    `runtime.stop.RunStopped`; a full disk raises `runtime.faults.DiskFullError`. Another process
-    training in the run directory is a `RunInUseError`."""
+    Python instead of config.task's; `start_eval`: see `Session`. SIGINT (Ctrl-C) or SIGTERM stop the
+    run after the step in progress, with a checkpoint of it (a second signal, or one outside the
+    steps, at once), raising `runtime.stop.RunStopped`; a full disk raises
+    `runtime.faults.DiskFullError`. Another process training in the run directory is a
+    `RunInUseError`."""
     rank = torchrun_rank()
     if rank not in (None, 0):
         return follow(config, rank, config.runtime.learners)
@@ -152,7 +154,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
             try:
                 group = LearnerGroup(config) if config.runtime.learners > 1 or rank is not None else None
                 session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total),
-                                  group=group, tasks=tasks, on_eval=on_eval)
+                                  group=group, tasks=tasks, on_eval=on_eval, start_eval=start_eval)
                 rc = config.runtime
                 generation = Generation(session, rc.mode, rc.model_update_interval, rc.policy_lag)
                 if resume and rc.policy_lag:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -29,18 +30,21 @@ class Session:
 
     def __init__(self, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print,
                  progress: Callable[[int, int], None] | None = None, group=None, tasks=None,
-                 on_eval: Callable[[dict], None] | None = None):
+                 on_eval: Callable[[dict], None] | None = None,
+                 start_eval: Callable[[Callable[[], dict]], dict] | None = None):
         """`group`: with `runtime.learners` > 1, rank 0's LearnerGroup (runtime/group.py), which then
         stands in for the run's learner; `tasks`: (training, evaluation) Tasks made in Python instead
-        of config.task's; `on_eval`: called with every evaluation's record (step and `eval/...`)."""
+        of config.task's; `on_eval`: called with every evaluation's record (step and `eval/...`);
+        `start_eval(evaluate)`: the evaluation before training, given the function that makes it (a
+        benchmark shares one among runs that start alike: bench/start_eval.py)."""
         self.lock = RunLock(config.run_dir).acquire()  # before anything in it is read or removed
         try:
-            self._start(config, resume, log, progress, group, tasks, on_eval)
+            self._start(config, resume, log, progress, group, tasks, on_eval, start_eval)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, config, resume, log, progress, group, tasks, on_eval) -> None:
+    def _start(self, config, resume, log, progress, group, tasks, on_eval, start_eval) -> None:
         if resume and not checkpoints(config.run_dir):  # killed before its first checkpoint was complete
             if config.run_dir.exists():
                 log(f"no complete checkpoint in {config.run_dir}: starting the run over from step 0")
@@ -75,7 +79,7 @@ class Session:
             torch.set_rng_state(state["rng"]["torch"])
             log(f"resumed from {name}")
         else:
-            self.runlog.write(self.evaluated({"step": 0, "samples": 0, "time": 0.0}))
+            self.runlog.write(self.evaluated({"step": 0, "samples": 0, "time": 0.0}, start_eval))
         self.runlog.eval_seconds = 0.0  # the run's clock starts after this
 
     @property
@@ -89,11 +93,13 @@ class Session:
     def generation_seed(self, step: int) -> int:
         return self.config.seed * 1_000_003 + step
 
-    def evaluated(self, record: dict) -> dict:
+    def evaluated(self, record: dict, shared: Callable[[Callable[[], dict]], dict] | None = None) -> dict:
         """`record` (its step, samples, time) with the policy's evaluation on the held-out prompts as
-        `eval/...` numbers, also handed to `on_eval`; evaluation time is not training time."""
+        `eval/...` numbers, also handed to `on_eval`; evaluation time is not training time. `shared`:
+        where the evaluation may come from instead (`start_eval`)."""
         started = time.time()
-        result = self.run.evaluate(self.run.policy.model)
+        evaluate = partial(self.run.evaluate, self.run.policy.model)
+        result = shared(evaluate) if shared is not None else evaluate()
         self.runlog.eval_seconds += time.time() - started
         record = {**record, **{f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float)) and v is not None}}
         self.on_eval(record)
