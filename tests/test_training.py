@@ -333,6 +333,30 @@ def test_a_run_refuses_stored_token_ids_outside_the_model_vocabulary(tiny, tmp_p
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_a_pool_too_large_to_check_whole_refuses_a_bad_row_when_it_is_drawn(tiny, tmp_path, monkeypatch):
+    """Before a run, a pool is checked whole up to `CHECKED_ROWS` rows, else a sample of it: a bad row
+    outside the sample is refused when it is drawn, with the same line, not an index error mid-step."""
+    import softrl.runtime.feed as feed
+    from softrl.data import Trajectory
+    from softrl.models.loading import tokenizer_fingerprint
+    from softrl.runtime.local import train
+    from softrl.tasks.registry import load_task
+
+    n = tiny[1].get_input_embeddings().num_embeddings
+    prompt = load_task("countdown", size=6).prompts()[1]
+    bad = Trajectory(prompt.id, "1+2", 1.0, True, task="countdown", prompt_text=prompt.text, source="human",
+                     prompt_tokens=[3], response_tokens=[4, n + 7], tokenizer=tokenizer_fingerprint(tiny[2]))
+    ExperienceStore(tmp_path / "store").append([bad])  # first of 7 rows: the one checked is the 7th (seed 0)
+    seed_store(tmp_path)
+    monkeypatch.setattr(feed, "CHECKED_ROWS", 1)
+    steps = []
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"optim.steps": 12}))
+    with pytest.raises(ConfigError, match=rf"^data.store: offline pool of {tmp_path}/store: row '{bad.id}' .* holds "
+                                          rf"token id {n + 7} in response_tokens, outside the model's vocabulary"):
+        train(config, log=lambda m: None, on_step=steps.append)
+    assert 0 < len(steps) < 12  # refused on the way, when drawn
+
+
 def test_the_offline_pool_names_stored_rows_of_none_of_the_task_prompts(tiny, tmp_path):
     """Human records imported without the task keep prompt ids made from their text, which no task
     prompt has: a run trained on none of them, saying only "offline pool: 0 trajectories". Now the

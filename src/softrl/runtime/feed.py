@@ -35,6 +35,7 @@ class DataFeed:
         self.tokenizer, self.fingerprint = tokenizer, tokenizer_fingerprint(tokenizer)
         self.prompts = task.prompts()
         self.prompt_rng = random.Random(config.seed)
+        self.partly_checked: set[str] = set()  # sources with rows not checked before the run: checked when drawn
         self.mixture = self._mixture()
 
     def _mixture(self) -> MixtureSampler | None:
@@ -55,6 +56,8 @@ class DataFeed:
                                    **filters)
             checked = pool.checked_rows(CHECKED_ROWS)
             self._check_behavior(source, checked, len(pool))
+            if len(checked) < len(pool):
+                self.partly_checked.add(source)
             sources[source] = pool
             if registry.get(cfg.objective_for(source).algorithm).min_group:
                 sources[source] = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
@@ -124,7 +127,7 @@ class DataFeed:
         else:
             count = self.config.sampling.prompts_per_step * self.config.sampling.samples_per_prompt
         rows = self.mixture.sample(count) if count else []
-        for source in self.mixture.sources:  # a pool larger than its checked rows: what it gives is checked
+        for source in self.partly_checked:
             self._refuse_unusable(source, [r for r in rows if r["mix_source"] == source])
         return rows
 
