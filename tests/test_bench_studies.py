@@ -2,6 +2,7 @@
 AGRO, reuse of finished runs only with the same settings, and the growing store end to end."""
 
 import json
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -188,6 +189,40 @@ def test_bench_study_mc_end_to_end_on_the_bootstrap(tmp_path):
 
 
 # --- the code study (bench.code_study) -----------------------------------------------------------------
+def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkeypatch):
+    """Bootstrap training is not bit-identical across machines: a study resumed on another machine must not
+    mix outcomes of two references. The first build is kept beside the kept outcomes; a fresh machine
+    installs that one instead of building its own; a different model already in the cache is refused."""
+    from softrl.bench import code_study as cs
+    from softrl.bench.learning import settings_of, weights_digest
+    from softrl.config import ConfigError
+
+    monkeypatch.setenv("SOFTRL_CACHE", str(tmp_path / "cache"))
+    builds = []
+
+    def fake_bootstrap(task):  # a "model": one weights file whose bytes say which build it is
+        final = cs.reference_dir()
+        final.mkdir(parents=True, exist_ok=True)
+        (final / "model.safetensors").write_bytes(f"build {len(builds)}".encode())
+        (final / "softrl.json").write_text("{}")
+        builds.append(task)
+        return final
+
+    monkeypatch.setattr("softrl.bootstrap.bootstrap", fake_bootstrap)
+    s = cs.Settings(tmp_path / "runs", kept=tmp_path / "report" / "study-code-runs.jsonl")
+    assert cs.install_reference(s) == cs.reference_dir() and builds == ["tinycode-loops"]
+    kept = tmp_path / "report" / "study-code-reference"
+    assert weights_digest(kept) == weights_digest(cs.reference_dir()) is not None
+    config = cs.run_config(s, "spo-online", s.lrs[0], cs.TUNE_SEED)
+    assert settings_of(config)["model.weights"] == weights_digest(kept)  # kept outcomes name the weights
+    shutil.rmtree(tmp_path / "cache")  # another machine: the kept reference is installed, not rebuilt
+    cs.install_reference(s)
+    assert builds == ["tinycode-loops"] and weights_digest(cs.reference_dir()) == weights_digest(kept)
+    (cs.reference_dir() / "model.safetensors").write_bytes(b"another machine's build")
+    with pytest.raises(ConfigError, match="reference is not the one the kept outcomes were made with"):
+        cs.install_reference(s)
+
+
 def test_code_study_arms_generate_the_same_samples(tmp_path):
     from softrl.bench import code_study as cs
 

@@ -19,6 +19,7 @@ as one JSON line in `kept` (`bench.frontier_runs`), so a study resumes on any ma
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +76,8 @@ class Settings:
 
 
 # what the pool's rows depend on: a pool made with other values is refused, not silently reused
-POOL_KEYS = ("model.path", "task.name", "task.size", "task.seed", "task.options", "q0.k", "beta", "seed")
+POOL_KEYS = ("model.path", "model.weights", "task.name", "task.size", "task.seed", "task.options", "q0.k", "beta",
+             "seed")
 QUICK = dict(steps=1, lrs=(1e-4, 1e-3), seeds=2, eval_size=2, eval_every=1, eval_samples=10, task_size=6)
 
 
@@ -85,6 +87,39 @@ def reference_dir() -> Path:
     from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig, bootstrap_dir
 
     return bootstrap_dir(BootstrapConfig(task=TASK, **TASK_DEFAULTS[TASK]))
+
+
+def kept_reference(s: Settings) -> Path | None:
+    """Where the reference that the kept outcomes were made with is kept, beside them."""
+    return s.kept.parent / "study-code-reference" if s.kept is not None else None
+
+
+def install_reference(s: Settings) -> Path:
+    """The runs' reference in the cache (`reference_dir()`). Two builds of one recipe on two machines gave
+    different models (pass@1 at T 1 0.086 and 0.044: the bootstrap's training is not bit-identical
+    across machines), so a study that runs in chunks over several machines keeps its reference beside its
+    kept outcomes and installs it from there; without one, the bootstrap builds it and a copy is kept
+    there (to be committed with the outcomes). A different reference already in the cache is refused."""
+    from softrl.bench.learning import weights_digest
+    from softrl.bootstrap import bootstrap
+    from softrl.models.loading import built_once
+
+    final, kept = reference_dir(), kept_reference(s)
+    if kept is None:
+        return bootstrap(TASK)
+    if not (kept / "softrl.json").is_file():
+        bootstrap(TASK)
+        work = kept.with_name(f"{kept.name}.tmp{os.getpid()}")
+        shutil.copytree(final, work)
+        shutil.rmtree(kept, ignore_errors=True)
+        os.replace(work, kept)
+        return final
+    built_once(final, lambda work: shutil.copytree(kept, work))
+    if weights_digest(final) != weights_digest(kept):
+        raise ConfigError(f"{final}: this machine's {TASK} reference is not the one the kept outcomes were made with "
+                          f"({kept}; bootstrap training differs across machines): delete {final} to install the kept "
+                          "one, or give another --kept file to start over")
+    return final
 
 
 def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
@@ -180,21 +215,18 @@ def prepare_pool(s: Settings, progress=None) -> dict:
     from softrl.data.io import task_solutions
 
     first = run_config(s, "spo-online", s.lrs[0], TUNE_SEED)
+    if first.model.path == str(reference_dir()):
+        install_reference(s)
     made_with = {k: v for k, v in settings_of(first).items() if k in POOL_KEYS}
     marker = s.pool / "pool.json"
     if marker.is_file():
-        found = json.loads(marker.read_text())
-        differs = next((k for k in POOL_KEYS if found.get("settings", {}).get(k) != made_with.get(k)), None)
+        found = json.loads(marker.read_text()).get("settings", {})
+        differs = next((k for k in POOL_KEYS if k in found and found[k] != made_with.get(k)), None)
         if differs:
-            raise ConfigError(f"{s.pool}: the pool was made with {differs}={found.get('settings', {}).get(differs)!r}, "
-                              f"this study asks {made_with.get(differs)!r}: use another --runs directory, or delete "
-                              "the pool")
-        return found["rows"]
+            raise ConfigError(f"{s.pool}: the pool was made with {differs}={found[differs]!r}, this study asks "
+                              f"{made_with.get(differs)!r}: use another --runs directory, or delete the pool")
+        return json.loads(marker.read_text())["rows"]
     shutil.rmtree(s.pool, ignore_errors=True)  # one half made when killed
-    if first.model.path == str(reference_dir()):
-        from softrl.bootstrap import bootstrap
-
-        bootstrap(TASK)
     config = first.model_copy(update={"data": first.data.model_copy(update={"store": str(s.pool)})})
     Run(config).q0(progress=progress)
     human = task_solutions(load_tasks(config)[0], "human")

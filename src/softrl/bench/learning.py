@@ -11,6 +11,8 @@ or not) and generate nothing.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 import shutil
@@ -122,10 +124,34 @@ def _same(a, b) -> bool:
 
 
 def settings_of(config: RunConfig) -> dict:
-    """A run's settings, section.key -> value."""
+    """A run's settings, section.key -> value, and `model.weights`, the digest of the model folder's weights
+    where it is a folder: a folder is rebuilt in place (a bootstrap's training is not bit-identical across
+    machines), so its path alone does not say which model a kept outcome was made with."""
     from softrl.config import flatten
 
-    return {".".join(k): v for k, v in flatten(config.model_dump(mode="json"))}
+    out = {".".join(k): v for k, v in flatten(config.model_dump(mode="json"))}
+    digest = weights_digest(config.model.path)
+    return {**out, "model.weights": digest} if digest else out
+
+
+def weights_digest(path: str | Path) -> str | None:
+    """A digest of the weight files (*.safetensors, *.bin) of the model folder `path`; None for no such folder."""
+    folder = Path(path)
+    files = sorted(f for f in folder.glob("*") if f.suffix in (".safetensors", ".bin") and f.is_file()) \
+        if folder.is_dir() else []
+    return _digest(tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)) if files else None
+
+
+@functools.lru_cache(maxsize=32)
+def _digest(files: tuple[tuple[str, int, int], ...]) -> str:
+    """Of the files' names and contents (size and time only key the cache: a rewritten file is read again)."""
+    digest = hashlib.blake2b(digest_size=12)
+    for name, _, _ in files:
+        digest.update(Path(name).name.encode())
+        with open(name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def difference(before: dict, config: RunConfig) -> tuple[str, object, object] | None:

@@ -26,19 +26,12 @@ TRAINING_ONLY = ("name", "out_dir", "beta", "data.", "q0.", "optim.", "log.", "e
                  "runtime.workers", "runtime.learners", "runtime.ray_address", "runtime.weight_sync")
 
 
-def model_fingerprint(path: str) -> list:
-    """The model folder's files (name, size, modification time): a rebuilt model is another model."""
-    folder = Path(path)
-    if not folder.is_dir():
-        return [path]
-    return [path, *[(f.name, (st := f.stat()).st_size, st.st_mtime_ns) for f in sorted(folder.iterdir()) if f.is_file()]]
-
-
 def start_key(config: RunConfig) -> str:
+    """Of the settings the evaluation before training depends on (`model.weights` among them: a rebuilt
+    model is another model)."""
     from softrl.bench.learning import settings_of
 
     settings = {k: v for k, v in settings_of(config).items() if not k.startswith(TRAINING_ONLY)}
-    settings["model.files"] = model_fingerprint(config.model.path)
     return hashlib.blake2b(json.dumps(settings, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
 
