@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from softrl.cli_bench import TASK_OPT, _choices, _csv, bench_app, run_stage
-from softrl.cli_common import err, fail, one_line_errors, progress_bar
+from softrl.cli_common import fail, one_line_errors, progress_bar
 
 QUICK = {"regimes": "lag1,lag16,human", "methods": "spo,oapl,grpo-tis,topr", "seeds": 1, "tune_seeds": 1,
          "steps": 30, "lrs": "1e-4,1e-3", "eval_size": 20, "eval_every": 30, "earlier_steps": 20}
