@@ -7,7 +7,7 @@ import pytest
 
 from softrl.assemble import Run
 from softrl.bench.learning import run_all
-from softrl.bench.start_eval import start_key
+from softrl.bench.start_eval import SharedStartEval, start_key
 from softrl.config import config_from
 
 
@@ -35,7 +35,7 @@ def test_runs_that_start_alike_evaluate_once_and_train_as_if_each_had(tiny, tmp_
               config(tiny, tmp_path, "c", seed=1)]
     assert start_key(shared[0]) == start_key(shared[1]) == start_key(alone) != start_key(shared[2])
     folder = tmp_path / "start-evals"
-    run_all(shared, start_evals=folder)
+    run_all(shared, shared=SharedStartEval(folder))
     # before and after training for "alone"; "a" evaluates for itself and "b"; "c" has another seed
     assert calls == ["alone", "alone", "a", "a", "b", "c", "c"]
     assert len(list(folder.glob("*.json"))) == 2

@@ -26,6 +26,7 @@ from softrl.algorithms.common import SPO_BETA
 from softrl.bench.anydata import POOL_SOURCES, prepare_pool
 from softrl.bench.frontier_runs import EVAL_SAMPLES, average, keep, mean, outcome
 from softrl.bench.learning import base_overrides, run_all, slug
+from softrl.bench.start_eval import SharedStartEval
 from softrl.config import RunConfig, config_from
 
 LRS = (3e-5, 1e-4, 3e-4, 1e-3)  # 3e-5: the baselines' grids reach no KL as low as SPO's without it
@@ -208,11 +209,11 @@ def remove_store(config: RunConfig) -> None:
     shutil.rmtree(config.data.store, ignore_errors=True)
 
 
-def _run_alone(config: RunConfig, pool: Path, threads: int, start_evals: Path) -> str:
+def _run_alone(config: RunConfig, pool: Path, threads: int, shared: SharedStartEval) -> str:
     import torch
 
     torch.set_num_threads(threads)
-    run_all([config], before=lambda c: copy_pool(pool, c), after=remove_store, start_evals=start_evals)
+    run_all([config], before=lambda c: copy_pool(pool, c), after=remove_store, shared=shared)
     return config.name
 
 
@@ -228,7 +229,7 @@ def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_d
     `jobs` processes at once, each with its share of the CPU threads, `on_done(config)` as each ends.
     On 2 cores two one-thread runs make about 1.5x the samples of one two-thread run (0.24 vs 0.18 s
     a step of a lagged run each): the benchmark's runs are small."""
-    pool, start_evals = s.where / "pool", s.where / "start-evals"
+    pool, shared = s.where / "pool", SharedStartEval(s.where / "start-evals")
     configs = pending(s, configs)
 
     def finished(config: RunConfig) -> None:
@@ -236,7 +237,7 @@ def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_d
         keep(s.kept, config)
 
     if jobs <= 1:
-        run_all(configs, on_step=on_step, before=lambda c: copy_pool(pool, c), after=finished, start_evals=start_evals)
+        run_all(configs, on_step=on_step, before=lambda c: copy_pool(pool, c), after=finished, shared=shared)
         return
     import multiprocessing
     import os
@@ -244,7 +245,7 @@ def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_d
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = {ex.submit(_run_alone, c, pool, threads, start_evals): c for c in configs}
+        futures = {ex.submit(_run_alone, c, pool, threads, shared): c for c in configs}
         try:
             for future in as_completed(futures):
                 future.result()

@@ -94,15 +94,13 @@ def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr:
 
 def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], None] | None = None,
             log: Callable[[str], None] = lambda m: None, before: Callable[[RunConfig], None] | None = None,
-            after: Callable[[RunConfig], None] | None = None, start_evals: Path | None = None) -> None:
+            after: Callable[[RunConfig], None] | None = None, shared=None) -> None:
     """Train each config in turn; a run with a summary.json is done and kept (a killed benchmark
     resumes where it stopped), a run without one starts over, after `before(config)` (e.g. its store);
-    `after(config)` once it has finished. `start_evals`: a folder where runs that start alike share
-    their evaluation before training (bench/start_eval.py)."""
-    from softrl.bench.start_eval import SharedStartEval
+    `after(config)` once it has finished. `shared`: a `bench.start_eval.SharedStartEval`, where runs
+    that start alike share their evaluation before training."""
     from softrl.runtime.local import train
 
-    shared = SharedStartEval(start_evals) if start_evals is not None else None
     for i, config in enumerate(configs):
         if (config.run_dir / "summary.json").is_file():
             check_same_settings(config)

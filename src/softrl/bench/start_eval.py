@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from softrl.bench.learning import settings_of
 from softrl.config import RunConfig
 
 TRAINING_ONLY = ("name", "out_dir", "beta", "data.", "q0.", "optim.", "log.", "eval.every", "sampling.prompts_per_step",
@@ -29,8 +30,6 @@ TRAINING_ONLY = ("name", "out_dir", "beta", "data.", "q0.", "optim.", "log.", "e
 def start_key(config: RunConfig) -> str:
     """Of the settings the evaluation before training depends on (`model.weights` among them: a rebuilt
     model is another model)."""
-    from softrl.bench.learning import settings_of
-
     settings = {k: v for k, v in settings_of(config).items() if not k.startswith(TRAINING_ONLY)}
     return hashlib.blake2b(json.dumps(settings, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
