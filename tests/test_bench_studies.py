@@ -193,8 +193,11 @@ def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkey
     """Bootstrap training is not bit-identical across machines: a study resumed on another machine must not
     mix outcomes of two references. The first build is kept beside the kept outcomes; a fresh machine
     installs that one instead of building its own; a different model already in the cache is refused."""
+    from dataclasses import asdict
+
     from softrl.bench import code_study as cs
     from softrl.bench.learning import settings_of, weights_digest
+    from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig
     from softrl.config import ConfigError
 
     monkeypatch.setenv("SOFTRL_CACHE", str(tmp_path / "cache"))
@@ -204,7 +207,7 @@ def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkey
         final = cs.reference_dir()
         final.mkdir(parents=True, exist_ok=True)
         (final / "model.safetensors").write_bytes(f"build {len(builds)}".encode())
-        (final / "softrl.json").write_text("{}")
+        (final / "softrl.json").write_text(json.dumps({"config": asdict(BootstrapConfig(task=task, **TASK_DEFAULTS[task]))}))
         builds.append(task)
         return final
 
@@ -220,6 +223,9 @@ def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkey
     assert builds == ["tinycode-loops"] and weights_digest(cs.reference_dir()) == weights_digest(kept)
     (cs.reference_dir() / "model.safetensors").write_bytes(b"another machine's build")
     with pytest.raises(ConfigError, match="reference is not the one the kept outcomes were made with"):
+        cs.install_reference(s)
+    (kept / "softrl.json").write_text(json.dumps({"config": {"task": "tinycode-loops", "steps": 1}}))
+    with pytest.raises(ConfigError, match="the kept reference was built by another recipe"):
         cs.install_reference(s)
 
 

@@ -255,6 +255,8 @@ def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | No
         s = cs.Settings(runs, **{**(cs.QUICK if quick else {}), **given}, extra=extra,
                         kept=kept or report / "study-code-runs.jsonl")
         tuning = cs.tuning_plan(s, list(cs.ARMS))
+        if tuning[0].model.path == str(cs.reference_dir()):  # before any kept outcome is read: they name its weights
+            cs.install_reference(s)
     except (ValueError, ConfigError) as e:
         fail(str(e))
     def pool(update) -> dict:

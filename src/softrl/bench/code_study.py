@@ -19,9 +19,8 @@ as one JSON line in `kept` (`bench.frontier_runs`), so a study resumes on any ma
 from __future__ import annotations
 
 import json
-import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from softrl.bench.frontier_runs import outcome
@@ -101,7 +100,7 @@ def install_reference(s: Settings) -> Path:
     kept outcomes and installs it from there; without one, the bootstrap builds it and a copy is kept
     there (to be committed with the outcomes). A different reference already in the cache is refused."""
     from softrl.bench.learning import weights_digest
-    from softrl.bootstrap import bootstrap
+    from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig, bootstrap
     from softrl.models.loading import built_once
 
     final, kept = reference_dir(), kept_reference(s)
@@ -109,11 +108,12 @@ def install_reference(s: Settings) -> Path:
         return bootstrap(TASK)
     if not (kept / "softrl.json").is_file():
         bootstrap(TASK)
-        work = kept.with_name(f"{kept.name}.tmp{os.getpid()}")
-        shutil.copytree(final, work)
-        shutil.rmtree(kept, ignore_errors=True)
-        os.replace(work, kept)
+        built_once(kept, lambda work: shutil.copytree(final, work))
         return final
+    recipe = json.loads((kept / "softrl.json").read_text()).get("config")
+    if recipe != asdict(BootstrapConfig(task=TASK, **TASK_DEFAULTS[TASK])):
+        raise ConfigError(f"{kept}: the kept reference was built by another recipe than {TASK}'s today "
+                          f"({final.name}): give another --kept file to start over")
     built_once(final, lambda work: shutil.copytree(kept, work))
     if weights_digest(final) != weights_digest(kept):
         raise ConfigError(f"{final}: this machine's {TASK} reference is not the one the kept outcomes were made with "
@@ -221,7 +221,8 @@ def prepare_pool(s: Settings, progress=None) -> dict:
     marker = s.pool / "pool.json"
     if marker.is_file():
         found = json.loads(marker.read_text()).get("settings", {})
-        differs = next((k for k in POOL_KEYS if k in found and found[k] != made_with.get(k)), None)
+        # a marker that does not name the weights predates them: another build's rows may be in it
+        differs = next((k for k in POOL_KEYS if found.get(k) != made_with.get(k)), None)
         if differs:
             raise ConfigError(f"{s.pool}: the pool was made with {differs}={found[differs]!r}, this study asks "
                               f"{made_with.get(differs)!r}: use another --runs directory, or delete the pool")
