@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/generation_backends.py                     # the standard set below
     .venv/bin/python benchmarks/generation_backends.py --model DIR --prompts 16 --n 4 --new-tokens 32 [--chat]
         [--pairs 3] [--calls 1] [--dtype bfloat16] [--compile auto|on|off] [--device cuda]
-        [--batches 16,64,256] [--fixed] [--bound] [--json FILE]
+        [--batches 16,64,256] [--fixed] [--bound] [--json FILE] [--task NAME]
 
 Standard set: the countdown bootstrap model (`softrl bootstrap countdown`), 16 countdown prompts x 4
 samples x 24 new tokens; SmolLM2-135M-Instruct (`softrl model prepare smollm2-135m`, chat template),
@@ -109,7 +109,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batches", type=batch_sizes, help="comma-separated batch sizes (samples), each batch/n "
                         "prompts x n; instead of --prompts (--model only)")
-    parser.add_argument("--chat", action="store_true", help="arithmetic questions (else countdown prompts)")
+    parser.add_argument("--chat", action="store_true", help="arithmetic questions (else --task's prompts)")
+    parser.add_argument("--task", default="countdown", help="the task whose prompts are sampled (--model only), "
+                        "e.g. tinycode-loops: long prompts and programs, where the two backends differ most")
     parser.add_argument("--fixed", action="store_true", help="EOS never drawn: every sample --new-tokens long")
     parser.add_argument("--bound", action="store_true", help="add the weight-read memory-bandwidth bound")
     parser.add_argument("--pairs", type=int, default=3)
@@ -128,7 +130,7 @@ def main() -> None:
     extra = " bound tokens/s | of bound |" if bandwidth else ""
     print(f"| model | shape | backend | tokens | median s | median tokens/s | tokens/s per pair | static/hf per pair |{extra}")
     print("|---|---|---|---|---|---|---|---|" + ("---|---|" if bandwidth else ""))
-    countdown = lambda k: [p.text for p in load_task("countdown", size=k, seed=12345).prompts()]  # noqa: E731
+    task_prompts = lambda k, task="countdown": [p.text for p in load_task(task, size=k, seed=12345).prompts()]  # noqa: E731
     results = []
 
     def keep(r: dict, bound: float | None = None) -> None:  # printed and written as it comes: a run cut off
@@ -141,10 +143,10 @@ def main() -> None:
     if args.model:
         from softrl.assemble import model_directory
 
-        model, tok = load(model_directory(args.model, "countdown"), args.dtype, args.device)
+        model, tok = load(model_directory(args.model, args.task), args.dtype, args.device)
         weights = weight_bytes(model)
         for prompts in [max(1, b // args.n) for b in args.batches] if args.batches else [args.prompts]:
-            texts = smollm2_prompts(prompts) if args.chat else countdown(prompts)
+            texts = smollm2_prompts(prompts) if args.chat else task_prompts(prompts, args.task)
             r = run_pairs(args.model, model, tok, texts, args.n, args.new_tokens, args.pairs, args.dtype,
                           args.compile, args.calls, args.fixed)
             r["bound_tokens_per_s"] = r["batch"] * bandwidth / weights if bandwidth else None
@@ -155,7 +157,7 @@ def main() -> None:
 
         model, tok = load(bootstrap("countdown"), args.dtype, args.device)
         # about 0.1 s a call: ten calls a measurement
-        keep(run_pairs("countdown bootstrap", model, tok, countdown(16), 4, 24, args.pairs, args.dtype,
+        keep(run_pairs("countdown bootstrap", model, tok, task_prompts(16), 4, 24, args.pairs, args.dtype,
                        args.compile, calls=10, fixed=args.fixed))
         model, tok = load(prepare_model("smollm2-135m"), args.dtype, args.device)
         for prompts in (4, 16):

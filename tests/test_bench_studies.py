@@ -247,6 +247,29 @@ def test_code_study_arms_generate_the_same_samples(tmp_path):
     assert len({c.run_dir for c in tuning}) == len({c.data.store for c in tuning}) == len(tuning)  # own stores
 
 
+def test_a_code_arm_grid_grows_past_the_edge_its_best_lies_on(tmp_path, monkeypatch):
+    """Online SPO's best rate was the grid's lowest: the grid gets the ladder's next point below, once
+    (extend=1), and the arm is tuned only when that run finished too; a best inside the grid adds nothing."""
+    from softrl.bench import code_study as cs
+
+    finals = {"spo-online": {3e-5: 0.15, 1e-4: 0.11, 3e-4: 0.0}, "ppo": {3e-5: 0.10, 1e-4: 0.14, 3e-4: 0.12},
+              "grpo": {3e-5: 0.05, 1e-4: 0.08, 3e-4: 0.09}}
+    monkeypatch.setattr(cs, "curve", lambda s, c: ([{"pass@1": finals[c.name.split("-lr")[0]][c.optim.lr]}]
+                                                   if c.optim.lr in finals[c.name.split("-lr")[0]] else None))
+    s = cs.Settings(tmp_path)
+    lrs = lambda arm: sorted(c.optim.lr for c in cs.tuning_plan(s, [arm]))  # noqa: E731
+    assert lrs("spo-online") == [1e-5, 3e-5, 1e-4, 3e-4] and lrs("ppo") == [3e-5, 1e-4, 3e-4]
+    assert lrs("grpo") == [3e-5, 1e-4, 3e-4, 1e-3]
+    assert set(cs.tuned_lrs(s, ["spo-online", "ppo", "grpo"])) == {"ppo"}  # the others wait for their new point
+    finals["spo-online"][1e-5], finals["grpo"][1e-3] = 0.16, 0.02
+    tuned = cs.tuned_lrs(s, ["spo-online", "ppo", "grpo"])
+    # 1e-5 is best now, on the new edge, but the grid grows once: it is the choice, 3e-6 is never run
+    assert tuned["spo-online"]["lr"] == 1e-5 and lrs("spo-online") == [1e-5, 3e-5, 1e-4, 3e-4]
+    assert tuned["grpo"]["lr"] == 3e-4 and tuned["ppo"]["lr"] == 1e-4
+    assert [cs.ladder_step(lr, up) for lr, up in ((1e-4, True), (3e-4, True), (1e-4, False), (3e-5, False))] == [
+        3e-4, 1e-3, 3e-5, 1e-5]
+
+
 def test_claim_with_a_margin_holds_only_beyond_it():
     runs = {"a": {s: [{"pass@10": 0.5 + 0.05 + 0.001 * s}] for s in range(4)},
             "b": {s: [{"pass@10": 0.5}] for s in range(4)}}

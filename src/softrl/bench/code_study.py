@@ -9,16 +9,18 @@ batch is twice that, its other half from the store):
 - cispo-half: of the off-policy baselines (GRPO with TIS, CISPO, TOPR) the one with the best pass@1 at lag 1
   in `bench frontier`, on spo-half's data.
 
-Each arm's learning rate is tuned on a tuning seed (the best final pass@1 over `lrs`) and reported on
-seeds 0..N-1. The study's pool (a store with the training prompts' Q0 from the reference's samples,
-and the known solutions as rows of source "human") is made once; every run trains on its own copy of
-it (`bench.frontier.run`: several at once with `jobs`), and its outcome with every evaluation is kept
-as one JSON line in `kept` (`bench.frontier_runs`), so a study resumes on any machine from that file.
+Each arm's learning rate is tuned on a tuning seed (the best final pass@1 over `lrs`, extended by up to
+`extend` points of the 1-3-10 ladder past an edge where the best lies) and reported on seeds 0..N-1. The
+study's pool (a store with the training prompts' Q0 from the reference's samples, and the known
+solutions as rows of source "human") is made once; every run trains on its own copy of it
+(`bench.frontier.run`: several at once with `jobs`), and its outcome with every evaluation is kept as one
+JSON line in `kept` (`bench.frontier_runs`), so a study resumes on any machine from that file.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,6 +59,7 @@ class Settings:
     prompts: int = 4
     samples_per_prompt: int = 4
     lrs: tuple[float, ...] = (3e-5, 1e-4, 3e-4)  # online SPO collapsed at 3e-4 already (pass@1 0.02)
+    extend: int = 1  # ladder points each arm's grid may grow past the edge its best lies on
     seeds: int = 4
     eval_size: int = 100
     eval_every: int = 50
@@ -77,7 +80,7 @@ class Settings:
 # what the pool's rows depend on: a pool made with other values is refused, not silently reused
 POOL_KEYS = ("model.path", "model.weights", "task.name", "task.size", "task.seed", "task.options", "q0.k", "beta",
              "seed")
-QUICK = dict(steps=1, lrs=(1e-4, 1e-3), seeds=2, eval_size=2, eval_every=1, eval_samples=10, task_size=6)
+QUICK = dict(steps=1, lrs=(1e-4, 1e-3), extend=0, seeds=2, eval_size=2, eval_every=1, eval_samples=10, task_size=6)
 
 
 def reference_dir() -> Path:
@@ -133,13 +136,43 @@ def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
         "data.store": str(s.where / "code-stores" / name),
         "task.size": s.task_size, "data.mix": a.mix, "data.objective": a.objective,
         "data.offline_sources": list(a.sources),
+        # on this task's long samples (200 new tokens, prompts of 130-180) the static cache measured 1.3x
+        # (16 rows) to 3.6x (250 rows, the evaluation's) hf's speed on one thread: benchmarks/generation_backends.py
+        "sampling.backend": "static",
     })
     overrides.update(s.extra or {})
     return config_from(overrides)
 
 
+def ladder_step(lr: float, up: bool) -> float:
+    """The next learning rate on the 1-3-10 ladder (1e-5, 3e-5, 1e-4, ...) above or below `lr`."""
+    exponent = math.floor(math.log10(lr) + 1e-9)
+    low_rung = lr / 10 ** exponent < 2  # 1eX, else 3eX
+    if up:
+        return float(f"{3 if low_rung else 1}e{exponent if low_rung else exponent + 1}")
+    return float(f"{3 if low_rung else 1}e{exponent - 1 if low_rung else exponent}")
+
+
+def arm_grid(s: Settings, arm: str) -> tuple[list[float], dict[float, float]]:
+    """An arm's tuning grid as far as its finished runs decide it, and their final pass@1 by lr: `lrs`, grown
+    one ladder step past the edge where the best finished point lies (up to `extend` steps each way)."""
+    lrs, grown = sorted(s.lrs), {False: 0, True: 0}
+    while True:
+        done = {lr: c[-1]["pass@1"] for lr in lrs if (c := curve(s, run_config(s, arm, lr, TUNE_SEED)))}
+        if len(done) < len(lrs):
+            return lrs, done
+        best = max(lrs, key=lambda lr: done[lr])  # the lower lr on a tie
+        up = best == lrs[-1] and len(lrs) > 1
+        if best not in (lrs[0], lrs[-1]) or grown[up] >= s.extend:
+            return lrs, done
+        grown[up] += 1
+        lrs = sorted([*lrs, ladder_step(best, up)])
+
+
 def tuning_plan(s: Settings, arms: list[str]) -> list[RunConfig]:
-    return [run_config(s, arm, lr, TUNE_SEED) for arm in arms for lr in s.lrs]
+    """The tuning runs every arm's grid needs so far; finished ones included (to be skipped). Rerun it after
+    they finish: an arm whose best lies on an edge gets one more point there."""
+    return [run_config(s, arm, lr, TUNE_SEED) for arm in arms for lr in arm_grid(s, arm)[0]]
 
 
 def curve(s: Settings, config: RunConfig) -> list[dict] | None:
@@ -149,12 +182,13 @@ def curve(s: Settings, config: RunConfig) -> list[dict] | None:
 
 
 def tuned_lrs(s: Settings, arms: list[str]) -> dict[str, dict]:
-    """arm -> {lr: the best final pass@1 on the tuning seed (the lower lr on a tie), grid: lr -> pass@1}."""
+    """arm -> {lr: the best final pass@1 on the tuning seed (the lower lr on a tie), grid: lr -> pass@1}, for
+    the arms whose grid is finished."""
     out = {}
     for arm in arms:
-        grid = {lr: c[-1]["pass@1"] for lr in s.lrs if (c := curve(s, run_config(s, arm, lr, TUNE_SEED)))}
-        if len(grid) == len(s.lrs):
-            out[arm] = {"lr": max(sorted(grid), key=lambda lr: grid[lr]), "grid": grid}
+        lrs, grid = arm_grid(s, arm)
+        if len(grid) == len(lrs):
+            out[arm] = {"lr": max(lrs, key=lambda lr: grid[lr]), "grid": grid}
     return out
 
 
@@ -224,7 +258,7 @@ def prepare_pool(s: Settings, progress=None) -> dict:
         # a marker that does not name the weights predates them: another build's rows may be in it
         differs = next((k for k in POOL_KEYS if found.get(k) != made_with.get(k)), None)
         if differs:
-            raise ConfigError(f"{s.pool}: the pool was made with {differs}={found[differs]!r}, this study asks "
+            raise ConfigError(f"{s.pool}: the pool was made with {differs}={found.get(differs)!r}, this study asks "
                               f"{made_with.get(differs)!r}: use another --runs directory, or delete the pool")
         return json.loads(marker.read_text())["rows"]
     shutil.rmtree(s.pool, ignore_errors=True)  # one half made when killed
