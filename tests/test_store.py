@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -466,6 +467,45 @@ def test_stats_on_ray_data_are_the_local_scan_s(tmp_path):
     on_ray = json.loads(proc.stdout)
     assert on_ray == json.loads(json.dumps(store.stats())) and on_ray["duplicates"] == 10
     assert on_ray["sources"]["human"]["trajectories"] == 13 + 20 and on_ray["prompts_with_q0"] == 1
+
+
+def test_q0_from_stored_samples_locally_and_on_ray_data(tmp_path):
+    """`softrl data q0`: each prompt's Q0 from the reference rows already in the store (first copies only:
+    a later copy's other reward does not count; other sources are left out),
+    the same by the one-process scan and on Ray Data, written to the prompts table with its rewards."""
+    from softrl.annotate.q0 import soft_value
+
+    store = ExperienceStore(tmp_path / "store")
+    rows = [full_trajectory(prompt_id=f"p{i % 3}", prompt_text=f"prompt {i % 3}", response_tokens=[i],
+                            source="reference", reward=float(i % 4 == 0), passed=i % 4 == 0) for i in range(12)]
+    store.append(rows[:8])
+    store.append([full_trajectory(**{**rows[0].to_row(), "reward": 0.0, "passed": False}), *rows[8:],  # a copy
+                  full_trajectory(prompt_id="p0", response_tokens=[99], source="online", reward=1.0)])
+    expected = {f"p{k}": [float(i % 4 == 0) for i in range(12) if i % 3 == k] for k in range(3)}
+    local = store.rewards_by_prompt("reference")
+    assert local["prompt_id"].to_pylist() == ["p0", "p1", "p2"] and local["text"][1].as_py() == "prompt 1"
+    assert dict(zip(local["prompt_id"].to_pylist(), local["rewards"].to_pylist())) == expected
+    assert store.rewards_by_prompt("human").num_rows == 0
+    ray_store = tmp_path / "ray-store"
+    shutil.copytree(tmp_path / "store", ray_store)
+    for where, extra in ((tmp_path / "store", []), *([(ray_store, ["--ray"])] if has_ray() else [])):
+        proc = softrl("data", "q0", "--store", str(where), "--model", "my-sampler", "--beta", "0.5", "--json", *extra)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout)["prompts"] == 3 and json.loads(proc.stdout)["samples"] == 12
+        stored = ExperienceStore(where).prompts()
+        assert {p: r["q0_rewards"] for p, r in stored.items()} == expected
+        assert all(r["q0_hat"] == pytest.approx(soft_value(expected[p], 0.5)) and r["q0_model"] == "my-sampler"
+                   and r["q0_k"] == 4 for p, r in stored.items())
+    proc = softrl("data", "q0", "--store", str(tmp_path / "store"), "--source", "human")
+    assert proc.returncode != 0 and proc.stderr.strip().endswith("no trajectories of source 'human'")
+
+
+def has_ray() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def test_batched_appender_commits_every_nth_call_and_on_flush(root):

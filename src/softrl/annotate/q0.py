@@ -15,6 +15,7 @@ import math
 import zlib
 from collections.abc import Callable
 
+import pyarrow as pa
 import torch
 
 from softrl.algorithms.spo import q0_from_rewards
@@ -55,6 +56,15 @@ def plan(prompts: int, k: int, known: int) -> str:
     """The line said before Q0 is estimated: how much sampling is to come."""
     return (f"Q0: sampling the reference model on {prompts:,} prompts x {k} samples = {prompts * k:,} samples"
             + (f" ({known:,} prompts have Q0 in the store already)" if known else ""))
+
+
+def q0_from_samples(rewards: pa.Table, beta: float, model: str, min_k: int = 1) -> list[dict]:
+    """Prompts-table rows from samples already in a store (`ExperienceStore.rewards_by_prompt`'s table:
+    prompt, task, text and its samples' rewards and pass flags), for the prompts with at least `min_k`
+    samples: Q0 without sampling, e.g. from reference samples another sampler made and `softrl data
+    import` brought in. `model`: the model they came from, as runs name it (their Q0 is reused by its runs)."""
+    return [q0_row(Prompt(r["prompt_id"], r["text"] or ""), r["task"], r["rewards"], [bool(p) for p in r["passed"]],
+                   beta, model) for r in rewards.to_pylist() if len(r["rewards"]) >= min_k]
 
 
 def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str], list[int]], store: ExperienceStore,

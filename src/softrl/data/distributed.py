@@ -1,7 +1,8 @@
-"""The store's statistics on Ray Data, for a store that outgrows one machine: the cluster's workers
-each read some of the table's fragments (`ray.data.read_lance` at the snapshot's version), and the
-first copy of each id is found by a distributed group-by, not in one process's memory. The same
-answer as `ExperienceStore.stats` (tests/test_store.py checks both on one store)."""
+"""The store's statistics and the per-prompt rewards that Q0 is made of, on Ray Data, for a store that
+outgrows one machine: the cluster's workers each read some of the table's fragments
+(`ray.data.read_lance` at the snapshot's version), and the first copy of each id is found by a
+distributed group-by, not in one process's memory. The same answers as `ExperienceStore.stats` and
+`ExperienceStore.rewards_by_prompt` (tests/test_store.py checks each pair on one store)."""
 
 from __future__ import annotations
 
@@ -13,19 +14,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from softrl.data.pool import id_keys
-from softrl.data.store import ADDRESS, ExperienceStore, Snapshot, StoreError, TargetIndex
+from softrl.data.store import ADDRESS, PROMPT_REWARDS, ExperienceStore, Snapshot, StoreError, TargetIndex
 
 COLUMNS = ["id", "source", "prompt_id", "passed", "reward", "mc_targets"]
 MAX_PARTITIONS = 64
 
 
-def stats_on_ray(store: ExperienceStore, snapshot: Snapshot | None = None) -> dict[str, Any]:
-    """`store.stats(snapshot)`, computed by Ray Data on the Ray cluster this process is connected to
-    (a local one is started when none is; `RAY_ADDRESS` names a cluster)."""
+def connected():
+    """The `ray` module, connected to the cluster of `RAY_ADDRESS` (a local Ray started when none is), with
+    the sort-based shuffle that this module's group-bys use."""
     try:
         import ray
         import ray.data
-        from ray.data.aggregate import Count, Sum
         from ray.data.context import DataContext, ShuffleStrategy
     except ImportError:
         raise StoreError("--ray needs Ray Data: pip install 'softrl[ray]'") from None
@@ -37,6 +37,24 @@ def stats_on_ray(store: ExperienceStore, snapshot: Snapshot | None = None) -> di
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise StoreError(f"Ray (RAY_ADDRESS={os.environ.get('RAY_ADDRESS', 'none: a local Ray')}): "
                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return ray
+
+
+def first_copy(group: pa.Table) -> pa.Table:
+    """The row of a group of one id's copies committed first (the lowest row address)."""
+    return group.take([int(np.argmin(group[ADDRESS].to_numpy()))])
+
+
+def partitions(version) -> int:
+    return min(MAX_PARTITIONS, max(1, len(version.get_fragments())))  # Ray's default 200: minutes of tasks
+
+
+def stats_on_ray(store: ExperienceStore, snapshot: Snapshot | None = None) -> dict[str, Any]:
+    """`store.stats(snapshot)`, computed by Ray Data on the Ray cluster this process is connected to
+    (a local one is started when none is; `RAY_ADDRESS` names a cluster)."""
+    ray = connected()
+    from ray.data.aggregate import Count, Sum
+
     snapshot = snapshot or store.snapshot()
     notes = store.annotations(snapshot)  # small beside the trajectories: sent to every reader
     targets = TargetIndex(notes)
@@ -51,14 +69,11 @@ def stats_on_ray(store: ExperienceStore, snapshot: Snapshot | None = None) -> di
                          "reward": batch["reward"], **known,  # a null is left out of the means, as locally
                          "targets": pa.array(targets.of(keys, batch["mc_targets"]).astype(np.int64))})
 
-    def first_copy(group: pa.Table) -> pa.Table:
-        return group.take([int(np.argmin(group[ADDRESS].to_numpy()))])
-
     version = table.at(snapshot.versions["trajectories"])
     stored = version.count_rows()
     if not stored:
         return store.summary(snapshot, {}, 0, 0)
-    parts = min(MAX_PARTITIONS, max(1, len(version.get_fragments())))  # Ray's default 200: minutes of tasks
+    parts = partitions(version)
     rows = ray.data.read_lance(table.uri, version=snapshot.versions["trajectories"], columns=COLUMNS,
                                storage_options=table.options, scanner_options={"with_row_address": True})
     kept = rows.map_batches(flags, batch_format="pyarrow").groupby("id", num_partitions=parts) \
@@ -76,3 +91,31 @@ def stats_on_ray(store: ExperienceStore, snapshot: Snapshot | None = None) -> di
                               "pass_rate": mean["passed"], "mean_reward": mean["reward"],
                               "with_mc_targets": total["targets"]}
     return store.summary(snapshot, per_source, stored, len(pc.unique(grouped["prompt_id"])))
+
+
+def rewards_on_ray(store: ExperienceStore, source: str, snapshot: Snapshot | None = None) -> pa.Table:
+    """`store.rewards_by_prompt(source, snapshot)` on Ray Data: the source's rows read by fragment with the
+    filter pushed down (four small columns), first copies by a group-by on the id, then one row per
+    prompt with its rewards in commit order; the prompts' texts are taken here, one row each."""
+    ray = connected()
+    snapshot = snapshot or store.snapshot()
+    table = store.tables["trajectories"]
+    version = table.at(snapshot.versions["trajectories"])
+    where = f"source = '{source.replace(chr(39), chr(39) * 2)}'"
+    if not version.count_rows(filter=where):
+        return PROMPT_REWARDS.empty_table()
+
+    def per_prompt(group: pa.Table) -> pa.Table:
+        group = group.sort_by(ADDRESS)
+        return pa.table({"prompt_id": group["prompt_id"][:1], ADDRESS: group[ADDRESS][:1],
+                         "rewards": [group["reward"].to_pylist()], "passed": [group["passed"].to_pylist()]})
+
+    parts = partitions(version)
+    rows = ray.data.read_lance(table.uri, version=snapshot.versions["trajectories"],
+                               columns=["id", "prompt_id", "reward", "passed"], filter=where,
+                               storage_options=table.options, scanner_options={"with_row_address": True})
+    firsts = rows.groupby("id", num_partitions=parts).map_groups(first_copy, batch_format="pyarrow")
+    found = pa.Table.from_pylist(firsts.groupby("prompt_id", num_partitions=parts).map_groups(
+        per_prompt, batch_format="pyarrow").take_all())
+    return store.prompt_rewards(snapshot, found["prompt_id"].to_pylist(), found[ADDRESS].to_numpy(),
+                                found["rewards"].to_pylist(), found["passed"].to_pylist())

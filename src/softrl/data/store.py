@@ -35,6 +35,9 @@ TABLES = {"trajectories": TRAJECTORY_SCHEMA, "prompts": PROMPT_SCHEMA, "annotati
 KEYS = {"prompts": "prompt_id", "annotations": "trajectory_id"}
 FILTERABLE = ("task", "source", "run_id", "passed", "policy_version", "tokenizer", "prompt_id")
 ADDRESS = "_rowaddr"
+# `rewards_by_prompt`: one row per prompt, its first copies' rewards and pass flags in commit order
+PROMPT_REWARDS = pa.schema([("prompt_id", pa.string()), ("task", pa.string()), ("text", pa.string()),
+                            ("rewards", pa.list_(pa.float64())), ("passed", pa.list_(pa.bool_()))])
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,40 @@ class ExperienceStore:
                     "pass_rate": nan_mean(kept["passed"][part]), "mean_reward": nan_mean(kept["reward"][part]),
                     "with_mc_targets": int(kept["targets"][part].sum())}
         return self.summary(snapshot, per_source, len(rows["address"]), len(np.unique(kept["prompt"])))
+
+    def rewards_by_prompt(self, source: str, snapshot: Snapshot | None = None) -> pa.Table:
+        """One row per prompt with rows of `source` (`PROMPT_REWARDS`): its task, text, and the rewards and
+        pass flags of its first copies, in commit order: what Q0 is made of. One scan of that source's rows
+        with the filter pushed down, of the small columns only; a prompt's text is read from one row."""
+        snapshot = snapshot or self.snapshot()
+        version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
+        names: dict[str, int] = {}
+        columns: dict[str, list[np.ndarray]] = {k: [] for k in ("address", "key", "prompt", "reward", "passed")}
+        for batch in table.batches(version, ["id", "prompt_id", "reward", "passed"], pc.field("source") == source,
+                                   row_address=True):
+            columns["address"].append(batch[ADDRESS].to_numpy())
+            columns["key"].append(id_keys(batch["id"]))
+            columns["prompt"].append(encode(batch["prompt_id"], names))
+            columns["reward"].append(batch["reward"].to_numpy(zero_copy_only=False))
+            columns["passed"].append(batch["passed"].to_numpy(zero_copy_only=False))
+        if not names:
+            return PROMPT_REWARDS.empty_table()
+        rows = {k: np.concatenate(v) for k, v in columns.items()}
+        first = first_by_address(rows["address"], rows["key"])  # in commit order
+        order = first[np.argsort(rows["prompt"][first], kind="stable")]
+        prompt, starts = np.unique(rows["prompt"][order], return_index=True)
+        ids = list(names)
+        return self.prompt_rewards(snapshot, [ids[c] for c in prompt], rows["address"][order[starts]],
+                                   [r.tolist() for r in np.split(rows["reward"][order], starts[1:])],
+                                   [p.tolist() for p in np.split(rows["passed"][order], starts[1:])])
+
+    def prompt_rewards(self, snapshot: Snapshot, prompt_ids: list[str], first: np.ndarray, rewards: list[list],
+                       passed: list[list]) -> pa.Table:
+        """`rewards_by_prompt`'s table from its per-prompt lists, with each prompt's task and text taken by
+        the address of its `first` row (not a scan of every row's text)."""
+        texts = self.tables["trajectories"].take(snapshot.versions["trajectories"], first, ["task", "prompt_text"])
+        return pa.table({"prompt_id": prompt_ids, "task": texts["task"], "text": texts["prompt_text"],
+                         "rewards": rewards, "passed": passed}, schema=PROMPT_REWARDS).sort_by("prompt_id")
 
     def summary(self, snapshot: Snapshot, per_source: dict[str, dict], rows: int, prompts: int) -> dict[str, Any]:
         """`stats`' answer from the per-source figures (of first copies), the rows counted with their
