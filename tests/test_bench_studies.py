@@ -198,7 +198,7 @@ def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkey
     from softrl.bench import code_study as cs
     from softrl.bench.learning import settings_of, weights_digest
     from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig
-    from softrl.config import ConfigError
+    from softrl.config import ConfigError, config_from
 
     monkeypatch.setenv("SOFTRL_CACHE", str(tmp_path / "cache"))
     builds = []
@@ -218,6 +218,8 @@ def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkey
     assert weights_digest(kept) == weights_digest(cs.reference_dir()) is not None
     config = cs.run_config(s, "spo-online", s.lrs[0], cs.TUNE_SEED)
     assert settings_of(config)["model.weights"] == weights_digest(kept)  # kept outcomes name the weights
+    by_alias = config_from({"task.name": "countdown", "model.path": "bootstrap:tinycode-loops"})
+    assert settings_of(by_alias)["model.weights"] == weights_digest(kept)  # so do those naming "bootstrap"
     shutil.rmtree(tmp_path / "cache")  # another machine: the kept reference is installed, not rebuilt
     cs.install_reference(s)
     assert builds == ["tinycode-loops"] and weights_digest(cs.reference_dir()) == weights_digest(kept)

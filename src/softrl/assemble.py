@@ -35,14 +35,31 @@ def model_directory(path: str, task: str) -> str:
             return str(prepare_model(path))
         except ValueError as e:
             raise ConfigError(f"model.path: {e}") from e
-    if path.startswith("bootstrap:"):
-        path, task = "bootstrap", path.removeprefix("bootstrap:")
-    if path != "bootstrap":
+    named = bootstrap_task(path, task)
+    if named is None:
         return path
+    task = named
     if task not in TASKS:
         raise ConfigError(f"model.path: no bootstrap model for task {task!r} (there is one for "
                           f"{', '.join(TASKS)}: bootstrap:TASK); give a model directory or hub id")
     return str(bootstrap(task))
+
+
+def bootstrap_task(path: str, task: str) -> str | None:
+    """The task whose bootstrap reference `model.path` names ('bootstrap': the run's `task`; 'bootstrap:TASK'),
+    else None."""
+    return path.removeprefix("bootstrap:") if path.startswith("bootstrap:") else task if path == "bootstrap" else None
+
+
+def model_folder(path: str, task: str) -> str:
+    """Where `model_directory` finds the model, without building or downloading anything (a bootstrap
+    reference's cache folder, whether or not it is built yet)."""
+    from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig, bootstrap_dir
+
+    named = bootstrap_task(path, task)
+    if named is None:
+        return path
+    return str(bootstrap_dir(BootstrapConfig(task=named, **TASK_DEFAULTS.get(named, {}))))
 
 
 def resolve_model(config: RunConfig) -> str:

@@ -84,11 +84,11 @@ QUICK = dict(steps=1, lrs=(1e-4, 1e-3), extend=0, seeds=2, eval_size=2, eval_eve
 
 
 def reference_dir() -> Path:
-    """The bootstrap reference's folder, named by its recipe's key (built by `prepare_pool` if missing): a
+    """The bootstrap reference's folder, named by its recipe's key (installed or built by `install_reference`): a
     run names it rather than "bootstrap", so outcomes kept from another recipe's reference are refused."""
-    from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig, bootstrap_dir
+    from softrl.assemble import model_folder
 
-    return bootstrap_dir(BootstrapConfig(task=TASK, **TASK_DEFAULTS[TASK]))
+    return Path(model_folder("bootstrap", TASK))
 
 
 def kept_reference(s: Settings) -> Path | None:
@@ -243,24 +243,23 @@ def prepare_pool(s: Settings, progress=None) -> dict:
     """The store every run copies, once (a marker `pool.json` when whole): the training prompts with Q0
     from the reference's samples, and the known solutions of those prompts as source "human" (each
     checked against its tests), `progress(done, prompts)` while the reference samples. Returns rows per
-    source."""
+    source. The reference is installed first (`install_reference`: the CLI does it before anything else)."""
     from softrl.assemble import Run, load_tasks
     from softrl.data import ExperienceStore
     from softrl.data.io import task_solutions
 
     first = run_config(s, "spo-online", s.lrs[0], TUNE_SEED)
-    if first.model.path == str(reference_dir()):
-        install_reference(s)
     made_with = {k: v for k, v in settings_of(first).items() if k in POOL_KEYS}
     marker = s.pool / "pool.json"
     if marker.is_file():
-        found = json.loads(marker.read_text()).get("settings", {})
+        made = json.loads(marker.read_text())
+        found = made.get("settings", {})
         # a marker that does not name the weights predates them: another build's rows may be in it
         differs = next((k for k in POOL_KEYS if found.get(k) != made_with.get(k)), None)
         if differs:
             raise ConfigError(f"{s.pool}: the pool was made with {differs}={found.get(differs)!r}, this study asks "
                               f"{made_with.get(differs)!r}: use another --runs directory, or delete the pool")
-        return json.loads(marker.read_text())["rows"]
+        return made["rows"]
     shutil.rmtree(s.pool, ignore_errors=True)  # one half made when killed
     config = first.model_copy(update={"data": first.data.model_copy(update={"store": str(s.pool)})})
     Run(config).q0(progress=progress)

@@ -123,12 +123,14 @@ def _same(a, b) -> bool:
 
 def settings_of(config: RunConfig) -> dict:
     """A run's settings, section.key -> value, and `model.weights`, the digest of the model folder's weights
-    where it is a folder: a folder is rebuilt in place (a bootstrap's training is not bit-identical across
-    machines), so its path alone does not say which model a kept outcome was made with."""
+    where it is a folder (a bootstrap reference's, named "bootstrap", once built): a folder is rebuilt in
+    place (a bootstrap's training is not bit-identical across machines), so its path alone does not say
+    which model a kept outcome was made with."""
+    from softrl.assemble import model_folder
     from softrl.config import flatten
 
     out = {".".join(k): v for k, v in flatten(config.model_dump(mode="json"))}
-    digest = weights_digest(config.model.path)
+    digest = weights_digest(model_folder(config.model.path, config.task.name))
     return {**out, "model.weights": digest} if digest else out
 
 
