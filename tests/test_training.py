@@ -162,6 +162,28 @@ def test_online_rows_reach_the_store_in_a_commit_every_ten_steps(tiny, tmp_path,
         assert sorted(online["policy_version"].to_pylist()) == [v for v in range(20) for _ in range(4)]
 
 
+def test_a_run_holds_the_store_version_it_reads_through_a_compaction(tiny, tmp_path):
+    """Another process compacts the store (keep 1 version) after every step of a run that draws offline
+    rows from it: the run's snapshot survives (its hold is a tag, which compaction keeps) and every step
+    reads it; the hold goes when the run finishes, and then so do the versions."""
+    from softrl.data.versions import compact, hold_name, holds
+    from softrl.runtime.local import train
+
+    seed_store(tmp_path)
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"optim.steps": 3,
+                                                                              "log.checkpoint_every": 1}))
+    store, seen = ExperienceStore(tmp_path / "store"), []
+
+    def maintenance(record):
+        seen.append(holds(store))
+        compact(store, keep=1)
+
+    assert train(config, log=lambda m: None, on_step=maintenance)["steps"] == 3
+    recorded = json.loads((tmp_path / "run" / "store.json").read_text())
+    assert seen == [{hold_name(tmp_path / "run"): recorded["versions"]["trajectories"]}] * 3
+    assert holds(store) == {} and compact(store, keep=1)["trajectories"]["versions_removed"] > 0
+
+
 def test_the_training_clock_ends_each_step_after_its_learner_step(tiny, tmp_path, monkeypatch):
     """A step's logged time (and so samples/s, the run's seconds) includes its own learner step: with a
     learner step of at least 0.3 s, step k's time is at least 0.3 k."""

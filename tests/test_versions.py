@@ -6,7 +6,7 @@ while tagged versions stay readable after cleanup."""
 import pytest
 
 from softrl.data import ExperienceStore, GroupSampler, StoreError, Trajectory, TrajectoryPool
-from softrl.data.versions import compact, pinned, spans, tag
+from softrl.data.versions import compact, hold, hold_name, pinned, spans, tag
 
 
 def rows(start, count, source="online"):
@@ -90,6 +90,17 @@ def test_cli_tag_and_compact(tmp_path):
     assert done.returncode == 0 and json.loads(done.stdout)["versions"]["trajectories"] == 2
     refused = softrl("tag", "v2", "--version", "9")
     assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1].endswith("(versions: 1-3; tags: v1)")
+    name = hold_name(tmp_path / "run")  # a run that reads the store and has not finished
+    hold(store, pinned(store, 1), name)
     done = softrl("compact", "--keep-versions", "1", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["tables"]["trajectories"]["rewritten"] == 1
+    assert json.loads(done.stdout)["held_by_runs"] == {name: 1}
     assert ExperienceStore(root).trajectories(pinned(ExperienceStore(root), "v1")).num_rows == 4
+    assert ExperienceStore(root).trajectories(pinned(ExperienceStore(root), 1)).num_rows == 0  # held: readable
+    done = softrl("tag", name, "--delete", "--json")  # the run will not be resumed: its hold goes
+    assert done.returncode == 0 and json.loads(done.stdout)["versions"]["trajectories"] == 1
+    refused = softrl("tag", name, "--delete")
+    assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1].endswith("(tags: v1)")
+    assert softrl("compact").returncode == 0
+    with pytest.raises(StoreError, match="has no version 1 "):
+        pinned(ExperienceStore(root), 1)

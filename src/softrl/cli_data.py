@@ -241,14 +241,24 @@ def data_migrate(
 def data_tag(
     name: str = typer.Argument(..., help="the tag, e.g. paper-v1"),
     version: int = typer.Option(None, "--version", help="the trajectories table's version (default: the newest)"),
+    delete: bool = typer.Option(False, "--delete", help="remove the tag instead (a user's, or the hold of a run "
+                                                        "that will not be resumed: `data compact` lists them)"),
     store: str = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Tag every table's version (the newest, or as of --version) so that it survives `data compact`;
     a run reads it with data.store_version=NAME."""
-    from softrl.data.versions import tag
+    from softrl.data.versions import tag, untag
 
     target = open_store(store, create=False)
+    if delete:
+        with store_errors():
+            gone = untag(target, name)
+        if as_json:
+            typer.echo(json.dumps({"deleted": name, "versions": gone}))
+        else:
+            err.print(f"deleted tag {name} (it kept trajectories version {gone['trajectories']})")
+        return
     with store_errors():
         snapshot = tag(target, name, version)
     if as_json:
@@ -264,15 +274,19 @@ def data_compact(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Rewrite each table into one fragment (rows and their order unchanged) and remove old versions
-    but the newest --keep-versions and tagged ones: runs pinned to a removed version can no longer read it."""
-    from softrl.data.versions import compact
+    but the newest --keep-versions and tagged ones (a running run's snapshot is tagged: kept); a finished
+    run pinned to a removed version (data.store_version) can no longer read it."""
+    from softrl.data.versions import compact, holds
 
     target = open_store(store, create=False)
     with store_errors():
-        report = compact(target, keep)
+        report, held = compact(target, keep), holds(target)
     if as_json:
-        typer.echo(json.dumps({"store": target.root, "tables": report}))
+        typer.echo(json.dumps({"store": target.root, "tables": report, "held_by_runs": held}))
         return
     for name, table in report.items():
         err.print(f"{name}: {'compacted' if table['rewritten'] else 'already compact'}, "
                   f"{table['versions_removed']} old versions removed")
+    for name, version in held.items():
+        err.print(f"kept: trajectories version {version}, held by a run that reads it until it finishes ({name}; "
+                  f"a run that will not be resumed: softrl data tag {name} --delete)", highlight=False, soft_wrap=True)

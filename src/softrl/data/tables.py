@@ -229,6 +229,10 @@ class Table:
         dataset = lance.dataset(self.uri, storage_options=self.options)
         with_retries(lambda: dataset.tags.create(name, version), self.uri)
 
+    def untag(self, name: str) -> None:
+        dataset = lance.dataset(self.uri, storage_options=self.options)
+        with_retries(lambda: dataset.tags.delete(name), self.uri)
+
     def compact(self) -> bool:
         """Every fragment rewritten into one, rows in commit order; False where there was nothing to do.
         Lance's own compaction puts a rewritten group after the fragments it leaves alone and after any

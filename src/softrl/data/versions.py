@@ -1,12 +1,18 @@
 """Versions of the experience store: the Snapshot of an earlier version or of a tag (what a run's
-`data.store_version` pins its reads to), tags that keep a version through cleanup, and compaction
-that keeps the rows' commit order (docs/DATA.md, "Versions, tags, compaction")."""
+`data.store_version` pins its reads to), tags that keep a version through cleanup (a user's, and the
+hold a run that reads the store keeps on its snapshot until it finishes), and compaction that keeps
+the rows' commit order (docs/DATA.md, "Versions, tags, compaction")."""
 
 from __future__ import annotations
 
+import hashlib
+import re
+from pathlib import Path
+
 from softrl.data.store import ExperienceStore, Snapshot, StoreError
 
-__all__ = ["compact", "pinned", "tag"]
+__all__ = ["compact", "hold", "hold_name", "holds", "pinned", "release", "tag", "untag"]
+HOLD = "run-hold-"  # the tags runs keep on the versions they read
 
 
 def spans(versions: list[int]) -> str:
@@ -55,6 +61,45 @@ def tag(store: ExperienceStore, name: str, at: int | None = None) -> Snapshot:
     for table_name, table in store.tables.items():
         table.tag(name, snapshot.versions[table_name])
     return snapshot
+
+
+def hold_name(run_dir: str | Path) -> str:
+    """The tag that holds a run's snapshot: its directory's name (in the characters a tag may have) and a
+    digest of its full path, so two runs of one name in two places hold apart and a resumed run finds
+    its own."""
+    path = str(Path(run_dir).resolve())
+    return f"{HOLD}{re.sub(r'[^A-Za-z0-9._-]', '_', Path(path).name)[:60]}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+
+
+def hold(store: ExperienceStore, snapshot: Snapshot, name: str) -> None:
+    """Tag every table's version of `snapshot` as `name` (kept where a resumed run's hold is there already),
+    so that `compact` keeps the versions a running run reads, whatever it is asked to remove."""
+    for table_name, table in store.tables.items():
+        if name not in table.tags():
+            table.tag(name, snapshot.versions[table_name])
+
+
+def release(store: ExperienceStore, name: str) -> None:
+    """Remove a run's hold (a finished run reads no more); its versions go at the next `compact`."""
+    for table in store.tables.values():
+        if name in table.tags():
+            table.untag(name)
+
+
+def untag(store: ExperienceStore, name: str) -> dict[str, int]:
+    """Remove a tag (a user's or a run's hold) from every table; returns the versions it kept. A tag that
+    does not exist is a StoreError naming those that do."""
+    tags = {table_name: table.tags() for table_name, table in store.tables.items()}
+    if name not in tags["trajectories"]:
+        raise StoreError(f"{store.root} has no tag {name!r} (tags: {', '.join(sorted(tags['trajectories'])) or 'none'})")
+    release(store, name)
+    return {table_name: found[name] for table_name, found in tags.items() if name in found}
+
+
+def holds(store: ExperienceStore) -> dict[str, int]:
+    """Runs' holds on the store: tag -> the trajectories version it keeps. One left by a run that will not
+    be resumed keeps its versions until `softrl data tag --delete` removes it."""
+    return {name: v for name, v in store.tables["trajectories"].tags().items() if name.startswith(HOLD)}
 
 
 def compact(store: ExperienceStore, keep: int) -> dict[str, dict[str, int]]:

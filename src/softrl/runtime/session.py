@@ -15,6 +15,7 @@ import torch
 
 from softrl.assemble import Run
 from softrl.config import RunConfig
+from softrl.data.versions import hold, hold_name, release
 from softrl.runtime.feed import DataFeed
 from softrl.runtime.model_card import write_model_card
 from softrl.runtime.faults import RunLock, disk_full_reported
@@ -65,6 +66,8 @@ class Session:
         self.feed = DataFeed(config, self.run.store, self.run.train_task, q0, self.run.tokenizer, log,
                              self.run.policy.model.get_input_embeddings().num_embeddings,
                              recorded_snapshot(config.run_dir) if resume else None)
+        if self.feed.mixture is not None:  # it reads that snapshot at every step: a compaction must keep it
+            hold(self.run.store, self.feed.snapshot, hold_name(config.run_dir))
         self.runlog = RunLog(config, resume)
         if not resume:
             self.runlog.record_store(self.feed.snapshot)
@@ -145,6 +148,8 @@ class Session:
         """The evaluation after training, the final weights, plots and summary.json."""
         p = self.progress
         self.commit_online()  # here a failing store is the run's error, whatever called it
+        if self.feed.mixture is not None:  # a stopped or failed run keeps its hold: it may be resumed
+            release(self.run.store, hold_name(self.config.run_dir))
         after = self.evaluated({"step": p.step, "samples": p.samples, "time": round(p.seconds, 2)})
         self.runlog.write(after)
         final = self.runlog.run_dir / "final"
