@@ -28,7 +28,7 @@ demo: install
 	$(VENV)/bin/softrl demo
 
 test: install
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25  # the slowest tests named at the end: what to trim when CI nears its time
 
 # The CUDA-only tests (marked gpu) on a GPU machine, with that machine's own CUDA build of PyTorch
 # (`install` pins the CPU wheel) and softrl's other dependencies importable (docs/USAGE.md).

@@ -200,7 +200,10 @@ def test_make_generator_picks_a_backend_by_name(tiny):
     static = make_generator(model, tok, "static", max_batch=16)
     assert isinstance(static, StaticCacheGenerator) and static.max_batch == 16
     assert not static.decoder.compiled  # "auto" compiles on CUDA only
-    assert isinstance(make_generator(model, tok, "auto"), HFGenerator)  # CPU
+    assert isinstance(make_generator(model, tok, "auto"), StaticCacheGenerator)  # the same samples, faster
+    unsupported = copy.copy(model)
+    unsupported._can_compile_fullgraph = False  # a model class without a static cache
+    assert isinstance(make_generator(unsupported, tok, "auto"), HFGenerator)
     with pytest.raises(ValueError, match=r"unknown generation backend 'vllm'; valid: hf, static, auto"):
         make_generator(model, tok, "vllm")
     with pytest.raises(ValueError, match="compile must be"):
