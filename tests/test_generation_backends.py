@@ -187,7 +187,13 @@ def test_static_cache_is_reused_across_calls_of_one_shape(tiny):
     assert gen.decoder._caches[8][0] is cache and cache.layers[0].keys.data_ptr() == keys.data_ptr()
     assert [s.tokens for s in gen.generate(prompts, params)] == [s.tokens for s in first]  # no state leaks
     assert len(again) == 8
+    assert gen.decoder.kept == 1  # on the CPU one cache: an evaluation's is not held through training
     gen.generate(prompts, SamplingParams(n=2, max_new_tokens=12, seed=7))  # another row count: its own cache
+    assert set(gen.decoder._caches) == {4}
+    gen.decoder.kept = 2  # as on CUDA
+    gen.generate(prompts, params)
+    cache = gen.decoder._caches[8][0]
+    gen.generate(prompts, SamplingParams(n=2, max_new_tokens=12, seed=7))
     assert set(gen.decoder._caches) == {8, 4} and gen.decoder._caches[8][0] is cache
     gen.generate(prompts, SamplingParams(n=4, max_new_tokens=40, seed=7))  # longer: replaces the 8-row cache
     assert set(gen.decoder._caches) == {8, 4} and gen.decoder._caches[8][0] is not cache
@@ -204,6 +210,9 @@ def test_make_generator_picks_a_backend_by_name(tiny):
     unsupported = copy.copy(model)
     unsupported._can_compile_fullgraph = False  # a model class without a static cache
     assert isinstance(make_generator(unsupported, tok, "auto"), HFGenerator)
+    stateful = copy.copy(model)
+    stateful._is_stateful = True  # a recurrent or hybrid model: its cache is not a plain static one
+    assert isinstance(make_generator(stateful, tok, "auto"), HFGenerator)
     with pytest.raises(ValueError, match=r"unknown generation backend 'vllm'; valid: hf, static, auto"):
         make_generator(model, tok, "vllm")
     with pytest.raises(ValueError, match="compile must be"):

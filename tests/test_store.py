@@ -495,7 +495,15 @@ def test_q0_from_stored_samples_locally_and_on_ray_data(tmp_path):
         stored = ExperienceStore(where).prompts()
         assert {p: r["q0_rewards"] for p, r in stored.items()} == expected
         assert all(r["q0_hat"] == pytest.approx(soft_value(expected[p], 0.5)) and r["q0_model"] == "my-sampler"
-                   and r["q0_k"] == 4 for p, r in stored.items())
+                   and r["q0_k"] == 4 and r["text"] == f"prompt {p[1]}" and r["task"] == "countdown"
+                   for p, r in stored.items())
+    proc = softrl("data", "q0", "--store", str(tmp_path / "store"), "--model", "another-sampler")
+    assert proc.returncode != 0 and proc.stderr.strip().endswith(
+        "3 prompts have Q0 from another model already (prompt p0: 'my-sampler', not 'another-sampler'): --force "
+        "replaces it")
+    assert ExperienceStore(tmp_path / "store").prompts()["p0"]["q0_model"] == "my-sampler"  # nothing written
+    proc = softrl("data", "q0", "--store", str(tmp_path / "store"), "--model", "another-sampler", "--force")
+    assert proc.returncode == 0 and ExperienceStore(tmp_path / "store").prompts()["p0"]["q0_model"] == "another-sampler"
     proc = softrl("data", "q0", "--store", str(tmp_path / "store"), "--source", "human")
     assert proc.returncode != 0 and proc.stderr.strip().endswith("no trajectories of source 'human'")
 

@@ -6,7 +6,7 @@ while tagged versions stay readable after cleanup."""
 import pytest
 
 from softrl.data import ExperienceStore, GroupSampler, StoreError, Trajectory, TrajectoryPool
-from softrl.data.versions import compact, hold, hold_name, pinned, spans, tag
+from softrl.data.versions import compact, hold, hold_name, holds, pinned, release, spans, tag
 
 
 def rows(start, count, source="online"):
@@ -70,6 +70,29 @@ def test_compact_keeps_rows_order_and_sampling_and_tagged_versions(root):
     assert store.trajectories()["id"].to_pylist()[-2:] == [r.id for r in rows(200, 2)]
     with pytest.raises(StoreError, match="keep-versions must be at least 1, got 0"):
         compact(store, keep=0)
+
+
+def test_a_runs_hold_moves_to_the_snapshot_of_its_new_start(tmp_path):
+    """A run that failed before its first checkpoint starts over on the newest snapshot: its hold (same
+    name) moves there, so compaction keeps what it reads now, not what it read before; a run directory
+    whose name Lance would refuse as a tag (two dots) still gets one."""
+    store = ExperienceStore(tmp_path / "store")
+    store.append(rows(0, 4))
+    name = hold_name(tmp_path / "run..v2")
+    first = store.snapshot()
+    hold(store, first, name)
+    store.append(rows(4, 4))
+    store.put_prompts([{"prompt_id": "p0", "q0_hat": 0.5}])
+    again = store.snapshot()
+    hold(store, again, name)
+    assert holds(store) == {name: again.versions["trajectories"]}
+    assert {t: table.tags()[name] for t, table in store.tables.items()} == again.versions
+    compact(store, keep=1)
+    assert store.trajectories(again).num_rows == 8
+    with pytest.raises(StoreError, match=f"has no version {first.versions['trajectories']} "):
+        pinned(store, first.versions["trajectories"])
+    release(store, name)
+    assert holds(store) == {}
 
 
 def test_cli_tag_and_compact(tmp_path):

@@ -52,10 +52,13 @@ def bootstrap_task(path: str, task: str) -> str | None:
 
 
 def model_folder(path: str, task: str) -> str:
-    """Where `model_directory` finds the model, without building or downloading anything (a bootstrap
-    reference's cache folder, whether or not it is built yet)."""
+    """Where `model_directory` finds the model, without building, preparing or downloading anything: a
+    bootstrap reference's or a prepared model's cache folder (built or not), else `path` as given."""
     from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig, bootstrap_dir
+    from softrl.models.prepare import known_models, prepared_dir
 
+    if path in known_models():
+        return str(prepared_dir(path))
     named = bootstrap_task(path, task)
     if named is None:
         return path

@@ -254,8 +254,8 @@ def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | No
                                    ("eval_every", eval_every)) if v is not None}
         s = cs.Settings(runs, **{**(cs.QUICK if quick else {}), **given}, extra=extra,
                         kept=kept or report / "study-code-runs.jsonl")
-        tuning = cs.tuning_plan(s, list(cs.ARMS))
-        if tuning[0].model.path == str(cs.reference_dir()):  # before any kept outcome is read: they name its weights
+        first = cs.run_config(s, "spo-online", s.lrs[0], cs.TUNE_SEED)
+        if first.model.path == str(cs.reference_dir()):  # before any kept outcome is read: they name its weights
             cs.install_reference(s)
     except (ValueError, ConfigError) as e:
         fail(str(e))
@@ -270,7 +270,7 @@ def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | No
         run_stage(s, cs.report_plan(s, chosen), jobs, update, "report seeds", pool)
         by_arm = cs.collect(s, chosen)
     agg, claims = aggregate(by_arm), cs.check_claims(by_arm)
-    table = code_markdown(agg, claims, s.seeds, chosen, cs.reference_card(tuning[0]))
+    table = code_markdown(agg, claims, s.seeds, chosen, cs.reference_card(first))
     _write(report, "study-code", table, {"study": "code: tinycode-loops", "settings": {
         k: v for k, v in vars(s).items() if k != "root"}, "tuned": chosen, "curves": agg, "claims": claims,
         "runs": by_arm})

@@ -136,7 +136,9 @@ def data_export(
 @data_app.command("q0")
 def data_q0(model: str = typer.Option(None, "--model", help="the model the samples came from, as runs name it (a "
                                       "directory or hub id), so that its runs reuse this Q0; default store:SOURCE"),
-            source: str = typer.Option("reference", "--source", help="the rows whose rewards make Q0"),
+            source: str = typer.Option("reference", "--source", help="the rows whose rewards make Q0 (every row of "
+                                       "it counts: give each model's samples their own source)"),
+            force: bool = typer.Option(False, "--force", help="replace the Q0 that prompts have from another model"),
             beta: float = typer.Option(0.0, "--beta", help="beta of the stored q0_hat; 0 = 1/ln(1e5)"),
             min_k: int = typer.Option(1, "--min-k", min=1, help="leave out prompts with fewer samples than this"),
             store: str = STORE_OPT, as_json: bool = JSON_OPT,
@@ -148,7 +150,7 @@ def data_q0(model: str = typer.Option(None, "--model", help="the model the sampl
 
     from softrl.algorithms.common import SPO_BETA
     from softrl.annotate.q0 import q0_from_samples
-    from softrl.assemble import model_id
+    from softrl.assemble import model_folder, model_id
 
     beta = beta or SPO_BETA
     if not math.isfinite(beta) or beta <= 0:
@@ -163,7 +165,18 @@ def data_q0(model: str = typer.Option(None, "--model", help="the model the sampl
             rewards = target.rewards_by_prompt(source)
         if not rewards.num_rows:
             fail(f"{target.root}: no trajectories of source {source!r}")
-        rows = q0_from_samples(rewards, beta, model_id(model) if model else f"store:{source}", min_k)
+        tasks = set(rewards["task"].to_pylist())
+        if model == "bootstrap" and len(tasks) != 1:
+            fail(f"--model bootstrap: the rows are of {len(tasks)} tasks; name one: --model bootstrap:TASK")
+        # the name runs keep Q0 under: a bootstrap alias's or prepared model's folder, in full
+        label = model_id(model_folder(model, next(iter(tasks)) or "")) if model else f"store:{source}"
+        rows = q0_from_samples(rewards, beta, label, min_k)
+        had = target.prompts(ids=[r["prompt_id"] for r in rows])
+        other = [r for r in rows if (had.get(r["prompt_id"]) or {}).get("q0_model") not in (None, label)]
+        if other and not force:
+            before = had[other[0]["prompt_id"]]["q0_model"]
+            fail(f"{len(other)} prompts have Q0 from another model already (prompt {other[0]['prompt_id']}: "
+                 f"{before!r}, not {label!r}): --force replaces it")
         target.put_prompts(rows)
     samples = [r["q0_k"] for r in rows]
     summary = {"prompts": len(rows), "left_out": rewards.num_rows - len(rows), "samples": sum(samples),
@@ -250,6 +263,8 @@ def data_tag(
     a run reads it with data.store_version=NAME."""
     from softrl.data.versions import tag, untag
 
+    if delete and version is not None:
+        fail("--version tags a version; --delete removes a tag from every version: give one of them")
     target = open_store(store, create=False)
     if delete:
         with store_errors():

@@ -148,7 +148,7 @@ class SamplingConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
     backend: Literal["auto", "hf", "static"] = Field(
         "auto", description="generation: hf (transformers generate), static (static KV cache, compiled decode "
-        "step on CUDA), auto (static where the model supports a static cache, else hf; the same samples either way)")
+        "step on CUDA), auto (static where the model supports a static cache, else hf; in fp32 both draw the same samples)")
     ignore_eos: bool = Field(False, description="fixed work for benchmarks: EOS is never drawn and every online "
                              "sample is max_new_tokens long")
 

@@ -225,9 +225,10 @@ class Table:
         dataset = lance.dataset(self.uri, storage_options=self.options)
         return with_retries(lambda: {name: tag["version"] for name, tag in dataset.tags.list().items()}, self.uri)
 
-    def tag(self, name: str, version: int) -> None:
+    def tag(self, name: str, version: int, move: bool = False) -> None:
+        """Tag `version` as `name`; `move`: an existing tag of that name now names `version`."""
         dataset = lance.dataset(self.uri, storage_options=self.options)
-        with_retries(lambda: dataset.tags.create(name, version), self.uri)
+        with_retries(lambda: (dataset.tags.update if move else dataset.tags.create)(name, version), self.uri)
 
     def untag(self, name: str) -> None:
         dataset = lance.dataset(self.uri, storage_options=self.options)

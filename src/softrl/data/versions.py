@@ -64,19 +64,21 @@ def tag(store: ExperienceStore, name: str, at: int | None = None) -> Snapshot:
 
 
 def hold_name(run_dir: str | Path) -> str:
-    """The tag that holds a run's snapshot: its directory's name (in the characters a tag may have) and a
-    digest of its full path, so two runs of one name in two places hold apart and a resumed run finds
-    its own."""
+    """The tag that holds a run's snapshot: its directory's name (in the characters a tag may have; no
+    dots, as Lance refuses two in a row) and a digest of its full path, so two runs of one name in two
+    places hold apart and a resumed run finds its own."""
     path = str(Path(run_dir).resolve())
-    return f"{HOLD}{re.sub(r'[^A-Za-z0-9._-]', '_', Path(path).name)[:60]}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+    return f"{HOLD}{re.sub(r'[^A-Za-z0-9_-]', '_', Path(path).name)[:60]}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
 
 
 def hold(store: ExperienceStore, snapshot: Snapshot, name: str) -> None:
-    """Tag every table's version of `snapshot` as `name` (kept where a resumed run's hold is there already),
-    so that `compact` keeps the versions a running run reads, whatever it is asked to remove."""
+    """Tag every table's version of `snapshot` as `name` (moved where an earlier start of the run left it
+    on other versions), so that `compact` keeps the versions a running run reads, whatever it is asked
+    to remove."""
     for table_name, table in store.tables.items():
-        if name not in table.tags():
-            table.tag(name, snapshot.versions[table_name])
+        held = table.tags().get(name)
+        if held != snapshot.versions[table_name]:
+            table.tag(name, snapshot.versions[table_name], move=held is not None)
 
 
 def release(store: ExperienceStore, name: str) -> None:

@@ -216,15 +216,17 @@ BACKENDS = ("hf", "static", "auto")
 def make_generator(model, tokenizer, backend: str = "hf", max_batch: int = 256) -> Generator:
     """A `Generator` by name: "hf" (`HFGenerator`, transformers `generate`), "static"
     (`StaticCacheGenerator`: own decode loop on a preallocated KV cache, compiled on CUDA) or "auto":
-    "static" wherever the model's class supports a static cache (transformers' `_can_compile_fullgraph`),
-    else "hf". The two draw the same samples for a seed (tests/test_generation_backends.py); on the CPU
+    "static" wherever the model's class supports a static cache (transformers' `_can_compile_fullgraph`,
+    and not a stateful model), else "hf". The two draw the same samples for a seed (tests/test_generation_backends.py); on the CPU
     static measured 0.99-1.11x hf's speed on short answers and 1.3x (16 rows) to 3.6x (250 rows) on
     tinycode's 200-token programs, where hf's growing cache is concatenated every step
     (benchmarks/generation_backends.py, docs/MODELS.md)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown generation backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "auto":
-        backend = "static" if getattr(model, "_can_compile_fullgraph", False) else "hf"
+        # a stateful (recurrent or hybrid) model's cache is not a plain static one
+        static = getattr(model, "_can_compile_fullgraph", False) and not getattr(model, "_is_stateful", False)
+        backend = "static" if static else "hf"
     # a "vllm" backend plugs in here: a class with the same `generate(prompts, params) -> list[Sample]`
     # that applies `temperature_top_p` and returns its log-probs, added to BACKENDS
     if backend == "static":

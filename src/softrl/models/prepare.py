@@ -79,7 +79,12 @@ def prepare_model(name: str, force: bool = False, base: Path | None = None) -> P
     if base is not None and name not in RANDOM:
         raise ValueError(f"--base is for the random models ({', '.join(RANDOM)}), not {name}")
     made = (lambda: random_llama(name, RANDOM[name], base)) if name in RANDOM else (lambda: from_gguf(name))
-    return built_once(cache_root() / "models" / name, lambda work: save(work, *made()), force)
+    return built_once(prepared_dir(name), lambda work: save(work, *made()), force)
+
+
+def prepared_dir(name: str) -> Path:
+    """Where `prepare_model(name)` keeps the model, built or not."""
+    return cache_root() / "models" / name
 
 
 def from_gguf(name: str):

@@ -28,7 +28,10 @@ COMPILE_MODES = {"cuda": "reduce-overhead"}  # CUDA graphs; elsewhere inductor's
 # cache lengths are rounded up to this, so calls of nearby lengths share a cache (and a compiled graph);
 # uncompiled, a finer rounding, as every step attends over the whole cache length
 LENGTH_BUCKET = {True: 64, False: 8}
-KEPT_CACHES = 2  # distinct row counts kept (a full chunk and the last, shorter one)
+# distinct row counts whose caches are kept between calls: on CUDA a full chunk and the last, shorter one
+# (their compiled graphs go with them); on the CPU one, so that an evaluation's large cache is not held
+# through training (memory allocation is cheap there next to a decode)
+KEPT_CACHES = {"cuda": 2}
 RECOMPILE_LIMIT = 64
 # steps between "all rows finished?" checks: a host sync on an accelerator, free on the CPU
 CHECK_EVERY = {"cuda": 8}
@@ -57,6 +60,7 @@ class StaticDecoder:
         self.device, self.dtype = first.device, first.dtype
         self.compiled = compile is True or (compile == "auto" and self.device.type == "cuda")
         self._caches: dict[int, tuple] = {}  # rows -> (StaticCache, length)
+        self.kept = KEPT_CACHES.get(self.device.type, 1)
         self._step = self._forward
         if self.compiled:
             # one compiled graph per model, dtype and (rows, length bucket): a run has a few models and
@@ -84,7 +88,7 @@ class StaticDecoder:
             cache.reset()
             return cache, length
         self._caches.pop(rows, None)
-        while len(self._caches) >= KEPT_CACHES:  # drop the oldest before allocating
+        while len(self._caches) >= self.kept:  # drop the oldest before allocating
             self._caches.pop(next(iter(self._caches)))
         cache = StaticCache(config=self.model.config, max_cache_len=length)
         heads, head_dim = _config_dims(self.model.config)

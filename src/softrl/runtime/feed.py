@@ -10,7 +10,7 @@ import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
 from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, Snapshot, StoreError
 from softrl.data.unmatched import unmatched_rows
-from softrl.data.versions import pinned
+from softrl.data.versions import hold, pinned
 from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.tasks.base import Prompt, Task
 from softrl.training.batch import Batch, knows_behavior, make_batch, unusable_row
@@ -22,15 +22,21 @@ class DataFeed:
     """Built from the run's config, store, training task, Q0 (prompt id -> soft value at the run's
     beta) and tokenizer, and the model's number of token ids (`vocab_size`: stored rows' token ids
     are checked against it); its random state is checkpointed (`state_dict`). Every read is at one
-    `snapshot` of the store: the one given (a resumed run's), `data.store_version`'s, or the newest."""
+    `snapshot` of the store: the one given (a resumed run's), `data.store_version`'s, or the newest;
+    `hold_as`: the tag that holds it (`data.versions.hold`) where the mix draws from the store, until the
+    run releases it."""
 
     def __init__(self, config: RunConfig, store: ExperienceStore, task: Task, q0: dict[str, float], tokenizer,
-                 log: Callable[[str], None] = print, vocab_size: int | None = None, snapshot: Snapshot | None = None):
+                 log: Callable[[str], None] = print, vocab_size: int | None = None, snapshot: Snapshot | None = None,
+                 hold_as: str | None = None):
         self.config, self.store, self.task, self.q0, self.log = config, store, task, q0, log
         try:
             self.snapshot = snapshot or pinned(store, config.data.store_version)
         except StoreError as e:
             raise ConfigError(f"data.store_version: {e}") from None
+        self.reads_store = any(w > 0 for s, w in config.data.mix.items() if s != "online")
+        if hold_as and self.reads_store:  # before its pools are built: a compaction meanwhile must keep it
+            hold(store, self.snapshot, hold_as)
         self.vocab_size = vocab_size
         self.tokenizer, self.fingerprint = tokenizer, tokenizer_fingerprint(tokenizer)
         self.prompts = task.prompts()

@@ -15,7 +15,8 @@ import torch
 
 from softrl.assemble import Run
 from softrl.config import RunConfig
-from softrl.data.versions import hold, hold_name, release
+from softrl.data import StoreError
+from softrl.data.versions import hold_name, release
 from softrl.runtime.feed import DataFeed
 from softrl.runtime.model_card import write_model_card
 from softrl.runtime.faults import RunLock, disk_full_reported
@@ -38,6 +39,7 @@ class Session:
         of config.task's; `on_eval`: called with every evaluation's record (step and `eval/...`);
         `start_eval(evaluate)`: the evaluation before training, given the function that makes it (a
         benchmark shares one among runs that start alike: bench/start_eval.py)."""
+        self.log = log
         self.lock = RunLock(config.run_dir).acquire()  # before anything in it is read or removed
         try:
             self._start(config, resume, log, progress, group, tasks, on_eval, start_eval)
@@ -65,9 +67,7 @@ class Session:
             q0 = self.run.q0(progress, log)
         self.feed = DataFeed(config, self.run.store, self.run.train_task, q0, self.run.tokenizer, log,
                              self.run.policy.model.get_input_embeddings().num_embeddings,
-                             recorded_snapshot(config.run_dir) if resume else None)
-        if self.feed.mixture is not None:  # it reads that snapshot at every step: a compaction must keep it
-            hold(self.run.store, self.feed.snapshot, hold_name(config.run_dir))
+                             recorded_snapshot(config.run_dir) if resume else None, hold_as=hold_name(config.run_dir))
         self.runlog = RunLog(config, resume)
         if not resume:
             self.runlog.record_store(self.feed.snapshot)
@@ -148,8 +148,6 @@ class Session:
         """The evaluation after training, the final weights, plots and summary.json."""
         p = self.progress
         self.commit_online()  # here a failing store is the run's error, whatever called it
-        if self.feed.mixture is not None:  # a stopped or failed run keeps its hold: it may be resumed
-            release(self.run.store, hold_name(self.config.run_dir))
         after = self.evaluated({"step": p.step, "samples": p.samples, "time": round(p.seconds, 2)})
         self.runlog.write(after)
         final = self.runlog.run_dir / "final"
@@ -157,6 +155,13 @@ class Session:
         summary = self.runlog.finish(p, after)
         write_model_card(final, self.config, self.run.model_path, self.run.train_task.name, summary,
                          held_out=self.run.eval_task is not self.run.train_task)
+        if self.feed.reads_store:  # last: a stopped or failed run keeps its hold, as --resume reads it again
+            name = hold_name(self.config.run_dir)
+            try:
+                release(self.run.store, name)
+            except StoreError as e:  # the run is done: its results stand, the hold only keeps old versions
+                self.log(f"warning: the run's hold on its store version stays ({e}): softrl data tag {name} "
+                         f"--delete --store {self.config.data.store}")
         self.close()
         return summary
 
