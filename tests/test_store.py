@@ -469,23 +469,36 @@ def test_stats_on_ray_data_are_the_local_scan_s(tmp_path):
     assert on_ray["sources"]["human"]["trajectories"] == 13 + 20 and on_ray["prompts_with_q0"] == 1
 
 
-def test_q0_from_stored_samples_locally_and_on_ray_data(tmp_path):
-    """`softrl data q0`: each prompt's Q0 from the reference rows already in the store (first copies only:
-    a later copy's other reward does not count; other sources are left out),
-    the same by the one-process scan and on Ray Data, written to the prompts table with its rewards."""
-    from softrl.annotate.q0 import soft_value
-
-    store = ExperienceStore(tmp_path / "store")
+def reference_samples(where) -> tuple[ExperienceStore, dict[str, list[float]]]:
+    """A store of reference rows of 3 prompts, one repeated later with another reward, and an online row;
+    with each prompt's first-copy rewards in commit order."""
+    store = ExperienceStore(where)
     rows = [full_trajectory(prompt_id=f"p{i % 3}", prompt_text=f"prompt {i % 3}", response_tokens=[i],
                             source="reference", reward=float(i % 4 == 0), passed=i % 4 == 0) for i in range(12)]
     store.append(rows[:8])
     store.append([full_trajectory(**{**rows[0].to_row(), "reward": 0.0, "passed": False}), *rows[8:],  # a copy
                   full_trajectory(prompt_id="p0", response_tokens=[99], source="online", reward=1.0)])
-    expected = {f"p{k}": [float(i % 4 == 0) for i in range(12) if i % 3 == k] for k in range(3)}
+    return store, {f"p{k}": [float(i % 4 == 0) for i in range(12) if i % 3 == k] for k in range(3)}
+
+
+def test_rewards_by_prompt_are_first_copies_in_commit_order(root):
+    store, expected = reference_samples(root)
     local = store.rewards_by_prompt("reference")
-    assert local["prompt_id"].to_pylist() == ["p0", "p1", "p2"] and local["text"][1].as_py() == "prompt 1"
+    assert local["prompt_id"].to_pylist() == ["p0", "p1", "p2"] and local["text"].to_pylist() == [
+        "prompt 0", "prompt 1", "prompt 2"] and set(local["task"].to_pylist()) == {"countdown"}
     assert dict(zip(local["prompt_id"].to_pylist(), local["rewards"].to_pylist())) == expected
+    assert local["passed"].to_pylist() == [[r == 1.0 for r in expected[p]] for p in ("p0", "p1", "p2")]
     assert store.rewards_by_prompt("human").num_rows == 0
+
+
+def test_q0_from_stored_samples_locally_and_on_ray_data(tmp_path):
+    """`softrl data q0`: each prompt's Q0 from the reference rows already in the store (first copies only:
+    a later copy's other reward does not count; other sources are left out), the same by the one-process
+    scan and on Ray Data, written to the prompts table with its rewards; another model's Q0 is replaced
+    only when asked."""
+    from softrl.annotate.q0 import soft_value
+
+    _, expected = reference_samples(tmp_path / "store")
     ray_store = tmp_path / "ray-store"
     shutil.copytree(tmp_path / "store", ray_store)
     for where, extra in ((tmp_path / "store", []), *([(ray_store, ["--ray"])] if has_ray() else [])):

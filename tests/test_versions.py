@@ -72,11 +72,11 @@ def test_compact_keeps_rows_order_and_sampling_and_tagged_versions(root):
         compact(store, keep=0)
 
 
-def test_a_runs_hold_moves_to_the_snapshot_of_its_new_start(tmp_path):
+def test_a_runs_hold_moves_to_the_snapshot_of_its_new_start(root, tmp_path):
     """A run that failed before its first checkpoint starts over on the newest snapshot: its hold (same
     name) moves there, so compaction keeps what it reads now, not what it read before; a run directory
     whose name Lance would refuse as a tag (two dots) still gets one."""
-    store = ExperienceStore(tmp_path / "store")
+    store = ExperienceStore(root)
     store.append(rows(0, 4))
     name = hold_name(tmp_path / "run..v2")
     first = store.snapshot()
