@@ -272,6 +272,29 @@ def test_a_code_arm_grid_grows_past_the_edge_its_best_lies_on(tmp_path, monkeypa
         3e-4, 1e-3, 3e-5, 1e-5]
 
 
+def test_code_tuning_runs_in_rounds_until_every_grid_settles(tmp_path, monkeypatch):
+    """`tune` trains each round's new runs: an arm whose best keeps to the grid's low edge gets 1e-5, then
+    (extend=2) 3e-6 in the next round; one whose best is inside gets nothing more; nothing runs twice."""
+    from softrl.bench import code_study as cs
+
+    quality = {"spo-online": lambda lr: -lr, "ppo": lambda lr: -abs(lr - 1e-4)}  # lower is better / 1e-4 best
+    finished: dict[tuple[str, float], float] = {}
+    monkeypatch.setattr(cs, "curve", lambda s, c: [{"pass@1": finished[key]}] if (key := (
+        c.name.split("-lr")[0], c.optim.lr)) in finished else None)
+    rounds = []
+
+    def train(plan):
+        new = [(c.name.split("-lr")[0], c.optim.lr) for c in plan if (c.name.split("-lr")[0], c.optim.lr) not in finished]
+        rounds.append(sorted(new))
+        finished.update({key: quality[key[0]](key[1]) for key in new})
+
+    chosen = cs.tune(cs.Settings(tmp_path, extend=2), ["spo-online", "ppo"], train)
+    assert rounds[0] == sorted((arm, lr) for arm in ("spo-online", "ppo") for lr in (3e-5, 1e-4, 3e-4))
+    assert rounds[1:] == [[("spo-online", 1e-5)], [("spo-online", 3e-6)], [], []]
+    assert chosen["spo-online"]["lr"] == 3e-6 and chosen["ppo"]["lr"] == 1e-4
+    assert sorted(chosen["spo-online"]["grid"]) == [3e-6, 1e-5, 3e-5, 1e-4, 3e-4]
+
+
 def test_claim_with_a_margin_holds_only_beyond_it():
     runs = {"a": {s: [{"pass@10": 0.5 + 0.05 + 0.001 * s}] for s in range(4)},
             "b": {s: [{"pass@10": 0.5}] for s in range(4)}}

@@ -264,9 +264,7 @@ def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | No
             done, total=total, description="pool: Q0 of the training prompts from the reference's samples"))
 
     with progress_bar("setup") as update, one_line_errors():
-        for _ in range(1 + 2 * s.extend):  # a grid grows one point past an edge per round
-            run_stage(s, cs.tuning_plan(s, list(cs.ARMS)), jobs, update, "tuning", pool)
-        chosen = cs.tuned_lrs(s, list(cs.ARMS))
+        chosen = cs.tune(s, list(cs.ARMS), lambda plan: run_stage(s, plan, jobs, update, "tuning", pool))
         run_stage(s, cs.report_plan(s, chosen), jobs, update, "report seeds", pool)
         by_arm = cs.collect(s, chosen)
     agg, claims = aggregate(by_arm), cs.check_claims(by_arm)

@@ -175,6 +175,15 @@ def tuning_plan(s: Settings, arms: list[str]) -> list[RunConfig]:
     return [run_config(s, arm, lr, TUNE_SEED) for arm in arms for lr in arm_grid(s, arm)[0]]
 
 
+def tune(s: Settings, arms: list[str], run) -> dict[str, dict]:
+    """Every arm's tuning runs, in rounds (`run(configs)` trains a round's runs still to train): a round
+    grows each grid whose best lies on an edge by one point, so `1 + 2 * extend` rounds settle every
+    grid. Returns `tuned_lrs`."""
+    for _ in range(1 + 2 * s.extend):
+        run(tuning_plan(s, arms))
+    return tuned_lrs(s, arms)
+
+
 def curve(s: Settings, config: RunConfig) -> list[dict] | None:
     """A finished run's evaluations (from its folder or the kept outcomes); None before it finished."""
     found = outcome(s.kept, config)
