@@ -184,6 +184,32 @@ def test_a_run_holds_the_store_version_it_reads_through_a_compaction(tiny, tmp_p
     assert holds(store) == {} and compact(store, keep=1)["trajectories"]["versions_removed"] > 0
 
 
+def test_stored_rows_drawn_ahead_are_the_rows_drawn_in_step(tiny, tmp_path):
+    """`DataFeed.prefetch` draws the next step's stored rows in the background from the state `batch`
+    would draw them from: the same rows, step by step, as a feed that does not prefetch; a prefetch
+    for another number of online rows is undone and drawn again; a checkpoint taken while a prefetch
+    waits holds the state before it."""
+    from softrl.runtime.feed import DataFeed
+    from softrl.tasks.registry import load_task
+
+    seed_store(tmp_path)
+    task = load_task("countdown", size=6)
+    config = load_config(None, [f"data.store={tmp_path}/store", "task.size=6", "data.offline_sources=[human]",
+                                "data.offline_passed_only=false"])
+    q0 = {p.id: 0.5 for p in task.prompts()}
+    store = ExperienceStore(tmp_path / "store")
+    plain, ahead = (DataFeed(config, store, task, q0, tiny[2], log=lambda m: None) for _ in range(2))
+    ids = lambda rows: [r["id"] for r in rows]  # noqa: E731
+    for online, prefetched_for in ((8, 8), (8, 4), (3, 3)):
+        before = plain.state_dict()
+        ahead.prefetch(prefetched_for)
+        assert ahead.state_dict() == before  # a checkpoint now: as if nothing were drawn yet
+        drawn = ids(ahead._stored_rows(online))
+        assert drawn == ids(plain.extra_rows(online)) and len(drawn) == online
+        assert ahead.state_dict() == plain.state_dict()
+    ahead.close()
+
+
 def test_the_training_clock_ends_each_step_after_its_learner_step(tiny, tmp_path, monkeypatch):
     """A step's logged time (and so samples/s, the run's seconds) includes its own learner step: with a
     learner step of at least 0.3 s, step k's time is at least 0.3 k."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
@@ -43,6 +44,10 @@ class DataFeed:
         self.prompt_rng = random.Random(config.seed)
         self.partly_checked: set[str] = set()  # sources with rows not checked before the run: checked when drawn
         self.mixture = self._mixture()
+        # the next step's stored rows, drawn in the background: (online rows they are for, the samplers'
+        # random state before the draw, the draw)
+        self._prefetched: tuple[int, dict, Future] | None = None
+        self._background: ThreadPoolExecutor | None = None
 
     def _mixture(self) -> MixtureSampler | None:
         """The non-online sources of the mix, drawn from the store (rows of the prompts with a Q0)."""
@@ -137,26 +142,63 @@ class DataFeed:
             self._refuse_unusable(source, [r for r in rows if r["mix_source"] == source])
         return rows
 
+    def prefetch(self, online_rows: int) -> None:
+        """Start drawing the next step's stored rows (`extra_rows(online_rows)`) in the background: taking
+        them from the store (on an object store, a request per row and column) then overlaps the step's
+        generation. The draw is made from the same random state as it would be at `batch`, so batches and
+        checkpoints are the same with or without it."""
+        if self.mixture is None or self._prefetched is not None:
+            return
+        if self._background is None:
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="softrl-prefetch")
+        self._prefetched = (online_rows, self._sampler_state(), self._background.submit(self.extra_rows, online_rows))
+
+    def _stored_rows(self, online_rows: int) -> list[dict]:
+        """The step's other sources' rows: the prefetched draw where it was for as many online rows (its
+        error, if it failed, is this step's), else drawn now from the state before any prefetch."""
+        if self._prefetched is None:
+            return self.extra_rows(online_rows)
+        (expected, before, draw), self._prefetched = self._prefetched, None
+        if expected == online_rows:
+            return draw.result()
+        draw.exception()  # finished, whatever it did: its draw is undone
+        self._set_sampler_state(before)
+        return self.extra_rows(online_rows)
+
+    def close(self) -> None:
+        """Wait for a draw in flight (it reads the store) and stop the background thread."""
+        if self._background is not None:
+            self._background.shutdown(wait=True)
+            self._background = None
+
     def batch(self, online: list[dict]) -> Batch:
         """A learner step's batch: the online rows and the other sources' share."""
-        rows = online + self.extra_rows(len(online))
+        rows = online + self._stored_rows(len(online))
         tok = self.tokenizer
         return make_batch(rows, self.fingerprint, tok.pad_token_id, lambda t: encode_prompt(tok, t),
                           lambda t: encode_response(tok, t), self.q0)
 
     # --- checkpoints: the random state of prompt choice and of every source ---------------------
     def state_dict(self) -> dict:
-        samplers = {}
-        if self.mixture is not None:
-            samplers = {"mixture": self.mixture.rng.getstate(),
-                        **{n: s.rng.getstate() for n, s in self.mixture.sources.items() if hasattr(s, "rng")}}
+        """The random state between steps: a prefetched draw not yet used is not counted (a run resumed
+        from it draws that step's rows again)."""
+        samplers = self._prefetched[1] if self._prefetched is not None else self._sampler_state()
         return {"samplers": samplers, "prompts": self.prompt_rng.getstate()}
 
     def load_state_dict(self, state: dict) -> None:
         self.prompt_rng.setstate(state["prompts"])
+        self._set_sampler_state(state["samplers"])
+
+    def _sampler_state(self) -> dict:
+        if self.mixture is None:
+            return {}
+        return {"mixture": self.mixture.rng.getstate(),
+                **{n: s.rng.getstate() for n, s in self.mixture.sources.items() if hasattr(s, "rng")}}
+
+    def _set_sampler_state(self, samplers: dict) -> None:
         if self.mixture is None:
             return
-        self.mixture.rng.setstate(state["samplers"]["mixture"])
+        self.mixture.rng.setstate(samplers["mixture"])
         for name, src in self.mixture.sources.items():
-            if name in state["samplers"] and hasattr(src, "rng"):
-                src.rng.setstate(state["samplers"][name])
+            if name in samplers and hasattr(src, "rng"):
+                src.rng.setstate(samplers[name])

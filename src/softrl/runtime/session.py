@@ -84,6 +84,13 @@ class Session:
         else:
             self.runlog.write(self.evaluated({"step": 0, "samples": 0, "time": 0.0}, start_eval))
         self.runlog.eval_seconds = 0.0  # the run's clock starts after this
+        self.prefetch()
+
+    def prefetch(self) -> None:
+        """The next step's stored rows start coming from the store while its online rows are generated."""
+        if self.progress.step < self.config.optim.steps:
+            s = self.config.sampling
+            self.feed.prefetch(s.prompts_per_step * s.samples_per_prompt if self.config.generates else 0)
 
     @property
     def policy(self):
@@ -131,6 +138,7 @@ class Session:
         self.runlog.write(record)
         if p.step % cfg.log.checkpoint_every == 0 or p.step == cfg.optim.steps:
             self.checkpoint()
+        self.prefetch()
         return record
 
     def checkpoint(self) -> None:
@@ -175,6 +183,8 @@ class Session:
         was stopped; a store that fails again then is left to the error already raised)."""
         in_flight = sys.exc_info()[1]  # close() from a `finally` or `except` of a failure
         try:
+            if getattr(self, "feed", None) is not None:
+                self.feed.close()
             if getattr(self, "run", None) is not None and self.run.online_rows is not None:
                 self.commit_online()
         except Exception:
