@@ -184,30 +184,43 @@ def test_a_run_holds_the_store_version_it_reads_through_a_compaction(tiny, tmp_p
     assert holds(store) == {} and compact(store, keep=1)["trajectories"]["versions_removed"] > 0
 
 
-def test_stored_rows_drawn_ahead_are_the_rows_drawn_in_step(tiny, tmp_path):
+@pytest.mark.parametrize("algorithm", ["spo", "grpo"])  # a pool; groups of a prompt (GroupSampler, own rng)
+def test_stored_rows_drawn_ahead_are_the_rows_drawn_in_step(tiny, tmp_path, algorithm):
     """`DataFeed.prefetch` draws the next step's stored rows in the background from the state `batch`
     would draw them from: the same rows, step by step, as a feed that does not prefetch; a prefetch
     for another number of online rows is undone and drawn again; a checkpoint taken while a prefetch
-    waits holds the state before it."""
+    waits holds the state before it; `batch` starts the next one."""
     from softrl.runtime.feed import DataFeed
     from softrl.tasks.registry import load_task
 
-    seed_store(tmp_path)
+    from softrl.data import Trajectory
+
     task = load_task("countdown", size=6)
-    config = load_config(None, [f"data.store={tmp_path}/store", "task.size=6", "data.offline_sources=[human]",
-                                "data.offline_passed_only=false"])
-    q0 = {p.id: 0.5 for p in task.prompts()}
     store = ExperienceStore(tmp_path / "store")
+    store.append([Trajectory(p.id, f"{k}+{k}", float(k % 2), k % 2 == 1, task="countdown", prompt_text=p.text,
+                             source="human") for p in task.prompts() for k in range(3)])
+    config = load_config(None, [f"data.store={tmp_path}/store", "task.size=6", "data.offline_sources=[human]",
+                                "data.offline_passed_only=false", f"data.objective.algorithm={algorithm}",
+                                "sampling.samples_per_prompt=2"])
+    q0 = {p.id: 0.5 for p in task.prompts()}
     plain, ahead = (DataFeed(config, store, task, q0, tiny[2], log=lambda m: None) for _ in range(2))
     ids = lambda rows: [r["id"] for r in rows]  # noqa: E731
-    for online, prefetched_for in ((8, 8), (8, 4), (3, 3)):
-        before = plain.state_dict()
-        ahead.prefetch(prefetched_for)
-        assert ahead.state_dict() == before  # a checkpoint now: as if nothing were drawn yet
-        drawn = ids(ahead._stored_rows(online))
-        assert drawn == ids(plain.extra_rows(online)) and len(drawn) == online
-        assert ahead.state_dict() == plain.state_dict()
-    ahead.close()
+    try:
+        assert ahead.online_rows_per_step() == 6 * 2  # 6 prompts, fewer than prompts_per_step
+        for online, prefetched_for in ((8, 8), (8, 4), (4, 4)):
+            before = plain.state_dict()
+            ahead.prefetch(prefetched_for)
+            assert ahead._prefetched is not None and ahead.state_dict() == before  # a checkpoint now: as if undrawn
+            drawn = ids(ahead._stored_rows(online))
+            assert drawn == ids(plain.extra_rows(online)) and len(drawn) == online
+            assert ahead.state_dict() == plain.state_dict()
+        online = [{**r, "mix_source": "online"} for r in store.trajectories().to_pylist()[:4]]  # standing in
+        state = plain.state_dict()
+        assert len(ahead.batch(online)) == len(plain.batch(online)) and ahead._prefetched is not None
+        assert ahead.state_dict() == plain.state_dict() != state
+    finally:
+        ahead.close()
+        plain.close()
 
 
 def test_the_training_clock_ends_each_step_after_its_learner_step(tiny, tmp_path, monkeypatch):

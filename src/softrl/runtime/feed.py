@@ -142,13 +142,21 @@ class DataFeed:
             self._refuse_unusable(source, [r for r in rows if r["mix_source"] == source])
         return rows
 
-    def prefetch(self, online_rows: int) -> None:
-        """Start drawing the next step's stored rows (`extra_rows(online_rows)`) in the background: taking
-        them from the store (on an object store, a request per row and column) then overlaps the step's
-        generation. The draw is made from the same random state as it would be at `batch`, so batches and
-        checkpoints are the same with or without it."""
+    def online_rows_per_step(self) -> int:
+        """The online rows a step brings: its prompts (`next_prompts`) times the samples of each."""
+        if not self.config.generates:
+            return 0
+        return min(self.config.sampling.prompts_per_step, len(self.prompts)) * self.config.sampling.samples_per_prompt
+
+    def prefetch(self, online_rows: int | None = None) -> None:
+        """Start drawing the next step's stored rows (`extra_rows`, for `online_rows` online rows, by default
+        a step's) in the background: taking them from the store (on an object store, a request per row and
+        column) then overlaps the learner step, evaluations and the next generation. The draw is made from
+        the random state `batch` would draw from, so batches and checkpoints are the same with or without
+        it. `batch` starts the next one itself."""
         if self.mixture is None or self._prefetched is not None:
             return
+        online_rows = self.online_rows_per_step() if online_rows is None else online_rows
         if self._background is None:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="softrl-prefetch")
         self._prefetched = (online_rows, self._sampler_state(), self._background.submit(self.extra_rows, online_rows))
@@ -158,22 +166,31 @@ class DataFeed:
         error, if it failed, is this step's), else drawn now from the state before any prefetch."""
         if self._prefetched is None:
             return self.extra_rows(online_rows)
-        (expected, before, draw), self._prefetched = self._prefetched, None
+        expected, before, draw = self._prefetched
         if expected == online_rows:
+            self._prefetched = None
             return draw.result()
-        draw.exception()  # finished, whatever it did: its draw is undone
+        self._drop_prefetched()  # its draw is undone
         self._set_sampler_state(before)
         return self.extra_rows(online_rows)
 
+    def _drop_prefetched(self) -> None:
+        if self._prefetched is not None:
+            self._prefetched[2].exception()  # finished, whatever it did
+            self._prefetched = None
+
     def close(self) -> None:
         """Wait for a draw in flight (it reads the store) and stop the background thread."""
+        self._drop_prefetched()
         if self._background is not None:
             self._background.shutdown(wait=True)
             self._background = None
 
     def batch(self, online: list[dict]) -> Batch:
-        """A learner step's batch: the online rows and the other sources' share."""
+        """A learner step's batch: the online rows and the other sources' share; the next step's share
+        starts coming from the store meanwhile (`prefetch`)."""
         rows = online + self._stored_rows(len(online))
+        self.prefetch()
         tok = self.tokenizer
         return make_batch(rows, self.fingerprint, tok.pad_token_id, lambda t: encode_prompt(tok, t),
                           lambda t: encode_response(tok, t), self.q0)
@@ -186,6 +203,7 @@ class DataFeed:
         return {"samplers": samplers, "prompts": self.prompt_rng.getstate()}
 
     def load_state_dict(self, state: dict) -> None:
+        self._drop_prefetched()  # drawn from the state being replaced
         self.prompt_rng.setstate(state["prompts"])
         self._set_sampler_state(state["samplers"])
 

@@ -84,13 +84,8 @@ class Session:
         else:
             self.runlog.write(self.evaluated({"step": 0, "samples": 0, "time": 0.0}, start_eval))
         self.runlog.eval_seconds = 0.0  # the run's clock starts after this
-        self.prefetch()
-
-    def prefetch(self) -> None:
-        """The next step's stored rows start coming from the store while its online rows are generated."""
-        if self.progress.step < self.config.optim.steps:
-            s = self.config.sampling
-            self.feed.prefetch(s.prompts_per_step * s.samples_per_prompt if self.config.generates else 0)
+        if self.progress.step < self.config.optim.steps:  # the first step's stored rows start coming now
+            self.feed.prefetch()
 
     @property
     def policy(self):
@@ -138,7 +133,6 @@ class Session:
         self.runlog.write(record)
         if p.step % cfg.log.checkpoint_every == 0 or p.step == cfg.optim.steps:
             self.checkpoint()
-        self.prefetch()
         return record
 
     def checkpoint(self) -> None:
@@ -163,6 +157,7 @@ class Session:
         summary = self.runlog.finish(p, after)
         write_model_card(final, self.config, self.run.model_path, self.run.train_task.name, summary,
                          held_out=self.run.eval_task is not self.run.train_task)
+        self.feed.close()  # no draw reads the store after its hold goes
         if self.feed.reads_store:  # last: a stopped or failed run keeps its hold, as --resume reads it again
             name = hold_name(self.config.run_dir)
             try:
@@ -179,8 +174,9 @@ class Session:
             self.run.online_rows.flush()
 
     def close(self) -> None:
-        """Commit the online rows kept so far and release the run directory (also when the run failed or
-        was stopped; a store that fails again then is left to the error already raised)."""
+        """Wait for a draw of stored rows in flight, commit the online rows kept so far and release the run
+        directory (also when the run failed or was stopped; a store that fails again then is left to the
+        error already raised)."""
         in_flight = sys.exc_info()[1]  # close() from a `finally` or `except` of a failure
         try:
             if getattr(self, "feed", None) is not None:
