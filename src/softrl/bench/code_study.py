@@ -136,8 +136,8 @@ def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
         "data.store": str(s.where / "code-stores" / name),
         "task.size": s.task_size, "data.mix": a.mix, "data.objective": a.objective,
         "data.offline_sources": list(a.sources),
-        # on this task's long samples (200 new tokens, prompts of 130-180) the static cache measured 1.3x
-        # (16 rows) to 3.6x (250 rows, the evaluation's) hf's speed on one thread: benchmarks/generation_backends.py
+        # on this task's long samples (200 new tokens, prompts of 130-180) the static cache measured 1.2-1.65x
+        # (16 rows) to 3.8-4.0x (250 rows, the evaluation's) hf's speed: docs/MODELS.md
         "sampling.backend": "static",
     })
     overrides.update(s.extra or {})

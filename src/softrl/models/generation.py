@@ -217,10 +217,10 @@ def make_generator(model, tokenizer, backend: str = "hf", max_batch: int = 256) 
     """A `Generator` by name: "hf" (`HFGenerator`, transformers `generate`), "static"
     (`StaticCacheGenerator`: own decode loop on a preallocated KV cache, compiled on CUDA) or "auto":
     "static" wherever the model's class supports a static cache (transformers' `_can_compile_fullgraph`,
-    and not a stateful model), else "hf". The two draw the same samples for a seed (tests/test_generation_backends.py); on the CPU
-    static measured 0.99-1.11x hf's speed on short answers and 1.3x (16 rows) to 3.6x (250 rows) on
-    tinycode's 200-token programs, where hf's growing cache is concatenated every step
-    (benchmarks/generation_backends.py, docs/MODELS.md)."""
+    and not a stateful model), else "hf". The two draw the same samples for a seed
+    (tests/test_generation_backends.py); on the CPU static measured 0.99-1.11x hf's speed on short
+    answers and 1.2-1.65x (16 rows) to 3.8-4.0x (250 rows) on tinycode's 200-token programs, where hf's
+    growing cache is concatenated every step (benchmarks/generation_backends.py, docs/MODELS.md)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown generation backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "auto":
