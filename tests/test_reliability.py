@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+import softrl  # noqa: E402
 from test_training import SOFTRL, seed_store, tiny_overrides  # noqa: E402
 
 pytestmark = pytest.mark.skipif(SOFTRL is None, reason="softrl console script not installed")
@@ -543,7 +544,9 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line(delay):
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    assert "Traceback" not in err, err[-2000:]
+    # a signal before softrl's code runs (the interpreter starting, the console script's `import re`,
+    # tens of milliseconds on a busy machine) meets Python's own handler, which no program can replace
+    assert "Traceback" not in err or str(Path(softrl.__file__).parent) not in err, err[-2000:]
     # while importing: "interrupted", 130; before Python's own handler is in place: killed by the signal;
     # once the command runs: typer's silent 130; after it: done
     assert (proc.returncode == 130 and err.strip() in ("interrupted", "")) or proc.returncode == -signal.SIGINT \
