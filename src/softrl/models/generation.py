@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from softrl.models.kv_cache import cache_arg, returned_cache
 from softrl.models.logprobs import pad_batch
 
 
@@ -161,14 +162,14 @@ class HFGenerator:
         # prefill all but the last prompt token once, then share the cache across the n samples
         cache = None
         if width > 1:
-            cache = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                               use_cache=True).past_key_values
+            cache = returned_cache(self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
+                                              position_ids=positions[:, :-1], use_cache=True))
             cache.batch_repeat_interleave(params.n)
         ids, mask = ids.repeat_interleave(params.n, 0), mask.repeat_interleave(params.n, 0)
         temps = draw_temperatures(rng, params, rows)
         processor = _TemperatureTopP(torch.tensor(temps, device=device), params.top_p, banned_token(self.tokenizer, params))
         out = self.model.generate(
-            input_ids=ids, attention_mask=mask, past_key_values=cache, do_sample=True, temperature=1.0, top_p=1.0,
+            input_ids=ids, attention_mask=mask, **cache_arg(cache), do_sample=True, temperature=1.0, top_p=1.0,
             top_k=0, max_new_tokens=params.max_new_tokens, logits_processor=LogitsProcessorList([processor]),
             output_scores=True, return_dict_in_generate=True, pad_token_id=pad,
             eos_token_id=self.tokenizer.eos_token_id,

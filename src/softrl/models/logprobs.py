@@ -9,6 +9,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from softrl.models.chosen_logp import chosen_logp
+from softrl.models.kv_cache import cache_arg, returned_cache
 
 
 @dataclass
@@ -177,12 +178,12 @@ def _shared_prompt_hidden(decoder, shared: SharedPrompts) -> Tensor | None:
     first = out.last_hidden_state[shared.row_prompt, -1:]  # [B, 1, H]: predicts each response's first token
     if shared.response_ids.shape[1] == 0:
         return first
-    cache = out.past_key_values
+    cache = returned_cache(out)
     if cache is None or cache.get_seq_length() != shared.prompt_ids.shape[1]:
         return None
     cache.batch_select_indices(shared.row_prompt)  # [G, ...] -> [B, ...], differentiable
     rest = decoder(input_ids=shared.response_ids, attention_mask=shared.mask, position_ids=shared.response_positions,
-                   past_key_values=cache, use_cache=True).last_hidden_state  # [B, T - 1, H]
+                   **cache_arg(cache), use_cache=True).last_hidden_state  # [B, T - 1, H]
     return torch.cat([first, rest], 1)
 
 

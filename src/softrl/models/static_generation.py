@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from softrl.models.kv_cache import cache_arg, cache_name, returned_cache
 from softrl.models.logprobs import pad_batch
 
 COMPILE_MODES = {"cuda": "reduce-overhead"}  # CUDA graphs; elsewhere inductor's default
@@ -61,6 +62,7 @@ class StaticDecoder:
         self.compiled = compile is True or (compile == "auto" and self.device.type == "cuda")
         self._caches: dict[int, tuple] = {}  # rows -> (StaticCache, length)
         self.kept = KEPT_CACHES.get(self.device.type, 1)
+        self.cache_name = cache_name()  # read here, not in the compiled graph
         self._step = self._forward
         if self.compiled:
             # one compiled graph per model, dtype and (rows, length bucket): a run has a few models and
@@ -71,7 +73,7 @@ class StaticDecoder:
 
     def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor, cache) -> Tensor:
         """Next-token logits `[rows, V]` in fp32 after feeding `ids` `[rows, 1]`."""
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, **{self.cache_name: cache},
                          use_cache=True)
         return out.logits[:, -1].float()
 
@@ -106,13 +108,13 @@ class StaticDecoder:
         shareable = n > 1 and all(type(layer) is StaticLayer for layer in cache.layers)
         if not shareable:  # n == 1, or sliding-window / hybrid layers: prefill every row into the cache
             self.model(input_ids=ids[:, :width].repeat_interleave(n, 0), attention_mask=full_mask,
-                       position_ids=positions[:, :width].repeat_interleave(n, 0), past_key_values=cache,
+                       position_ids=positions[:, :width].repeat_interleave(n, 0), **cache_arg(cache),
                        use_cache=True, logits_to_keep=1)
             return
         # each prompt once, then its keys/values broadcast into its n rows
         prompts = ids.shape[0]
-        dynamic = self.model(input_ids=ids[:, :width], attention_mask=mask[:, :width],
-                             position_ids=positions[:, :width], use_cache=True, logits_to_keep=1).past_key_values
+        dynamic = returned_cache(self.model(input_ids=ids[:, :width], attention_mask=mask[:, :width],
+                                            position_ids=positions[:, :width], use_cache=True, logits_to_keep=1))
         for target, source in zip(cache.layers, dynamic.layers):
             for dst, src in ((target.keys, source.keys), (target.values, source.values)):
                 dst.view(prompts, n, *dst.shape[1:])[:, :, :, :width].copy_(src[:, None])
