@@ -184,6 +184,29 @@ def test_a_run_holds_the_store_version_it_reads_through_a_compaction(tiny, tmp_p
     assert holds(store) == {} and compact(store, keep=1)["trajectories"]["versions_removed"] > 0
 
 
+def test_a_pinned_run_reads_q0_at_its_version(tiny, tmp_path, monkeypatch):
+    """`data.store_version` reproduces the data a run saw, Q0 included: the prompts' Q0 replaced after
+    the tag (another sampler's, `data q0 --force`), a run pinned to the tag trains on the Q0 of then,
+    an unpinned one on today's."""
+    from softrl.assemble import Run
+    from softrl.data.versions import tag
+    from softrl.runtime.local import train
+
+    seed_store(tmp_path)
+    overrides = tiny_overrides(str(tiny[0]), str(tmp_path), **{"optim.steps": 1, "eval.samples": 1})
+    then = Run(load_config(None, overrides)).q0()
+    store = ExperienceStore(tmp_path / "store")
+    tag(store, "then")
+    rows = store.prompts()
+    store.put_prompts([{**row, "q0_rewards": [1.0] * len(row["q0_rewards"])} for row in rows.values()])
+    used = []
+    q0 = Run.q0
+    monkeypatch.setattr(Run, "q0", lambda self, *a, **k: used.append(q0(self, *a, **k)) or used[-1])
+    for name, pin in (("pinned", ["data.store_version=then"]), ("newest", [])):
+        train(load_config(None, [*overrides, f"name={name}", *pin]), log=lambda m: None)
+    assert used[0] == then and used[1] == pytest.approx({pid: 1.0 for pid in then}) != then
+
+
 @pytest.mark.parametrize("algorithm", ["spo", "grpo"])  # a pool; groups of a prompt (GroupSampler, own rng)
 def test_stored_rows_drawn_ahead_are_the_rows_drawn_in_step(tiny, tmp_path, algorithm):
     """`DataFeed.prefetch` draws the next step's stored rows in the background from the state `batch`
@@ -306,6 +329,7 @@ def test_kill_9_and_resume_continue_the_run(tmp_path, tiny):
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
+@pytest.mark.ray_cluster
 @pytest.mark.parametrize("weight_sync,learners", [("broadcast", 1), ("object_store", 1), ("broadcast", 2)])
 def test_ray_runtime_survives_a_killed_worker(tiny, tmp_path, weight_sync, learners):
     """A SIGKILLed worker is restarted by Ray, rejoins (over a new weight channel) and gets the current

@@ -220,10 +220,10 @@ class Run:
         return rollout_worker(self.config, self.train_task, model, self.tokenizer, self.online_rows,
                               self.generator(model))
 
-    def q0(self, progress=None, log=None) -> dict[str, float]:
+    def q0(self, progress=None, log=None, snapshot=None) -> dict[str, float]:
         """Q0 of every training prompt at the run's beta (sampled from the reference now where the
-        store has none for this model and K); `progress(done, prompts)` as it goes, `log` one line first
-        (`annotate.q0.estimate_q0`)."""
+        store has none for this model and K, at `snapshot` where the run reads a pinned or recorded one);
+        `progress(done, prompts)` as it goes, `log` one line first (`annotate.q0.estimate_q0`)."""
         from softrl.annotate.q0 import estimate_q0, soft_values
 
         c = self.config
@@ -233,7 +233,7 @@ class Run:
         with self.placement.autocast():
             rows = estimate_q0(spec, self.train_task.prompts(), self.encode_prompt,
                                self.store, c.q0.k, c.beta, model_id(self.model_path), seed=c.seed,
-                               progress=progress, log=log)
+                               progress=progress, log=log, snapshot=snapshot)
         return soft_values(rows, c.beta)
 
     def evaluate(self, model) -> dict:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import torch
 
 from softrl.algorithms.spo import q0_from_rewards
-from softrl.data.store import ExperienceStore
+from softrl.data.store import ExperienceStore, Snapshot
 from softrl.rollout import RolloutSpec, contexts_of, refuse_long_prompts, rollouts
 from softrl.tasks.base import Prompt
 
@@ -70,14 +70,16 @@ def q0_from_samples(rewards: pa.Table, beta: float, model: str, min_k: int = 1) 
 def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str], list[int]], store: ExperienceStore,
                 k: int, beta: float, model: str, seed: int = 0, chunk: int = 4,
                 progress: Callable[[int, int], None] | None = None,
-                log: Callable[[str], None] | None = None) -> dict[str, dict]:
-    """Q0 rows for every prompt (those already in the store for this model and K are kept). Every
-    prompt is checked to fit the model before any is sampled; `log` gets one line saying how many
-    samples are to come, `progress` (prompts done, prompts) from the start and after every chunk."""
+                log: Callable[[str], None] | None = None, snapshot: Snapshot | None = None) -> dict[str, dict]:
+    """Q0 rows for every prompt: those in the store (at `snapshot`, a pinned or resumed run's; else the
+    newest) for this model and K are kept, the others sampled and written. Every prompt is checked to
+    fit the model before any is sampled; `log` gets one line saying how many samples are to come,
+    `progress` (prompts done, prompts) from the start and after every chunk."""
     if k < 1:
         raise ValueError(f"k must be >= 1 samples per prompt, got k={k}")
-    known = store.prompts(ids=[p.id for p in prompts])
-    todo = [p for p in prompts if not is_done(known.get(p.id), k, model)]
+    known = store.prompts(snapshot, ids=[p.id for p in prompts])
+    found = {p.id: known[p.id] for p in prompts if is_done(known.get(p.id), k, model)}
+    todo = [p for p in prompts if p.id not in found]
     refuse_long_prompts(spec, todo)
     done = len(prompts) - len(todo)
     if log is not None and todo:
@@ -97,5 +99,6 @@ def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str]
         done += len(rows)
         if progress is not None:
             progress(done, len(prompts))
-    latest = store.prompts(ids=[p.id for p in prompts])
-    return {p.id: latest[p.id] for p in prompts if p.id in latest}
+    if todo:  # the rows written here, as the store keeps them
+        found.update(store.prompts(ids=[p.id for p in todo]))
+    return {p.id: found[p.id] for p in prompts if p.id in found}

@@ -19,6 +19,21 @@ from softrl.training.batch import Batch, knows_behavior, make_batch, unusable_ro
 CHECKED_ROWS = 2_000  # rows of each pool checked before a run starts; the rest are checked when drawn
 
 
+def draws_from_store(config: RunConfig) -> bool:
+    """Whether the run's mix draws rows from the store (its snapshot is then held until it ends)."""
+    return any(w > 0 for s, w in config.data.mix.items() if s != "online")
+
+
+def pinned_snapshot(config: RunConfig, store: ExperienceStore) -> Snapshot | None:
+    """The snapshot `data.store_version` names; None where the run reads the newest."""
+    if config.data.store_version is None:
+        return None
+    try:
+        return pinned(store, config.data.store_version)
+    except StoreError as e:
+        raise ConfigError(f"data.store_version: {e}") from None
+
+
 class DataFeed:
     """Built from the run's config, store, training task, Q0 (prompt id -> soft value at the run's
     beta) and tokenizer, and the model's number of token ids (`vocab_size`: stored rows' token ids
@@ -31,11 +46,8 @@ class DataFeed:
                  log: Callable[[str], None] = print, vocab_size: int | None = None, snapshot: Snapshot | None = None,
                  hold_as: str | None = None):
         self.config, self.store, self.task, self.q0, self.log = config, store, task, q0, log
-        try:
-            self.snapshot = snapshot or pinned(store, config.data.store_version)
-        except StoreError as e:
-            raise ConfigError(f"data.store_version: {e}") from None
-        self.reads_store = any(w > 0 for s, w in config.data.mix.items() if s != "online")
+        self.snapshot = snapshot or pinned_snapshot(config, store) or store.snapshot()
+        self.reads_store = draws_from_store(config)
         if hold_as and self.reads_store:  # before its pools are built: a compaction meanwhile must keep it
             hold(store, self.snapshot, hold_as)
         self.vocab_size = vocab_size

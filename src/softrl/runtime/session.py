@@ -17,7 +17,7 @@ from softrl.assemble import Run
 from softrl.config import RunConfig
 from softrl.data import StoreError
 from softrl.data.versions import hold_name, release
-from softrl.runtime.feed import DataFeed
+from softrl.runtime.feed import DataFeed, draws_from_store, pinned_snapshot
 from softrl.runtime.model_card import write_model_card
 from softrl.runtime.faults import RunLock, disk_full_reported
 from softrl.runtime.runlog import (Progress, RunLog, check_run_dir, checkpoints, optional_sinks, recorded_snapshot,
@@ -63,11 +63,14 @@ class Session:
         if group is not None:
             group.lead(self.run.learner)
             self.run.learner = group
+        # a pinned run, and a resumed one whose snapshot is held, read Q0 where they read their rows;
+        # other runs the newest (after Q0's own writes)
+        snapshot = recorded_snapshot(config.run_dir) if resume else pinned_snapshot(config, self.run.store)
         with disk_full_reported(config, f"Q0's reference samples (store rows) in {config.data.store}"):
-            q0 = self.run.q0(progress, log)
+            q0 = self.run.q0(progress, log, snapshot if not resume or draws_from_store(config) else None)
         self.feed = DataFeed(config, self.run.store, self.run.train_task, q0, self.run.tokenizer, log,
-                             self.run.policy.model.get_input_embeddings().num_embeddings,
-                             recorded_snapshot(config.run_dir) if resume else None, hold_as=hold_name(config.run_dir))
+                             self.run.policy.model.get_input_embeddings().num_embeddings, snapshot,
+                             hold_as=hold_name(config.run_dir))
         self.runlog = RunLog(config, resume)
         if not resume:
             self.runlog.record_store(self.feed.snapshot)
