@@ -27,8 +27,10 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/softrl demo
 
+# One pytest worker per core (most tests wait on subprocesses: imports, signals, servers), Ray's tests on
+# one of them; the slowest tests named at the end: what to trim when CI nears its time.
 test: install
-	$(VENV)/bin/pytest -q --durations=25  # the slowest tests named at the end: what to trim when CI nears its time
+	$(VENV)/bin/pytest -q -n auto --dist loadgroup --durations=25
 
 # The CUDA-only tests (marked gpu) on a GPU machine, with that machine's own CUDA build of PyTorch
 # (`install` pins the CPU wheel) and softrl's other dependencies importable (docs/USAGE.md).

@@ -1,9 +1,22 @@
 """Shared fixtures."""
 
+import os
 import uuid
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the workers share the cores: one thread each (and in the processes they start), else OpenMP threads
+    # spinning for the same cores slow every worker down many times over
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:  # one Ray cluster at a time: under xdist, all on one worker
+        if item.get_closest_marker("ray_cluster"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")
