@@ -359,6 +359,32 @@ def test_ray_runtime_survives_a_killed_worker(tiny, tmp_path, weight_sync, learn
     assert online.num_rows >= 6 * 4 * 2  # every step's rows, written by the workers
 
 
+@pytest.mark.ray_cluster
+def test_a_stopped_ray_run_keeps_the_samples_it_asked_for(tiny, tmp_path):
+    """Ctrl-C during step 2 of a Ray run: the run stops after that step with a checkpoint, and the
+    store keeps every row sampled, the next step's batch (already asked of the workers) included."""
+    pytest.importorskip("ray")
+    from softrl.runtime import ray_runtime
+    from softrl.runtime.stop import RunStopped
+
+    seed_store(tmp_path)
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
+        "runtime.kind": "ray", "runtime.workers": 2, "optim.steps": 6, "sampling.prompts_per_step": 4,
+        "log.checkpoint_every": 10}))
+
+    def on_step(record):
+        if record["step"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(RunStopped) as stopped:
+        ray_runtime.train(config, on_step=on_step, log=lambda m: None)
+    assert stopped.value.step == 2
+    # every stored copy (an id is the content's: two equal samples share one), none committed twice
+    rows = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id="run", unique=False,
+                                                            columns=["id"])
+    assert rows.num_rows == 3 * 4 * 2
+
+
 def test_usage_configuration_reference_is_current(tmp_path):
     from pathlib import Path
 

@@ -127,6 +127,11 @@ class _Learner(WeightSource):
         self.session.run.online_rows.add_fragments(fragments)  # committed every few steps, with the checkpoints
         return self.session.learn(online, elapsed, timings)
 
+    def keep(self, fragments: list[dict]) -> None:
+        """Commit the fragments of rows sampled for a step the run stops before (every sample is kept)."""
+        self.session.run.online_rows.add_fragments(fragments)
+        self.session.commit_online()
+
     def checkpoint(self) -> None:
         self.session.checkpoint()
 
@@ -319,6 +324,16 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log:
                     raise RuntimeError(f"rollout worker {i} did not come back after {MAX_RECOVERY_TRIES} tries")
             return rows, fragments
 
+        def written(pending: list) -> list[dict]:
+            """The fragments the requests in flight wrote (a worker that died wrote none that count)."""
+            out = []
+            for _, _, ref, _ in pending:
+                try:
+                    out += ray.get(ref)[2]
+                except (RayActorError, ActorUnavailableError):
+                    pass
+            return out
+
         started = time.time()
         earlier = info["seconds"]
         pending = issue(step)
@@ -327,8 +342,8 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log:
             waiting = time.time()
             online, fragments = gather(pending, step)
             timings = {"time/wait": time.time() - waiting}  # for the workers' rows: generation not overlapped
-            if step + 1 < config.optim.steps:
-                pending = issue(step + 1)  # generation of the next batch overlaps this learner step
+            # generation of the next batch overlaps this learner step
+            pending = issue(step + 1) if step + 1 < config.optim.steps else []
             record = ray.get(learner.step.remote(online, fragments, earlier + time.time() - started, timings))
             step = record["step"]
             if step % rc.model_update_interval == 0:
@@ -339,8 +354,10 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log:
                 on_step(record)
             if any(k.startswith("eval/") for k in record):
                 evaluations()
-            if stop.requested:  # asked to stop during this step: keep it, then stop
+            if stop.requested:  # asked to stop during this step: keep it and the next batch's samples, then stop
+                issued = written(pending)  # (a second signal while the workers finish it stops at once)
                 with stop.held():
+                    ray.get(learner.keep.remote(issued))
                     ray.get(learner.checkpoint.remote())
                 stop.interrupt()
         stop.stepping = False
