@@ -27,10 +27,11 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/softrl demo
 
-# One pytest worker per core (most tests wait on subprocesses: imports, signals, servers), Ray's tests on
-# one of them; the slowest tests named at the end: what to trim when CI nears its time.
+# One pytest worker per core (most tests wait on subprocesses: imports, signals, servers; two local Ray
+# clusters at once pick their own ports); the slowest tests named at the end: what to trim when CI nears
+# its time.
 test: install
-	$(VENV)/bin/pytest -q -n auto --dist loadgroup --durations=25
+	$(VENV)/bin/pytest -q -n auto --durations=25
 
 # The CUDA-only tests (marked gpu) on a GPU machine, with that machine's own CUDA build of PyTorch
 # (`install` pins the CPU wheel) and softrl's other dependencies importable (docs/USAGE.md).

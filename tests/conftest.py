@@ -13,12 +13,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:  # one Ray cluster at a time: under xdist, all on one worker
-        if item.get_closest_marker("ray_cluster"):
-            item.add_marker(pytest.mark.xdist_group("ray"))
-
-
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """(directory, model, tokenizer): a random 2-layer Llama over the character tokenizer, saved to disk."""

@@ -83,6 +83,23 @@ def test_q0_is_within_its_binomial_error_and_resumes(tmp_path):
     assert none["bits-0"]["q0_hat"] == pytest.approx(0.0)  # no success: Q0_hat = 0 (SPO's r - 1 units: -1)
 
 
+def test_q0_missing_at_a_pinned_snapshot_is_sampled_once(tmp_path):
+    """A run pinned to a version without Q0 samples it on its first start (written as new versions);
+    its resume, at the same snapshot, takes those rows instead of sampling every prompt again. Q0
+    at the snapshot wins over a newer one."""
+    task = Bits([3, 5])
+    spec, store = spec_for(task, 0.3, 10), ExperienceStore(tmp_path)
+    then = store.snapshot()
+    rows = estimate_q0(spec, task.prompts(), lambda t: [9], store, 50, BETA, "bitgen", snapshot=then)
+    calls = spec.generator.calls
+    assert calls > 0 and set(rows) == {"bits-0", "bits-1"}
+    assert estimate_q0(spec, task.prompts(), lambda t: [9], store, 50, BETA, "bitgen", snapshot=then) == rows
+    assert spec.generator.calls == calls
+    pinned = store.snapshot()
+    store.put_prompts([{**row, "q0_rewards": [1.0] * 50} for row in rows.values()])
+    assert estimate_q0(spec, task.prompts(), lambda t: [9], store, 50, BETA, "bitgen", snapshot=pinned) == rows
+
+
 def test_bisection_finds_known_jumps_with_logarithmic_cost():
     for length in (16, 64, 256, 1024, 4096):
         pivot = random.Random(length).randrange(1, length)

@@ -205,7 +205,6 @@ def test_bench_systems_command_writes_the_ratios(tiny, tmp_path):
         assert bad.exit_code == 2 and message in bad.output, bad.output
 
 
-@pytest.mark.ray_cluster
 def test_weight_sync_part_measures_both_methods(tiny, tmp_path):
     """`--parts sync`: one update of the weights to the Ray runtime's workers by each method, timed."""
     pytest.importorskip("ray")

@@ -450,7 +450,6 @@ def test_repeated_ids_are_found_by_their_whole_key():
     assert first_copies(id_keys(pa.array(drawn))).tolist() == expected
 
 
-@pytest.mark.ray_cluster
 def test_stats_on_ray_data_are_the_local_scan_s(tmp_path):
     """`softrl data stats --ray` (Ray Data: reads by fragment, first copies by a distributed group-by)
     gives the figures of the one-process scan: repeats, annotations (the newest wins), Q0 counted."""
@@ -492,7 +491,6 @@ def test_rewards_by_prompt_are_first_copies_in_commit_order(root):
     assert store.rewards_by_prompt("human").num_rows == 0
 
 
-@pytest.mark.ray_cluster
 def test_q0_from_stored_samples_locally_and_on_ray_data(tmp_path):
     """`softrl data q0`: each prompt's Q0 from the reference rows already in the store (first copies only:
     a later copy's other reward does not count; other sources are left out), the same by the one-process

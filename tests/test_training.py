@@ -329,7 +329,6 @@ def test_kill_9_and_resume_continue_the_run(tmp_path, tiny):
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
-@pytest.mark.ray_cluster
 @pytest.mark.parametrize("weight_sync,learners", [("broadcast", 1), ("object_store", 1), ("broadcast", 2)])
 def test_ray_runtime_survives_a_killed_worker(tiny, tmp_path, weight_sync, learners):
     """A SIGKILLed worker is restarted by Ray, rejoins (over a new weight channel) and gets the current
@@ -359,7 +358,6 @@ def test_ray_runtime_survives_a_killed_worker(tiny, tmp_path, weight_sync, learn
     assert online.num_rows >= 6 * 4 * 2  # every step's rows, written by the workers
 
 
-@pytest.mark.ray_cluster
 def test_a_stopped_ray_run_keeps_the_samples_it_asked_for(tiny, tmp_path):
     """Ctrl-C during step 2 of a Ray run: the run stops after that step with a checkpoint, and the
     store keeps every row sampled, the next step's batch (already asked of the workers) included."""

@@ -22,6 +22,34 @@ def test_spans():
     assert spans([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10" and spans([]) == ""
 
 
+class VersionsOnly:
+    """A table as `pinned` reads it: its versions' commit times, no tags."""
+
+    def __init__(self, versions):
+        self._versions = versions
+
+    def versions(self):
+        return dict(self._versions)
+
+    def tags(self):
+        return {}
+
+
+def test_a_pinned_number_never_reads_a_newer_version_of_another_table():
+    """A version number pins the other tables by commit time. Where compaction removed every version of
+    a table as old as that, the pin is refused (it silently read a newer one: a later Q0, say); a
+    table created after it (only versions from 1 on, all newer) is read at its first, empty version."""
+    from types import SimpleNamespace
+
+    store = SimpleNamespace(root="s", tables={"trajectories": VersionsOnly({3: 10, 4: 20}),
+                                              "prompts": VersionsOnly({5: 30, 6: 40}),
+                                              "annotations": VersionsOnly({1: 25, 2: 35})})
+    with pytest.raises(StoreError, match="the prompts table has no version as old as version 3 of trajectories"):
+        pinned(store, 3)
+    store.tables["prompts"] = VersionsOnly({5: 15, 6: 40})
+    assert pinned(store, 3).versions == {"trajectories": 3, "prompts": 5, "annotations": 1}
+
+
 def test_pinned_version_and_tag_read_the_rows_of_then(root):
     store = ExperienceStore(root)
     store.append(rows(0, 10))

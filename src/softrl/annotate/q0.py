@@ -78,6 +78,10 @@ def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str]
     if k < 1:
         raise ValueError(f"k must be >= 1 samples per prompt, got k={k}")
     known = store.prompts(snapshot, ids=[p.id for p in prompts])
+    missing = [p.id for p in prompts if not is_done(known.get(p.id), k, model)]
+    if snapshot is not None and missing:  # none at the snapshot: one written since (by this run's first start)
+        newer = store.prompts(ids=missing)
+        known = {**known, **{pid: row for pid, row in newer.items() if is_done(row, k, model)}}
     found = {p.id: known[p.id] for p in prompts if is_done(known.get(p.id), k, model)}
     todo = [p for p in prompts if p.id not in found]
     refuse_long_prompts(spec, todo)

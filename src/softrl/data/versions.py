@@ -39,17 +39,23 @@ def pinned(store: ExperienceStore, at: int | str | None) -> Snapshot:
         return Snapshot({name: table.tags()[at] for name, table in tables.items()})
     if isinstance(at, int) and not isinstance(at, bool) and at in history:
         until = min((t for v, t in history.items() if v > at), default=None)
-        return Snapshot({name: at if name == "trajectories" else before(table, until)
-                         for name, table in tables.items()})
+        versions = {name: at if name == "trajectories" else before(table, until) for name, table in tables.items()}
+        gone = sorted(name for name, version in versions.items() if version is None)
+        if gone:
+            raise StoreError(f"{store.root}: the {', '.join(gone)} table has no version as old as version {at} of "
+                             f"trajectories (compacted away); a tag keeps every table's version")
+        return Snapshot(versions)
     named = f"tag {at!r}" if isinstance(at, str) else f"version {at}"
     raise StoreError(f"{store.root} has no {named} (versions: {spans(sorted(history))}; "
                      f"tags: {', '.join(sorted(tags)) or 'none'})")
 
 
-def before(table, moment) -> int:
-    """The newest version of `table` committed before `moment` (None: the newest of all)."""
+def before(table, moment) -> int | None:
+    """The newest version of `table` committed before `moment` (None: the newest of all). Where every
+    version is newer: its first (version 1, created empty: the table did not exist then), or None
+    where the older ones were compacted away."""
     history = table.versions()
-    return max((v for v, t in history.items() if moment is None or t < moment), default=min(history))
+    return max((v for v, t in history.items() if moment is None or t < moment), default=1 if 1 in history else None)
 
 
 def tag(store: ExperienceStore, name: str, at: int | None = None) -> Snapshot:

@@ -242,7 +242,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
 def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log: Callable[[str], None]) -> dict:
     rc = config.runtime
     ray = _ray(local=rc.ray_address is None)
-    from ray.exceptions import ActorUnavailableError, RayActorError
+    from ray.exceptions import ActorUnavailableError, RayActorError, RayError
 
     from softrl.assemble import resolve_model
 
@@ -325,12 +325,12 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log:
             return rows, fragments
 
         def written(pending: list) -> list[dict]:
-            """The fragments the requests in flight wrote (a worker that died wrote none that count)."""
+            """The fragments the requests in flight wrote (a worker that failed wrote none that count)."""
             out = []
             for _, _, ref, _ in pending:
                 try:
                     out += ray.get(ref)[2]
-                except (RayActorError, ActorUnavailableError):
+                except RayError:
                     pass
             return out
 
@@ -354,11 +354,12 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log:
                 on_step(record)
             if any(k.startswith("eval/") for k in record):
                 evaluations()
-            if stop.requested:  # asked to stop during this step: keep it and the next batch's samples, then stop
-                issued = written(pending)  # (a second signal while the workers finish it stops at once)
+            if stop.requested:  # asked to stop during this step: keep it, then the next batch's samples, then stop
+                with stop.held():
+                    ray.get(learner.checkpoint.remote())
+                issued = written(pending)  # a second signal while the workers finish it stops at once
                 with stop.held():
                     ray.get(learner.keep.remote(issued))
-                    ray.get(learner.checkpoint.remote())
                 stop.interrupt()
         stop.stepping = False
         phase("evaluate (after)", 0, 1)

@@ -66,8 +66,9 @@ class Session:
         # a pinned run, and a resumed one whose snapshot is held, read Q0 where they read their rows;
         # other runs the newest (after Q0's own writes)
         snapshot = recorded_snapshot(config.run_dir) if resume else pinned_snapshot(config, self.run.store)
+        reads_at = snapshot if config.data.store_version is not None or draws_from_store(config) else None
         with disk_full_reported(config, f"Q0's reference samples (store rows) in {config.data.store}"):
-            q0 = self.run.q0(progress, log, snapshot if not resume or draws_from_store(config) else None)
+            q0 = self.run.q0(progress, log, reads_at)
         self.feed = DataFeed(config, self.run.store, self.run.train_task, q0, self.run.tokenizer, log,
                              self.run.policy.model.get_input_embeddings().num_embeddings, snapshot,
                              hold_as=hold_name(config.run_dir))
