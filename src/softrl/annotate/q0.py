@@ -52,6 +52,11 @@ def is_done(row: dict | None, k: int, model: str) -> bool:
             and bool(row.get("q0_rewards")))
 
 
+def usable(rows: dict[str, dict], k: int, model: str) -> dict[str, dict]:
+    """The prompts rows that hold Q0 for this model and K (`is_done`)."""
+    return {pid: row for pid, row in rows.items() if is_done(row, k, model)}
+
+
 def plan(prompts: int, k: int, known: int) -> str:
     """The line said before Q0 is estimated: how much sampling is to come."""
     return (f"Q0: sampling the reference model on {prompts:,} prompts x {k} samples = {prompts * k:,} samples"
@@ -77,12 +82,10 @@ def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str]
     `progress` (prompts done, prompts) from the start and after every chunk."""
     if k < 1:
         raise ValueError(f"k must be >= 1 samples per prompt, got k={k}")
-    known = store.prompts(snapshot, ids=[p.id for p in prompts])
-    missing = [p.id for p in prompts if not is_done(known.get(p.id), k, model)]
+    found = usable(store.prompts(snapshot, ids=[p.id for p in prompts]), k, model)
+    missing = [p.id for p in prompts if p.id not in found]
     if snapshot is not None and missing:  # none at the snapshot: one written since (by this run's first start)
-        newer = store.prompts(ids=missing)
-        known = {**known, **{pid: row for pid, row in newer.items() if is_done(row, k, model)}}
-    found = {p.id: known[p.id] for p in prompts if is_done(known.get(p.id), k, model)}
+        found.update(usable(store.prompts(ids=missing), k, model))
     todo = [p for p in prompts if p.id not in found]
     refuse_long_prompts(spec, todo)
     done = len(prompts) - len(todo)
