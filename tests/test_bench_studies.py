@@ -296,11 +296,35 @@ def test_code_tuning_runs_in_rounds_until_every_grid_settles(tmp_path, monkeypat
 
 
 def test_claim_with_a_margin_holds_only_beyond_it():
+    """The margin moves the verdict, not the difference: the report shows a - b as measured."""
+    from softrl.bench.report import markdown
+
     runs = {"a": {s: [{"pass@10": 0.5 + 0.05 + 0.001 * s}] for s in range(4)},
             "b": {s: [{"pass@10": 0.5}] for s in range(4)}}
     value = final("pass@10")
-    assert judged(runs, "c", "SPO", "a", "b", "x", value, "higher", margin=0.03)["reproduced"]
-    assert not judged(runs, "c", "SPO", "a", "b", "x", value, "higher", margin=0.06)["reproduced"]
+    holds = judged(runs, "c", "SPO", "a", "b", "x", value, "higher", margin=0.03)
+    assert holds["reproduced"] and holds["diff"] == pytest.approx(0.0515)
+    missed = judged(runs, "c", "SPO", "a", "b", "x", value, "higher", margin=0.06)
+    assert not missed["reproduced"] and missed["verdict"] == "lower" and missed["diff"] == pytest.approx(0.0515)
+    three = judged({**runs, "b": {s: runs["b"][s] for s in range(3)}}, "c", "SPO", "a", "b", "x", value, "higher",
+                   margin=0.06)
+    table = markdown({}, [missed, three], 4)
+    assert "| +0.052 ± 0.001 | +0.050, +0.051, +0.052, +0.053 | no (lower than the margin +0.060) |" in table
+    assert "+0.051 ± 0.001 (3 seeds)" in table
+
+
+def test_code_study_diversity_counts_every_problem():
+    """Distinct correct programs per problem: an arm that solves more problems, each once, is not rated
+    lower than one that solves fewer, as it is per solved problem."""
+    from softrl.bench import code_study as cs
+
+    few = [{"distinct_correct_per_solved": 2.0, "pass@10": 0.2}]  # 20 of 100 solved, 2 programs each
+    more = [{"distinct_correct_per_solved": 1.5, "pass@10": 0.4}]  # 40 solved: 20 with 2, 20 with 1
+    assert cs.distinct_per_problem(more) == pytest.approx(0.6) and cs.distinct_per_problem(few) == pytest.approx(0.4)
+    assert cs.distinct_per_solved(more) < cs.distinct_per_solved(few)
+    div = cs.diversity({"a": {0: few, 1: more}})
+    assert div["a"]["distinct per problem"] == pytest.approx([0.4, 0.6])
+    assert div["a"]["distinct per solved"] == [2.0, 1.5]
 
 
 def test_bench_study_code_quick(tiny, tmp_path):

@@ -268,10 +268,11 @@ def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | No
         run_stage(s, cs.report_plan(s, chosen), jobs, update, "report seeds", pool)
         by_arm = cs.collect(s, chosen)
     agg, claims = aggregate(by_arm), cs.check_claims(by_arm)
-    table = code_markdown(agg, claims, s.seeds, chosen, cs.reference_card(first))
+    diversity = cs.diversity(by_arm)
+    table = code_markdown(agg, claims, s.seeds, chosen, cs.reference_card(first), diversity)
     _write(report, "study-code", table, {"study": "code: tinycode-loops", "settings": {
         k: v for k, v in vars(s).items() if k != "root"}, "tuned": chosen, "curves": agg, "claims": claims,
-        "runs": by_arm})
+        "diversity": diversity, "runs": by_arm})
     png = plot_learning(agg, report / "study-code.png",
                         f"code (tinycode-loops, held-out combinations): {s.steps} steps x "
                         f"{s.prompts * s.samples_per_prompt} generated, tuned lr, {s.seeds} seed(s)")

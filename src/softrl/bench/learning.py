@@ -219,23 +219,26 @@ def aggregate(runs: dict[str, dict[int, list[dict]]]) -> dict[str, list[dict]]:
 
 def paired(runs: dict[str, dict[int, list[dict]]], a: str, b: str, value: Callable[[list[dict]], float],
            margin: float = 0.0) -> dict:
-    """`value(a's curve) - value(b's curve) - margin` per common seed: mean, standard error, verdict (a
-    claim that a beats b by `margin` holds when the mean is above 2 standard errors)."""
+    """`value(a's curve) - value(b's curve)` per common seed: mean, standard error and verdict, which judges
+    the difference less `margin` (a claim that a beats b by `margin` holds when the mean difference is more
+    than `margin` plus 2 standard errors). The difference is kept as measured, so a report shows it with
+    its error and the margin beside it, not a shifted number."""
     seeds = sorted(set(runs.get(a, {})) & set(runs.get(b, {})))
-    diffs = [value(runs[a][s]) - value(runs[b][s]) - margin for s in seeds]
+    diffs = [value(runs[a][s]) - value(runs[b][s]) for s in seeds]
     if not diffs:
         return {"seeds": 0, "verdict": "not run"}
     mean = statistics.fmean(diffs)
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
+    beyond = mean - margin
     if len(diffs) == 1:  # no spread to judge by: the sign only
-        verdict = "higher" if mean > 0 else "lower" if mean < 0 else "within 2 SE"
-    elif mean > 2 * se:
+        verdict = "higher" if beyond > 0 else "lower" if beyond < 0 else "within 2 SE"
+    elif beyond > 2 * se:
         verdict = "higher"
-    elif mean < -2 * se:
+    elif beyond < -2 * se:
         verdict = "lower"
     else:
         verdict = "within 2 SE"
-    return {"seeds": len(diffs), "diff": mean, "se": se, "verdict": verdict, "per_seed": diffs}
+    return {"seeds": len(diffs), "diff": mean, "se": se, "margin": margin, "verdict": verdict, "per_seed": diffs}
 
 
 def final(key: str) -> Callable[[list[dict]], float]:

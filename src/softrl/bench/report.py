@@ -34,12 +34,19 @@ def markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int) -> str:
                      f"{' | '.join(_pm(last, k, spread) for k, _ in COLUMNS)} |")
     ran = [c for c in claims if c["verdict"] != "not run"]
     if ran:
-        lines += ["", f"Claims (paired differences over {seeds} seeds, a - b, mean ± standard error):", "",
-                  "| paper | claim | a vs b | compared | a - b | reproduced? |", "|---|---|---|---|---|---|"]
+        lines += ["", f"Claims (paired differences over the seeds both methods finished, of {seeds}; a - b, mean ± "
+                      "standard error; a claim with a margin holds when a - b exceeds it by more than 2 SE):", "",
+                  "| paper | claim | a vs b | compared | a - b | per seed | reproduced? |", "|---|---|---|---|---|---|---|"]
     for c in ran:
-        diff = f"{c['diff']:+.3f} ± {c['se']:.3f}" if spread else f"{c['diff']:+.3f}"
-        verdict = f"{'yes' if c['reproduced'] else 'no'} ({c['verdict']})"
-        lines.append(f"| {c['paper']} | {c['claim']} | {c['a']} vs {c['b']} | {c['compared']} | {diff} | {verdict} |")
+        diff = f"{c['diff']:+.3f}" + ("" if math.isnan(c["se"]) else f" ± {c['se']:.3f}")
+        if c["seeds"] != seeds:
+            diff += f" ({c['seeds']} seed{'s' if c['seeds'] > 1 else ''})"
+        verdict = c["verdict"]
+        if c.get("margin"):
+            verdict += f" {'of' if verdict == 'within 2 SE' else 'than'} the margin {c['margin']:+.3f}"
+        per_seed = ", ".join(f"{d:+.3f}" for d in c["per_seed"])
+        lines.append(f"| {c['paper']} | {c['claim']} | {c['a']} vs {c['b']} | {c['compared']} | {diff} | {per_seed} | "
+                     f"{'yes' if c['reproduced'] else 'no'} ({verdict}) |")
     missing = [f"{c['claim']} ({c['a']} vs {c['b']})" for c in claims if c["verdict"] == "not run"]
     if missing:
         lines += ["", "Claims not run (their methods are not in this benchmark): " + "; ".join(missing) + "."]
@@ -47,12 +54,20 @@ def markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int) -> str:
 
 
 def code_markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int, tuned: dict[str, dict],
-                  card: dict) -> str:
-    """`markdown`'s table and claims for the code study, then each arm's learning-rate grid on the tuning
-    seed and the reference's held-out numbers from its card."""
+                  card: dict, diversity: dict[str, dict[str, list[float]]]) -> str:
+    """`markdown`'s table and claims for the code study, then diversity (`diversity`: arm -> measure ->
+    its final value per seed), each arm's learning-rate grid on the tuning seed and the reference's
+    held-out numbers from its card."""
+    measures = list(next(iter(diversity.values()), {}))
+    lines = ["", "Diversity at the end (distinct correct programs, mean ± sd over seeds):", "",
+             f"| arm | {' | '.join(measures)} |", f"|---|{'---|' * len(measures)}"]
+    for arm, by_measure in diversity.items():
+        cells = [_pm({"v": statistics.fmean(v), "v_sd": statistics.stdev(v) if len(v) > 1 else 0.0}, "v", len(v) > 1)
+                 for v in (by_measure[m] for m in measures)]
+        lines.append(f"| {arm} | {' | '.join(cells)} |")
     lrs = sorted({lr for t in tuned.values() for lr in t["grid"]})
-    lines = ["", "Learning rates (final pass@1 on the tuning seed; the chosen one in bold):", "",
-             f"| arm | {' | '.join(f'lr {lr:g}' for lr in lrs)} |", f"|---|{'---|' * len(lrs)}"]
+    lines += ["", "Learning rates (final pass@1 on the tuning seed; the chosen one in bold):", "",
+              f"| arm | {' | '.join(f'lr {lr:g}' for lr in lrs)} |", f"|---|{'---|' * len(lrs)}"]
     for arm, t in tuned.items():
         cells = [f"{t['grid'][lr]:.3f}" if lr in t["grid"] else "-" for lr in lrs]
         lines.append(f"| {arm} | " + " | ".join(f"**{c}**" if lr == t["lr"] else c for lr, c in zip(lrs, cells)) + " |")
