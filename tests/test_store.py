@@ -118,6 +118,34 @@ def test_two_dedupes_and_a_compaction_at_once_leave_every_id_once(root):
     assert store.trajectories(unique=False)["id"].to_pylist() == [r.id for r in rows]
 
 
+def test_a_lost_commit_race_is_retried_however_lance_raises_it():
+    """Lance raises a lost race as CommitConflictError, except its compaction commit, which raises a plain
+    OSError saying "Retryable commit conflict" (a dedupe's delete landed first; seen in the test above):
+    both are tried again; any other error, or a conflict Lance says retrying cannot solve, is not."""
+    from lance.commit import CommitConflictError
+
+    from softrl.data.tables import with_retries
+
+    def failing(*errors):
+        left = list(errors)
+
+        def attempt():
+            if left:
+                raise left.pop(0)
+            return "done"
+        return attempt, left
+
+    raced = OSError("Retryable commit conflict for version 8: This Rewrite transaction was preempted by "
+                    "concurrent transaction Delete at version 8. Please retry.")
+    attempt, left = failing(raced, CommitConflictError("lost"))
+    assert with_retries(attempt, "s3://b/t.lance") == "done" and not left
+    for error in (OSError("No such file or directory"), CommitConflictError("incompatible", retryable=False)):
+        attempt, left = failing(error)
+        with pytest.raises(StoreError, match=r"^s3://b/t.lance: ") as caught:
+            with_retries(attempt, "s3://b/t.lance")
+        assert "\n" not in str(caught.value) and not left
+
+
 def test_writer_killed_mid_write_leaves_a_readable_store(root):
     ExperienceStore(root)
     proc = subprocess.Popen([sys.executable, "-c", WRITER, root, "0", "-1", "3000"], stdout=subprocess.PIPE, text=True)

@@ -81,6 +81,15 @@ def explain(error: BaseException, uri: str) -> str:
     return f"{uri}: {first[:300]}"
 
 
+def retryable_conflict(error: BaseException) -> bool:
+    """A lost commit race that a fresh attempt can win: Lance's CommitConflictError marked retryable, or
+    the same conflict as Lance's compaction commit raises it, a plain OSError ("Retryable commit
+    conflict for version N: This Rewrite transaction was preempted by concurrent transaction ...")."""
+    if isinstance(error, CommitConflictError):
+        return error.retryable
+    return isinstance(error, OSError) and "Retryable commit conflict" in str(error)
+
+
 def with_retries(attempt: Callable[[], T], uri: str) -> T:
     """`attempt()` again, after a growing random pause, while it loses a commit race; any other
     error (and the last conflict) as a one-line StoreError."""
@@ -89,12 +98,12 @@ def with_retries(attempt: Callable[[], T], uri: str) -> T:
             return attempt()
         except StoreError:
             raise
-        except CommitConflictError as e:
-            if i == RETRIES - 1 or not e.retryable:
+        except (OSError, ValueError) as e:
+            if not retryable_conflict(e):
+                raise StoreError(explain(e, uri)) from None
+            if i == RETRIES - 1:
                 raise StoreError(f"{uri}: commit conflict after {i + 1} attempts ({str(e).splitlines()[0][:200]})") from None
             time.sleep(random.uniform(0, 0.05 * 2 ** i))  # jittered: racing writers do not retry in step
-        except (OSError, ValueError) as e:
-            raise StoreError(explain(e, uri)) from None
     raise AssertionError("unreachable")
 
 
