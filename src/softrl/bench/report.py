@@ -73,8 +73,10 @@ def code_markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int, tu
         lines.append(f"| {arm} | " + " | ".join(f"**{c}**" if lr == t["lr"] else c for lr, c in zip(lrs, cells)) + " |")
     held = card.get("heldout")
     if held:
-        lines += ["", f"The reference on {held['problems']} held-out problems ({held['samples_per_problem']} samples "
-                      f"each at its card's temperature): pass@1 {held['pass@1']:.3f}, pass@10 {held['pass@10']:.3f}."]
+        at = f"T {held['temperature']:g}" if "temperature" in held else "its card's temperature"
+        lines += ["", f"The reference's card, on {held['problems']} held-out problems ({held['samples_per_problem']} "
+                      f"samples each at {at}; the study evaluates at T 0.4): pass@1 {held['pass@1']:.3f}, "
+                      f"pass@10 {held['pass@10']:.3f}."]
     return markdown(agg, claims, seeds) + "\n".join(lines) + "\n"
 
 
