@@ -58,12 +58,13 @@ def code_markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int, tu
     """`markdown`'s table and claims for the code study, then diversity (`diversity`: arm -> measure ->
     its final value per seed), each arm's learning-rate grid on the tuning seed and the reference's
     held-out numbers from its card."""
+    from softrl.bench.learning import mean_sd
+
     measures = list(next(iter(diversity.values()), {}))
     lines = ["", "Diversity at the end (distinct correct programs, mean ± sd over seeds):", "",
              f"| arm | {' | '.join(measures)} |", f"|---|{'---|' * len(measures)}"]
     for arm, by_measure in diversity.items():
-        cells = [_pm({"v": statistics.fmean(v), "v_sd": statistics.stdev(v) if len(v) > 1 else 0.0}, "v", len(v) > 1)
-                 for v in (by_measure[m] for m in measures)]
+        cells = [_pm(dict(zip(("v", "v_sd"), mean_sd(v))), "v", len(v) > 1) for v in (by_measure[m] for m in measures)]
         lines.append(f"| {arm} | {' | '.join(cells)} |")
     lrs = sorted({lr for t in tuned.values() for lr in t["grid"]})
     lines += ["", "Learning rates (final pass@1 on the tuning seed; the chosen one in bold):", "",
