@@ -2,12 +2,14 @@
 baselines end to end through `softrl train`, including the refusal of a pool without mu."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from softrl.bench.anydata import SETTINGS, plan
+from softrl.bench.learning import weights_digest
 from softrl.cli import app
 from softrl.data import ExperienceStore
 
@@ -42,7 +44,9 @@ def test_bench_anydata_end_to_end(tiny, tmp_path):
             "--base", str(base), "--runs", str(tmp_path / "runs"), "--report", str(report)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    counts = json.loads((tmp_path / "runs/countdown/pool/pool.json").read_text())
+    marker = json.loads((tmp_path / "runs/countdown/pool/pool.json").read_text())
+    counts = marker["rows"]
+    assert marker["model.weights"] == weights_digest(tiny[0]) is not None  # the pool names its reference
     assert counts["reference"] > 0 and counts["earlier"] == 2 * 2 * 4 and counts["human"] == 6
     pool = ExperienceStore(tmp_path / "runs/countdown/pool").trajectories().to_pylist()
     by_source = {s: [r for r in pool if r["source"] == s] for s in ("reference", "earlier", "human")}
@@ -59,7 +63,14 @@ def test_bench_anydata_end_to_end(tiny, tmp_path):
     metrics = (tmp_path / "runs/countdown/half/cispo-s0/metrics.jsonl").read_text()
     assert "cispo/skipped_fraction" in metrics
     again = CliRunner().invoke(app, args)  # finished runs and the pool are reused
-    assert again.exit_code == 0 and json.loads((tmp_path / "runs/countdown/pool/pool.json").read_text()) == counts
+    assert again.exit_code == 0 and json.loads((tmp_path / "runs/countdown/pool/pool.json").read_text()) == marker
+    other = tmp_path / "other-build"  # the same model rebuilt elsewhere: other weights at the same path
+    shutil.copytree(tiny[0], other)
+    (other / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\0")
+    base.write_text(base.read_text().replace(str(tiny[0]), str(other)))
+    refused = CliRunner().invoke(app, [*args, "--seeds", "2"])
+    assert refused.exit_code != 0 and "the pool and the earlier run beside it were made with the reference" \
+        in refused.output and "Traceback" not in refused.output
 
 
 @pytest.mark.parametrize("algorithm, extra", [("topr", []), ("cispo", []), *[

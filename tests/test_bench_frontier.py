@@ -114,6 +114,7 @@ def test_report_seeds_are_averaged_as_they_finish(tmp_path):
     """A benchmark in chunks: a point with some of its report seeds kept is reported on those, and says so."""
     from softrl.bench.frontier_report import _pm
     from softrl.bench.frontier_runs import key
+    from softrl.bench.learning import settings_of
 
     kept = tmp_path / "kept.jsonl"
     s = fr.Settings(tmp_path, steps=10, kept=kept)
@@ -122,7 +123,85 @@ def test_report_seeds_are_averaged_as_they_finish(tmp_path):
     result = {"pass@k": [0.5, 0.7], "pass@1": 0.5, "pass@10": None, "kl": 0.3, "distinct": 2.0, "samples": 320,
               "curve": [(0, 0.4, 0.0), (10, 0.5, 0.3)], "lag": None, "clipped_or_masked": 0.0}
     config = fr.run_config(s, regime, "spo", 1e-4, {"beta": 0.25}, 1)
-    kept.write_text(json.dumps({"key": key(config), "settings": {}, "outcome": result}) + "\n")
+    named = {k: v for k, v in settings_of(config).items() if k == "model.weights"}  # as every kept outcome does
+    kept.write_text(json.dumps({"key": key(config), "settings": named, "outcome": result}) + "\n")
     partial = fr.reported(s, regime, point, "spo", 2)
     assert (partial["seeds"], partial["of_seeds"], partial["pass@1"]) == (1, 2, 0.5)
     assert _pm(partial, "pass@1") == "0.500 (1 of 2 seeds)"
+
+
+def test_the_frontier_keeps_its_reference_beside_its_outcomes(tmp_path, monkeypatch):
+    """A bootstrap's training differs across machines, so the frontier keeps the reference its outcomes
+    were made with beside them (frontier-runs.jsonl: frontier-reference/) and installs it on the next
+    machine; an outcome kept without naming its model's weights is refused, not mixed in."""
+    from dataclasses import asdict
+
+    from softrl.bench.frontier_runs import key, outcome
+    from softrl.bench.learning import weights_digest
+    from softrl.bench.reference import reference_dir
+    from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig
+    from softrl.config import ConfigError
+
+    monkeypatch.setenv("SOFTRL_CACHE", str(tmp_path / "cache"))
+    builds = []
+
+    def fake_bootstrap(task):  # a "model": one weights file whose bytes say which build it is
+        final = reference_dir(task)
+        final.mkdir(parents=True, exist_ok=True)
+        (final / "model.safetensors").write_bytes(f"build {len(builds)}".encode())
+        recipe = asdict(BootstrapConfig(task=task, **TASK_DEFAULTS.get(task, {})))
+        (final / "softrl.json").write_text(json.dumps({"config": recipe}))
+        builds.append(task)
+        return final
+
+    monkeypatch.setattr("softrl.bootstrap.bootstrap", fake_bootstrap)
+    report = tmp_path / "report"
+    s = fr.Settings(tmp_path / "runs", kept=report / "frontier-runs.jsonl")
+    assert fr.kept_reference(s) == report / "frontier-reference"
+    fr.install_reference(s)
+    assert builds == ["countdown"] and weights_digest(report / "frontier-reference") == weights_digest(
+        reference_dir("countdown")) is not None
+    shutil.rmtree(tmp_path / "cache")  # another machine: the kept reference is installed, not rebuilt
+    fr.install_reference(s)
+    assert builds == ["countdown"] and (reference_dir("countdown") / "model.safetensors").read_bytes() == b"build 0"
+    config = fr.run_config(s, fr.REGIMES["lag1"], "spo", 1e-4, {"beta": 0.25}, 0)
+    result = {"pass@1": 0.5, "curve": [(0, 0.4, 0.0)]}
+    s.kept.write_text(json.dumps({"key": key(config), "settings": {"seed": 0}, "outcome": result}) + "\n")
+    with pytest.raises(ConfigError, match="was kept with model.weights=None, this benchmark asks model.weights="):
+        outcome(s.kept, config)
+    tiny_base = fr.Settings(tmp_path / "runs", kept=s.kept, extra={"model.path": str(tmp_path / "model")})
+    fr.install_reference(tiny_base)  # a model that is not a bootstrap reference: nothing to install
+    assert builds == ["countdown"]
+
+
+def test_a_method_grid_grows_past_the_edge_its_best_lies_on(tmp_path):
+    """A method whose best tuning point lies at an edge of the learning rates gets the next rung of the
+    1-3-10 ladder there (up to `extend` each way), once every point of its grid finished; inside, nothing."""
+    from softrl.bench.frontier_runs import key
+    from softrl.bench.learning import settings_of
+
+    kept = tmp_path / "kept.jsonl"
+    s = fr.Settings(tmp_path, lrs=(1e-4, 3e-4), extend=1, kept=kept)
+    lag1 = fr.REGIMES["lag1"]
+
+    def finish(method, lr, strength, pass1):
+        config = fr.run_config(s, lag1, method, lr, strength, fr.TUNE_SEED)
+        named = {k: v for k, v in settings_of(config).items() if k == "model.weights"}
+        result = {"pass@1": pass1, "pass@k": [pass1], "kl": 1.0, "curve": [(0, 0.4, 0.0)], "lag": None}
+        with kept.open("a") as f:
+            f.write(json.dumps({"key": key(config), "settings": named, "outcome": result}) + "\n")
+
+    assert fr.method_lrs(s, lag1, "topr", 1) == (1e-4, 3e-4)
+    finish("topr", 1e-4, {}, 0.5)
+    assert fr.method_lrs(s, lag1, "topr", 1) == (1e-4, 3e-4)  # not before the whole grid finished
+    finish("topr", 3e-4, {}, 0.6)
+    assert fr.method_lrs(s, lag1, "topr", 1) == (1e-4, 3e-4, 1e-3)
+    assert [c.optim.lr for c in fr.tuning_plan(s, ["lag1"], ["topr"], 1)] == [1e-4, 3e-4, 1e-3]
+    finish("topr", 1e-3, {}, 0.7)  # the edge again, but it grew once that way already
+    assert fr.method_lrs(s, lag1, "topr", 1) == (1e-4, 3e-4, 1e-3)
+    for lr, strength, pass1 in ((1e-4, {"beta": 0.0869}, 0.4), (1e-4, {"beta": 0.25}, 0.55),
+                                (3e-4, {"beta": 0.0869}, 0.5), (3e-4, {"beta": 0.25}, 0.3)):
+        finish("spo", lr, strength, pass1)
+    assert fr.method_lrs(s, lag1, "spo", 1) == (3e-5, 1e-4, 3e-4)  # its best, at either strength, at the low edge
+    assert fr.regime_result(s, lag1, ["spo", "topr"], 1, 1)["grid_finished"] == "7 of 9"
+    assert fr.choose(fr.grid_points(s, lag1, ["spo", "topr"], 1))["best"]["topr"]["lr"] == 1e-3

@@ -12,10 +12,11 @@ from softrl.cli_bench import TASK_OPT, _choices, _csv, bench_app, run_stage
 from softrl.cli_common import fail, one_line_errors, progress_bar
 
 QUICK = {"regimes": "lag1,lag16,human", "methods": "spo,oapl,grpo-tis,topr", "seeds": 1, "tune_seeds": 1,
-         "steps": 30, "lrs": "1e-4,1e-3", "eval_size": 20, "eval_every": 30, "earlier_steps": 20}
+         "steps": 30, "lrs": "1e-4,1e-3", "extend": 0, "eval_size": 20, "eval_every": 30, "earlier_steps": 20}
 QUICK_TASK = {"task.size": 200, "q0.k": 16}  # Q0 of 1,000 prompts x 32 samples alone would take minutes
 FULL = {"regimes": "lag1,lag4,lag16,lag64,lag256,half,offline,human", "methods": None, "seeds": 4, "tune_seeds": 1,
-        "steps": 300, "lrs": "3e-5,1e-4,3e-4,1e-3", "eval_size": 50, "eval_every": 100, "earlier_steps": 100}
+        "steps": 300, "lrs": "3e-5,1e-4,3e-4", "extend": 1,
+        "eval_size": 50, "eval_every": 100, "earlier_steps": 100}
 
 
 def _floats(option: str, text: str) -> tuple[float, ...]:
@@ -37,7 +38,9 @@ def frontier(
     seeds: int = typer.Option(None, min=1, help="report seeds 0..N-1 (default 4; --quick 1)"),
     tune_seeds: int = typer.Option(None, min=1, help="tuning seeds 100..100+N-1 (default 1)"),
     steps: int = typer.Option(None, min=1, help="learner steps of every run (default 300; --quick 30)"),
-    lrs: str = typer.Option(None, help="the learning-rate grid (default 3e-5,1e-4,3e-4,1e-3; --quick 1e-4,1e-3)"),
+    lrs: str = typer.Option(None, help="the learning-rate grid (default 3e-5,1e-4,3e-4; --quick 1e-4,1e-3)"),
+    extend: int = typer.Option(None, min=0, help="learning rates a method's grid may grow past the edge its best "
+                               "point lies on, each way, one step of the 1-3-10 ladder each (default 1; --quick 0)"),
     prompts: int = typer.Option(8, min=1, help="prompts per step (x 4 samples = the batch)"),
     eval_size: int = typer.Option(None, min=1, help="held-out prompts per evaluation (default 50; --quick 20)"),
     eval_every: int = typer.Option(None, min=1, help="learner steps between evaluations (default 100)"),
@@ -64,7 +67,7 @@ def frontier(
 
     preset = QUICK if quick else FULL
     given = {"regimes": regimes, "methods": methods, "seeds": seeds, "tune_seeds": tune_seeds, "steps": steps,
-             "lrs": lrs, "eval_size": eval_size, "eval_every": eval_every, "earlier_steps": earlier_steps}
+             "lrs": lrs, "extend": extend, "eval_size": eval_size, "eval_every": eval_every, "earlier_steps": earlier_steps}
     o = {k: preset[k] if v is None else v for k, v in given.items()}
     chosen = _choices("--regimes", "regime", o["regimes"], fr.REGIMES, at_least_one=True)
     only = _choices("--methods", "method", o["methods"], fr.METHODS, at_least_one=True) if o["methods"] else None
@@ -72,8 +75,9 @@ def frontier(
         extra = {**(QUICK_TASK if quick else {}), **(read_settings(base) if base is not None else {})}
         stem = f"frontier-{slug(task)}" if task != "countdown" else "frontier"
         s = fr.Settings(runs, task, o["steps"], prompts, 4, o["eval_size"], o["eval_every"], o["earlier_steps"],
-                        _floats("--lrs", o["lrs"]), extra, kept or report / f"{stem}-runs.jsonl")
-        tuning = fr.tuning_plan(s, chosen, only, o["tune_seeds"])
+                        _floats("--lrs", o["lrs"]), o["extend"], extra, kept or report / f"{stem}-runs.jsonl")
+        fr.check_names(chosen, only)
+        fr.install_reference(s)  # before any kept outcome is read: they name its weights
     except (ValueError, ConfigError) as e:
         fail(str(e))
     if not report_only:
@@ -82,7 +86,8 @@ def frontier(
                                                                  description="earlier run (the other policy's data)"))
 
         with progress_bar("setup", total=None) as update, one_line_errors():
-            run_stage(s, tuning, jobs, update, "tuning", pool)
+            for _ in range(fr.tuning_rounds(s)):  # a grid whose best lies on an edge grows there, round by round
+                run_stage(s, fr.tuning_plan(s, chosen, only, o["tune_seeds"]), jobs, update, "tuning", pool)
             for name in chosen:
                 picks = fr.choose(fr.grid_points(s, fr.REGIMES[name], only, o["tune_seeds"]))
                 run_stage(s, fr.report_plan(s, fr.REGIMES[name], {m: [picks["best"][m], picks["matched"][m]]

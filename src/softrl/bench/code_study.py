@@ -20,13 +20,13 @@ JSON line in `kept` (`bench.frontier_runs`), so a study resumes on any machine f
 from __future__ import annotations
 
 import json
-import math
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from softrl.bench import reference
 from softrl.bench.frontier_runs import outcome
-from softrl.bench.learning import base_overrides, final, judged, settings_of, slug
+from softrl.bench.learning import base_overrides, final, judged, ladder_step, settings_of, slug
 from softrl.config import ConfigError, RunConfig, config_from
 
 TASK = "tinycode-loops"
@@ -86,9 +86,7 @@ QUICK = dict(steps=1, lrs=(1e-4, 1e-3), extend=0, seeds=2, eval_size=2, eval_eve
 def reference_dir() -> Path:
     """The bootstrap reference's folder, named by its recipe's key (installed or built by `install_reference`): a
     run names it rather than "bootstrap", so outcomes kept from another recipe's reference are refused."""
-    from softrl.assemble import model_folder
-
-    return Path(model_folder("bootstrap", TASK))
+    return reference.reference_dir(TASK)
 
 
 def kept_reference(s: Settings) -> Path | None:
@@ -97,32 +95,9 @@ def kept_reference(s: Settings) -> Path | None:
 
 
 def install_reference(s: Settings) -> Path:
-    """The runs' reference in the cache (`reference_dir()`). Two builds of one recipe on two machines gave
-    different models (pass@1 at T 1 0.086 and 0.044: the bootstrap's training is not bit-identical
-    across machines), so a study that runs in chunks over several machines keeps its reference beside its
-    kept outcomes and installs it from there; without one, the bootstrap builds it and a copy is kept
-    there (to be committed with the outcomes). A different reference already in the cache is refused."""
-    from softrl.bench.learning import weights_digest
-    from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig, bootstrap
-    from softrl.models.loading import built_once
-
-    final, kept = reference_dir(), kept_reference(s)
-    if kept is None:
-        return bootstrap(TASK)
-    if not (kept / "softrl.json").is_file():
-        bootstrap(TASK)
-        built_once(kept, lambda work: shutil.copytree(final, work))
-        return final
-    recipe = json.loads((kept / "softrl.json").read_text()).get("config")
-    if recipe != asdict(BootstrapConfig(task=TASK, **TASK_DEFAULTS[TASK])):
-        raise ConfigError(f"{kept}: the kept reference was built by another recipe than {TASK}'s today "
-                          f"({final.name}): give another --kept file to start over")
-    built_once(final, lambda work: shutil.copytree(kept, work))
-    if weights_digest(final) != weights_digest(kept):
-        raise ConfigError(f"{final}: this machine's {TASK} reference is not the one the kept outcomes were made with "
-                          f"({kept}; bootstrap training differs across machines): delete {final} to install the kept "
-                          "one, or give another --kept file to start over")
-    return final
+    """The runs' reference in the cache (`reference_dir()`), the one kept beside the kept outcomes
+    (`bench.reference.install`)."""
+    return reference.install(TASK, kept_reference(s))
 
 
 def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
@@ -142,15 +117,6 @@ def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
     })
     overrides.update(s.extra or {})
     return config_from(overrides)
-
-
-def ladder_step(lr: float, up: bool) -> float:
-    """The next learning rate on the 1-3-10 ladder (1e-5, 3e-5, 1e-4, ...) above or below `lr`."""
-    exponent = math.floor(math.log10(lr) + 1e-9)
-    low_rung = lr / 10 ** exponent < 2  # 1eX, else 3eX
-    if up:
-        return float(f"{3 if low_rung else 1}e{exponent if low_rung else exponent + 1}")
-    return float(f"{3 if low_rung else 1}e{exponent - 1 if low_rung else exponent}")
 
 
 def arm_grid(s: Settings, arm: str) -> tuple[list[float], dict[float, float]]:

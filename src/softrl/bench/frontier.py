@@ -23,13 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from softrl.algorithms.common import SPO_BETA
+from softrl.bench import reference
 from softrl.bench.anydata import POOL_SOURCES, prepare_pool
 from softrl.bench.frontier_runs import EVAL_SAMPLES, average, keep, mean, outcome
-from softrl.bench.learning import base_overrides, run_all, slug
+from softrl.bench.learning import base_overrides, ladder_step, run_all, slug
 from softrl.bench.start_eval import SharedStartEval
 from softrl.config import RunConfig, config_from
 
-LRS = (3e-5, 1e-4, 3e-4, 1e-3)  # 3e-5: the baselines' grids reach no KL as low as SPO's without it
+LRS = (3e-5, 1e-4, 3e-4)  # 3e-5: the baselines' grids reach no KL as low as SPO's without it; 1e-3 is reached by
+# growing a grid whose best lies at 3e-4 (`method_lrs`): at lag 1 it was no method's best and 6 of 10 collapsed there
 EARLIER_LR = 2e-4  # the earlier run whose rollouts are the "other policy's" data: anydata's learning rate
 TUNE_SEED = 100  # tuning seeds are 100, 101, ...; report seeds 0, 1, ...
 
@@ -104,12 +106,30 @@ class Settings:
     eval_every: int = 100
     earlier_steps: int = 100
     lrs: tuple[float, ...] = LRS
+    extend: int = 1  # ladder points a method's learning rates may grow past the edge its best point lies on
     extra: dict = field(default_factory=dict)
     kept: Path | None = None  # the finished runs' outcomes, one JSON line each (frontier_runs.keep)
 
     @property
     def where(self) -> Path:
         return self.root / slug(self.task)
+
+
+def kept_reference(s: Settings) -> Path | None:
+    """Where the reference the kept outcomes were made with is kept: beside them (frontier-runs.jsonl:
+    frontier-reference/)."""
+    return s.kept.with_name(s.kept.stem.removesuffix("-runs") + "-reference") if s.kept is not None else None
+
+
+def install_reference(s: Settings) -> None:
+    """The runs' bootstrap reference, the one kept beside the kept outcomes (`bench.reference.install`),
+    before any outcome is read: they name its weights. Nothing for a model that is not a bootstrap reference."""
+    from softrl.assemble import bootstrap_task
+
+    probe = run_config(s, REGIMES["lag1"], "spo", s.lrs[0], {}, TUNE_SEED)
+    task = bootstrap_task(probe.model.path, probe.task.name)
+    if task is not None:
+        reference.install(task, kept_reference(s))
 
 
 def point_name(method: str, lr: float, strength: dict) -> str:
@@ -149,11 +169,45 @@ def check_names(regimes: list[str], methods: list[str] | None) -> None:
             raise ValueError(f"--methods: {name!r} runs in none of the regimes asked ({', '.join(regimes)})")
 
 
+def tuning_outcomes(s: Settings, regime: Regime, method: str, lr: float, strength: dict,
+                    tune_seeds: int) -> list[dict | None]:
+    return [outcome(s.kept, run_config(s, regime, method, lr, strength, TUNE_SEED + k)) for k in range(tune_seeds)]
+
+
+def method_lrs(s: Settings, regime: Regime, method: str, tune_seeds: int) -> tuple[float, ...]:
+    """A method's learning rates in a regime as far as its finished tuning runs decide them: `lrs`, grown one
+    step of the 1-3-10 ladder past the edge where its best point (highest pass@1, averaged over the tuning
+    seeds, over every strength) lies, up to `extend` steps each way; a best inside the grid adds nothing."""
+    lrs, grown = sorted(s.lrs), {False: 0, True: 0}
+    while len(lrs) > 1:
+        scores = []  # (pass@1, lr) of every grid point, once all have finished
+        for lr, strength in grid(method, tuple(lrs)):
+            found = tuning_outcomes(s, regime, method, lr, strength, tune_seeds)
+            if not all(found):
+                return tuple(lrs)
+            scores.append((average(found)["pass@1"], lr))
+        best = max(scores, key=lambda score: (score[0], -score[1]))[1]  # the lower lr on a tie
+        up = best == lrs[-1]
+        if best not in (lrs[0], lrs[-1]) or grown[up] >= s.extend:
+            break
+        grown[up] += 1
+        lrs = sorted([*lrs, ladder_step(best, up)])
+    return tuple(lrs)
+
+
 def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune_seeds: int) -> list[RunConfig]:
-    """Every grid point of every method of every regime, on the tuning seeds; seeds outermost."""
+    """Every grid point of every method of every regime, on the tuning seeds (seeds outermost), as far as
+    the finished runs decide the grids (`method_lrs`); finished runs included, to be skipped. Rerun it after
+    they finish: a method whose best lies on an edge of its learning rates gets one more there."""
     check_names(regimes, methods)
     return [run_config(s, REGIMES[r], m, lr, strength, TUNE_SEED + k) for k in range(tune_seeds) for r in regimes
-            for m in REGIMES[r].methods if methods is None or m in methods for lr, strength in grid(m, s.lrs)]
+            for m in REGIMES[r].methods if methods is None or m in methods
+            for lr, strength in grid(m, method_lrs(s, REGIMES[r], m, tune_seeds))]
+
+
+def tuning_rounds(s: Settings) -> int:
+    """Rounds of `tuning_plan` that settle every grid: each grows a grid by at most one point at each edge."""
+    return 1 + 2 * s.extend
 
 
 def finite(points: list[dict]) -> list[dict]:
@@ -265,8 +319,8 @@ def grid_points(s: Settings, regime: Regime, methods: list[str] | None, tune_see
     """method -> its grid points that finished on every tuning seed, averaged over them."""
     out: dict[str, list[dict]] = {}
     for m in methods_of(regime, methods):
-        for lr, strength in grid(m, s.lrs):
-            done = [outcome(s.kept, run_config(s, regime, m, lr, strength, TUNE_SEED + k)) for k in range(tune_seeds)]
+        for lr, strength in grid(m, method_lrs(s, regime, m, tune_seeds)):
+            done = tuning_outcomes(s, regime, m, lr, strength, tune_seeds)
             if all(done):
                 out.setdefault(m, []).append({"point": point_name(m, lr, strength), "lr": lr, "strength": strength,
                                               **average(done)})
@@ -321,7 +375,7 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
             verdicts.append({"method": ours, "point": mine["point"], "baseline": other, "kl": mine["kl"],
                              "pass@1": mine["pass@1"], "baseline_pass@1": theirs, "margin": mine["pass@1"] - theirs,
                              "along_frontier": along, "baseline_lowest_kl": min(p["kl"] for p in front)})
-    planned = sum(len(grid(m, s.lrs)) for m in methods_of(regime, methods))
+    planned = sum(len(grid(m, method_lrs(s, regime, m, tune_seeds))) for m in methods_of(regime, methods))
     return {"regime": regime.name, "lag": regime.lag if regime.generates else None, "mix": regime.mix,
             "grid_finished": f"{sum(map(len, points.values()))} of {planned}",
             "reference_pass@1": mean([p["pass@1_start"] for ps in points.values() for p in ps]),
@@ -329,5 +383,5 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
             "frontiers": {m: [p["point"] for p in f] for m, f in chosen["frontiers"].items()},
             "best": best, "matched": matched, "against_frontiers": verdicts,
             "settings": {"task": s.task, "steps": s.steps, "rows_per_step": s.prompts * s.samples_per_prompt,
-                         "lrs": list(s.lrs), "tune_seeds": [TUNE_SEED + k for k in range(tune_seeds)],
+                         "lrs": list(s.lrs), "extend": s.extend, "tune_seeds": [TUNE_SEED + k for k in range(tune_seeds)],
                          "report_seeds": list(range(seeds)), "eval_size": s.eval_size}}

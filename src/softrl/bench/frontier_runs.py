@@ -112,6 +112,9 @@ def outcome(path: Path | None, config: RunConfig) -> dict | None:
     if entry is None:
         return None
     differs = difference(entry["settings"], config)
+    if differs is None and "model.weights" not in entry["settings"]:
+        now = settings_of(config).get("model.weights")
+        differs = ("model.weights", None, now) if now else None  # kept before outcomes named their model
     if differs:
         name, before, now = differs
         raise ConfigError(f"{path}: {key(config)} was kept with {name}={before!r}, this benchmark asks "

@@ -69,6 +69,15 @@ def base_overrides(task: str, seed: int, steps: int, lr: float, prompts: int, sa
     }
 
 
+def ladder_step(lr: float, up: bool) -> float:
+    """The next learning rate on the 1-3-10 ladder (1e-5, 3e-5, 1e-4, ...) above or below `lr`."""
+    exponent = math.floor(math.log10(lr) + 1e-9)
+    low_rung = lr / 10 ** exponent < 2  # 1eX, else 3eX
+    if up:
+        return float(f"{3 if low_rung else 1}e{exponent if low_rung else exponent + 1}")
+    return float(f"{3 if low_rung else 1}e{exponent - 1 if low_rung else exponent}")
+
+
 def generated_prompts(rows: int, mix: dict[str, float], samples_per_prompt: int) -> int:
     """Prompts sampled online per step when `rows` rows a step are mixed by `mix`: its online share."""
     return max(1, round(rows * mix.get("online", 0) / sum(mix.values()) / samples_per_prompt))
