@@ -2,11 +2,12 @@
 
 import json
 import math
+import shutil
 
 import pytest
 
-from softrl.bench.learning import (aggregate, check_claims, collect, curves, final, gap_change, method_config,
-                                   paired, run_all)
+from softrl.bench.learning import (WEIGHTS_RECORD, aggregate, check_claims, collect, curves, final, gap_change,
+                                   method_config, paired, run_all, weights_digest)
 from softrl.bench.report import markdown, plot_learning
 
 
@@ -50,8 +51,11 @@ def test_aggregate_and_claims_table(tmp_path):
 
 def test_bench_learning_end_to_end(tiny, tmp_path):
     """Two methods x two seeds on the tiny model: resumable, curves per evaluation, the offline
-    method generates nothing, pass@k before training is the same for every method of a seed."""
-    extra = {"model.path": str(tiny[0]), "task.size": 6, "q0.k": 4, "sampling.max_new_tokens": 8}
+    method generates nothing, pass@k before training is the same for every method of a seed; a finished
+    run made from other weights at the model's path is refused, not reused."""
+    model = tmp_path / "model"  # a copy: rebuilt in place below
+    shutil.copytree(tiny[0], model)
+    extra = {"model.path": str(model), "task.size": 6, "q0.k": 4, "sampling.max_new_tokens": 8}
     configs = [method_config(m, "countdown", s, 2, tmp_path, prompts=2, eval_size=3, eval_every=1, eval_samples=2,
                              extra=extra) for s in (0, 1) for m in ("spo-online", "agro-off")]
     steps = []
@@ -66,6 +70,15 @@ def test_bench_learning_end_to_end(tiny, tmp_path):
     assert [p["samples"] for p in online] == [0, 8, 16] and all(p["samples"] == 0 for p in offline)
     assert online[0]["pass@1"] == offline[0]["pass@1"] and online[0]["kl_to_reference"] == pytest.approx(0, abs=1e-6)
     assert all(p["kl_to_reference"] >= -1e-6 and p["mean_token_entropy"] > 0 for p in online + offline)
+    record = configs[0].run_dir / WEIGHTS_RECORD
+    assert record.read_text() == weights_digest(model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    with pytest.raises(ValueError, match="finished with model.weights='[0-9a-f]+', this benchmark asks model.weights="):
+        run_all(configs)
+    record.unlink()  # a run folder that never recorded its weights: which model it was is not known
+    with pytest.raises(ValueError, match="finished with model.weights=None"):
+        run_all(configs)
 
 
 def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):

@@ -36,8 +36,10 @@ def test_plan_of_each_setting(tmp_path):
 
 
 def test_bench_anydata_end_to_end(tiny, tmp_path):
+    model = tmp_path / "model"  # a copy: rebuilt in place below
+    shutil.copytree(tiny[0], model)
     base = tmp_path / "base.yaml"
-    base.write_text(f"model:\n  path: {tiny[0]}\ntask:\n  size: 6\nq0:\n  k: 4\nsampling:\n  max_new_tokens: 8\n")
+    base.write_text(f"model:\n  path: {model}\ntask:\n  size: 6\nq0:\n  k: 4\nsampling:\n  max_new_tokens: 8\n")
     report = tmp_path / "report"
     args = ["bench", "anydata", "--settings", "half,offline", "--methods", "spo,cispo,topr", "--seeds", "1",
             "--steps", "2", "--earlier-steps", "2", "--eval-size", "3", "--eval-every", "2", "--prompts", "2",
@@ -46,7 +48,7 @@ def test_bench_anydata_end_to_end(tiny, tmp_path):
     assert result.exit_code == 0, result.output
     marker = json.loads((tmp_path / "runs/countdown/pool/pool.json").read_text())
     counts = marker["rows"]
-    assert marker["model.weights"] == weights_digest(tiny[0]) is not None  # the pool names its reference
+    assert marker["model.weights"] == weights_digest(model) is not None  # the pool names its reference
     assert counts["reference"] > 0 and counts["earlier"] == 2 * 2 * 4 and counts["human"] == 6
     pool = ExperienceStore(tmp_path / "runs/countdown/pool").trajectories().to_pylist()
     by_source = {s: [r for r in pool if r["source"] == s] for s in ("reference", "earlier", "human")}
@@ -64,10 +66,8 @@ def test_bench_anydata_end_to_end(tiny, tmp_path):
     assert "cispo/skipped_fraction" in metrics
     again = CliRunner().invoke(app, args)  # finished runs and the pool are reused
     assert again.exit_code == 0 and json.loads((tmp_path / "runs/countdown/pool/pool.json").read_text()) == marker
-    other = tmp_path / "other-build"  # the same model rebuilt elsewhere: other weights at the same path
-    shutil.copytree(tiny[0], other)
-    (other / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\0")
-    base.write_text(base.read_text().replace(str(tiny[0]), str(other)))
+    weights = model / "model.safetensors"  # the same model rebuilt: other weights at the same path
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
     refused = CliRunner().invoke(app, [*args, "--seeds", "2"])
     assert refused.exit_code != 0 and "the pool and the earlier run beside it were made with the reference" \
         in refused.output and "Traceback" not in refused.output

@@ -169,6 +169,11 @@ def test_the_frontier_keeps_its_reference_beside_its_outcomes(tmp_path, monkeypa
     s.kept.write_text(json.dumps({"key": key(config), "settings": {"seed": 0}, "outcome": result}) + "\n")
     with pytest.raises(ConfigError, match="was kept with model.weights=None, this benchmark asks model.weights="):
         outcome(s.kept, config)
+    shutil.rmtree(report / "frontier-reference")  # outcomes whose reference was not committed with them
+    shutil.rmtree(tmp_path / "cache")
+    with pytest.raises(ConfigError, match="holds outcomes but the reference they were made with is not beside them"):
+        fr.install_reference(s)
+    assert builds == ["countdown"]  # no new build kept in its place
     tiny_base = fr.Settings(tmp_path / "runs", kept=s.kept, extra={"model.path": str(tmp_path / "model")})
     fr.install_reference(tiny_base)  # a model that is not a bootstrap reference: nothing to install
     assert builds == ["countdown"]
@@ -203,5 +208,9 @@ def test_a_method_grid_grows_past_the_edge_its_best_lies_on(tmp_path):
                                 (3e-4, {"beta": 0.0869}, 0.5), (3e-4, {"beta": 0.25}, 0.3)):
         finish("spo", lr, strength, pass1)
     assert fr.method_lrs(s, lag1, "spo", 1) == (3e-5, 1e-4, 3e-4)  # its best, at either strength, at the low edge
+    for lr, pass1 in ((1e-4, math.nan), (3e-4, 0.2), (1e-3, 0.1)):  # a point that diverged is never the best
+        finish("cispo", lr, {"data.objective.cap": 2.0}, pass1)
+        finish("cispo", lr, {"data.objective.cap": 5.0}, 0.1)
+    assert fr.method_lrs(fr.Settings(tmp_path, lrs=(1e-4, 3e-4, 1e-3), kept=kept), lag1, "cispo", 1) == (1e-4, 3e-4, 1e-3)
     assert fr.regime_result(s, lag1, ["spo", "topr"], 1, 1)["grid_finished"] == "7 of 9"
     assert fr.choose(fr.grid_points(s, lag1, ["spo", "topr"], 1))["best"]["topr"]["lr"] == 1e-3

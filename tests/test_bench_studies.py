@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from softrl.bench import agro_sweep, grow
-from softrl.bench.learning import check_same_settings, final, judged
+from softrl.bench.learning import WEIGHTS_RECORD, check_same_settings, final, judged, settings_of
 from softrl.bench.studies import ARMS, STUDIES, check_claims, plan, study_config
 from softrl.cli import app
 from softrl.config import config_from
@@ -61,6 +61,9 @@ def test_finished_run_reused_only_with_its_settings(tmp_path):
     import yaml
 
     (config.run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    weights = settings_of(config).get("model.weights")  # "bootstrap": the cache's build, where there is one
+    if weights:
+        (config.run_dir / WEIGHTS_RECORD).write_text(weights)
     check_same_settings(config)
     other = config_from({"name": "r", "out_dir": str(tmp_path), "optim.lr": 3e-4})
     with pytest.raises(ValueError, match=r"finished with optim.lr=0.0001, this benchmark asks optim.lr=0.0003: give another --runs"):

@@ -144,17 +144,18 @@ def plan(task: str, settings: list[str], seeds: int, root: Path, steps: int, lr:
 def prepare_pool(task: str, root: Path, steps: int, lr: float, prompts: int, samples_per_prompt: int,
                  extra: dict | None = None, on_step=None, log=lambda m: None) -> dict:
     """The earlier run (resumed if killed) and the pool built from it, once; returns rows per source. The
-    pool's marker names the reference's weights: a pool (and earlier run) made with another build of the
-    reference is refused, not reused (`bench.reference`)."""
+    pool's marker names the reference's weights: a pool made with another build of the reference is
+    refused, not reused (`bench.reference`; so is a finished earlier run, by `run_all`)."""
     pool_dir = root / slug(task) / "pool"
     marker = pool_dir / "pool.json"
     earlier = earlier_config(root, task, steps, lr, prompts, samples_per_prompt, extra)
     if marker.is_file():
         made, weights = json.loads(marker.read_text()), settings_of(earlier).get("model.weights")
         if made.get("model.weights") != weights or "rows" not in made:
-            raise ConfigError(f"{pool_dir}: the pool and the earlier run beside it were made with the reference "
-                              f"weights {made.get('model.weights')!r}, these runs have {weights!r}: use another --runs "
-                              f"directory, or delete {root / slug(task)}")
+            was = repr(made["model.weights"]) if "model.weights" in made else "weights it does not name"
+            raise ConfigError(f"{pool_dir}: the pool and the earlier run beside it were made with the reference's "
+                              f"{was}, these runs have {weights!r}: use another --runs directory, or delete "
+                              f"{root / slug(task)}")
         return made["rows"]
     run_all([earlier], on_step=on_step, log=log)
     shutil.rmtree(pool_dir, ignore_errors=True)  # a pool half built when killed

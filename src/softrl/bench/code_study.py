@@ -97,7 +97,7 @@ def kept_reference(s: Settings) -> Path | None:
 def install_reference(s: Settings) -> Path:
     """The runs' reference in the cache (`reference_dir()`), the one kept beside the kept outcomes
     (`bench.reference.install`)."""
-    return reference.install(TASK, kept_reference(s))
+    return reference.install(TASK, kept_reference(s), s.kept)
 
 
 def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:

@@ -129,7 +129,7 @@ def install_reference(s: Settings) -> None:
     probe = run_config(s, REGIMES["lag1"], "spo", s.lrs[0], {}, TUNE_SEED)
     task = bootstrap_task(probe.model.path, probe.task.name)
     if task is not None:
-        reference.install(task, kept_reference(s))
+        reference.install(task, kept_reference(s), s.kept)
 
 
 def point_name(method: str, lr: float, strength: dict) -> str:
@@ -180,13 +180,16 @@ def method_lrs(s: Settings, regime: Regime, method: str, tune_seeds: int) -> tup
     seeds, over every strength) lies, up to `extend` steps each way; a best inside the grid adds nothing."""
     lrs, grown = sorted(s.lrs), {False: 0, True: 0}
     while len(lrs) > 1:
-        scores = []  # (pass@1, lr) of every grid point, once all have finished
+        scores = []  # every grid point, once all have finished
         for lr, strength in grid(method, tuple(lrs)):
             found = tuning_outcomes(s, regime, method, lr, strength, tune_seeds)
             if not all(found):
                 return tuple(lrs)
-            scores.append((average(found)["pass@1"], lr))
-        best = max(scores, key=lambda score: (score[0], -score[1]))[1]  # the lower lr on a tie
+            scores.append({"lr": lr, **average(found)})
+        usable = finite(scores)
+        if not usable:
+            break
+        best = max(usable, key=lambda p: p["pass@1"])["lr"]  # as `tuned` chooses: the first (lower lr) on a tie
         up = best == lrs[-1]
         if best not in (lrs[0], lrs[-1]) or grown[up] >= s.extend:
             break
@@ -206,8 +209,9 @@ def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune
 
 
 def tuning_rounds(s: Settings) -> int:
-    """Rounds of `tuning_plan` that settle every grid: each grows a grid by at most one point at each edge."""
-    return 1 + 2 * s.extend
+    """Rounds of `tuning_plan` that settle every grid: each grows a grid by at most one point, and a grid
+    grows one way only (a new point that is not the best leaves the best inside)."""
+    return 1 + s.extend
 
 
 def finite(points: list[dict]) -> list[dict]:
@@ -375,11 +379,12 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
             verdicts.append({"method": ours, "point": mine["point"], "baseline": other, "kl": mine["kl"],
                              "pass@1": mine["pass@1"], "baseline_pass@1": theirs, "margin": mine["pass@1"] - theirs,
                              "along_frontier": along, "baseline_lowest_kl": min(p["kl"] for p in front)})
-    planned = sum(len(grid(m, method_lrs(s, regime, m, tune_seeds))) for m in methods_of(regime, methods))
+    lrs = {m: method_lrs(s, regime, m, tune_seeds) for m in methods_of(regime, methods)}
+    planned = sum(len(grid(m, lrs[m])) for m in lrs)
     return {"regime": regime.name, "lag": regime.lag if regime.generates else None, "mix": regime.mix,
             "grid_finished": f"{sum(map(len, points.values()))} of {planned}",
             "reference_pass@1": mean([p["pass@1_start"] for ps in points.values() for p in ps]),
-            "sources": list(regime.sources), "grid": points, "target_kl": chosen["target_kl"],
+            "sources": list(regime.sources), "method_lrs": {m: list(v) for m, v in lrs.items()}, "grid": points, "target_kl": chosen["target_kl"],
             "frontiers": {m: [p["point"] for p in f] for m, f in chosen["frontiers"].items()},
             "best": best, "matched": matched, "against_frontiers": verdicts,
             "settings": {"task": s.task, "steps": s.steps, "rows_per_step": s.prompts * s.samples_per_prompt,

@@ -28,8 +28,11 @@ def _lag(p: dict | None) -> str:
 
 def markdown(result: dict) -> str:
     s = result["settings"]
+    grown = {m: lrs for m, lrs in result.get("method_lrs", {}).items() if lrs != s["lrs"]}
+    growth = (f" (grown one rung past an edge where a method's best lay: "
+              f"{', '.join(f'{m} {lrs}' for m, lrs in grown.items())})" if grown else "")
     lines = [f"# Frontier, {s['task']}, regime {result['regime']}", "",
-             f"{s['steps']} learner steps x {s['rows_per_step']} rows; learning rates {s['lrs']}; each method's grid "
+             f"{s['steps']} learner steps x {s['rows_per_step']} rows; learning rates {s['lrs']}{growth}; each method's grid "
              f"tuned on seed(s) {s['tune_seeds']}, reported on seeds {s['report_seeds']} (mean ± sd); pass@k on "
              f"{s['eval_size']} held-out prompts x 20 samples (T 0.4, top-p 0.95). Common KL (median of the best "
              f"points' KL): {_f(result['target_kl'])}. Grid points finished: {result['grid_finished']}. The "

@@ -101,6 +101,9 @@ def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr:
     return config_from(overrides)
 
 
+WEIGHTS_RECORD = "model-weights.txt"  # in a finished run's folder: the digest of the weights it started from
+
+
 def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], None] | None = None,
             log: Callable[[str], None] = lambda m: None, before: Callable[[RunConfig], None] | None = None,
             after: Callable[[RunConfig], None] | None = None, shared=None) -> None:
@@ -119,6 +122,9 @@ def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], 
             before(config)
         train(config, on_step=(lambda r, i=i, c=config: on_step(i, c, r)) if on_step else None, log=log,
               start_eval=shared.for_run(config) if shared is not None else None)
+        weights = settings_of(config).get("model.weights")  # after training: a bootstrap may be built by it
+        if weights:
+            (config.run_dir / WEIGHTS_RECORD).write_text(weights)
         if after is not None:
             after(config)
 
@@ -172,7 +178,8 @@ def difference(before: dict, config: RunConfig) -> tuple[str, object, object] | 
 
 
 def check_same_settings(config: RunConfig) -> None:
-    """A finished run is reused only if it ran with `config`'s settings (keys both versions know)."""
+    """A finished run is reused only if it ran with `config`'s settings (keys both versions know) and, where
+    the model is a folder, from the same weights (its `WEIGHTS_RECORD`; a folder without one is refused)."""
     import yaml
 
     from softrl.config import flatten
@@ -181,6 +188,11 @@ def check_same_settings(config: RunConfig) -> None:
     if not saved.is_file():
         return
     differs = difference({".".join(k): v for k, v in flatten(yaml.safe_load(saved.read_text()) or {})}, config)
+    now = settings_of(config).get("model.weights")
+    record = config.run_dir / WEIGHTS_RECORD
+    before = record.read_text().strip() if record.is_file() else None
+    if differs is None and now and before != now:  # a folder path's model rebuilt (or one never recorded)
+        differs = ("model.weights", before, now)
     if differs:
         name, before, now = differs
         raise ValueError(f"{config.run_dir} finished with {name}={before!r}, this benchmark asks "

@@ -25,10 +25,11 @@ def reference_dir(task: str) -> Path:
     return Path(model_folder("bootstrap", task))
 
 
-def install(task: str, kept: Path | None) -> Path:
+def install(task: str, kept: Path | None, outcomes: Path | None = None) -> Path:
     """`task`'s bootstrap reference in the cache, the one kept in `kept`: installed from there, or, when
     nothing is kept yet, built (or found in the cache) and copied there. Refuses a kept reference of
-    another recipe than today's, and a different model already in the cache (one line naming both)."""
+    another recipe than today's, a different model already in the cache (one line naming both), and kept
+    `outcomes` (a file with lines) with no reference beside them: a new build would not be theirs."""
     from softrl.bench.learning import weights_digest
     from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig, bootstrap
     from softrl.models.loading import built_once
@@ -37,6 +38,9 @@ def install(task: str, kept: Path | None) -> Path:
     if kept is None:
         return bootstrap(task)
     if not (kept / "softrl.json").is_file():
+        if outcomes is not None and outcomes.is_file() and outcomes.read_text().strip():
+            raise ConfigError(f"{outcomes} holds outcomes but the reference they were made with is not beside them "
+                              f"({kept}): restore that folder, or give another --kept file to start over")
         bootstrap(task)
         built_once(kept, lambda work: shutil.copytree(final, work))
         return final
@@ -48,5 +52,5 @@ def install(task: str, kept: Path | None) -> Path:
     if weights_digest(final) != weights_digest(kept):
         raise ConfigError(f"{final}: this machine's {task} reference is not the one the kept outcomes were made with "
                           f"({kept}; bootstrap training differs across machines): delete {final} to install the kept "
-                          "one, or give another --kept file to start over")
+                          "one (runs made with it are then refused), or give another --kept file to start over")
     return final
