@@ -213,4 +213,4 @@ def test_a_method_grid_grows_past_the_edge_its_best_lies_on(tmp_path):
         finish("cispo", lr, {"data.objective.cap": 5.0}, 0.1)
     assert fr.method_lrs(fr.Settings(tmp_path, lrs=(1e-4, 3e-4, 1e-3), kept=kept), lag1, "cispo", 1) == (1e-4, 3e-4, 1e-3)
     assert fr.regime_result(s, lag1, ["spo", "topr"], 1, 1)["grid_finished"] == "7 of 9"
-    assert fr.choose(fr.grid_points(s, lag1, ["spo", "topr"], 1))["best"]["topr"]["lr"] == 1e-3
+    assert fr.choose(fr.grid_points(s, lag1, fr.regime_lrs(s, lag1, ["spo", "topr"], 1), 1))["best"]["topr"]["lr"] == 1e-3

@@ -2,6 +2,7 @@
 AGRO, reuse of finished runs only with the same settings, and the growing store end to end."""
 
 import json
+import math
 import shutil
 
 import pytest
@@ -271,8 +272,24 @@ def test_a_code_arm_grid_grows_past_the_edge_its_best_lies_on(tmp_path, monkeypa
     # 1e-5 is best now, on the new edge, but the grid grows once: it is the choice, 3e-6 is never run
     assert tuned["spo-online"]["lr"] == 1e-5 and lrs("spo-online") == [1e-5, 3e-5, 1e-4, 3e-4]
     assert tuned["grpo"]["lr"] == 3e-4 and tuned["ppo"]["lr"] == 1e-4
-    assert [cs.ladder_step(lr, up) for lr, up in ((1e-4, True), (3e-4, True), (1e-4, False), (3e-5, False))] == [
+
+
+def test_a_learning_rate_grid_grows_only_where_its_finished_scores_say(tmp_path):
+    """The one rule both the code study and the frontier grow their grids by (`grown_lrs`)."""
+    from softrl.bench.learning import grown_lrs, ladder_step
+
+    assert [ladder_step(lr, up) for lr, up in ((1e-4, True), (3e-4, True), (1e-4, False), (3e-5, False))] == [
         3e-4, 1e-3, 3e-5, 1e-5]
+    table = {1e-5: 0.3, 3e-5: 0.2, 1e-4: 0.2, 3e-4: math.nan, 1e-3: 0.9}
+    scores = lambda lrs: {lr: table[lr] for lr in lrs} if all(lr in table for lr in lrs) else None  # noqa: E731
+    # a collapsed (NaN) top edge is never the best; the tie (0.2, 0.2) would go to the lower rate
+    assert grown_lrs((3e-5, 1e-4, 3e-4), 1, scores)[0] == [1e-5, 3e-5, 1e-4, 3e-4]
+    assert grown_lrs((3e-5, 1e-4, 3e-4), 0, scores)[0] == [3e-5, 1e-4, 3e-4]
+    assert grown_lrs((1e-4,), 2, scores) == ([1e-4], {1e-4: 0.2})  # one rate: no edge to read
+    assert grown_lrs((1e-4, 3e-4, 1e-3), 2, scores)[0] == [1e-4, 3e-4, 1e-3, 3e-3]  # not run yet:
+    assert grown_lrs((1e-4, 3e-4, 1e-3), 2, scores)[1] is None  # unfinished, it stops there
+    table[3e-5] = 0.4
+    assert grown_lrs((3e-5, 1e-4, 3e-4), 3, scores)[0] == [1e-5, 3e-5, 1e-4, 3e-4]  # the new point is not best
 
 
 def test_code_tuning_runs_in_rounds_until_every_grid_settles(tmp_path, monkeypatch):
@@ -293,7 +310,7 @@ def test_code_tuning_runs_in_rounds_until_every_grid_settles(tmp_path, monkeypat
 
     chosen = cs.tune(cs.Settings(tmp_path, extend=2), ["spo-online", "ppo"], train)
     assert rounds[0] == sorted((arm, lr) for arm in ("spo-online", "ppo") for lr in (3e-5, 1e-4, 3e-4))
-    assert rounds[1:] == [[("spo-online", 1e-5)], [("spo-online", 3e-6)], [], []]
+    assert rounds[1:] == [[("spo-online", 1e-5)], [("spo-online", 3e-6)]]  # 1 + extend rounds settle it
     assert chosen["spo-online"]["lr"] == 3e-6 and chosen["ppo"]["lr"] == 1e-4
     assert sorted(chosen["spo-online"]["grid"]) == [3e-6, 1e-5, 3e-5, 1e-4, 3e-4]
 

@@ -89,7 +89,8 @@ def frontier(
             for _ in range(fr.tuning_rounds(s)):  # a grid whose best lies on an edge grows there, round by round
                 run_stage(s, fr.tuning_plan(s, chosen, only, o["tune_seeds"]), jobs, update, "tuning", pool)
             for name in chosen:
-                picks = fr.choose(fr.grid_points(s, fr.REGIMES[name], only, o["tune_seeds"]))
+                lrs = fr.regime_lrs(s, fr.REGIMES[name], only, o["tune_seeds"])
+                picks = fr.choose(fr.grid_points(s, fr.REGIMES[name], lrs, o["tune_seeds"]))
                 run_stage(s, fr.report_plan(s, fr.REGIMES[name], {m: [picks["best"][m], picks["matched"][m]]
                                                                   for m in picks["best"]}, o["seeds"]),
                           jobs, update, f"{name}: report seeds", pool)

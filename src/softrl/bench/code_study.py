@@ -26,7 +26,7 @@ from pathlib import Path
 
 from softrl.bench import reference
 from softrl.bench.frontier_runs import outcome
-from softrl.bench.learning import base_overrides, final, judged, ladder_step, settings_of, slug
+from softrl.bench.learning import base_overrides, final, judged, grown_lrs, settings_of, slug
 from softrl.config import ConfigError, RunConfig, config_from
 
 TASK = "tinycode-loops"
@@ -119,20 +119,13 @@ def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
     return config_from(overrides)
 
 
-def arm_grid(s: Settings, arm: str) -> tuple[list[float], dict[float, float]]:
-    """An arm's tuning grid as far as its finished runs decide it, and their final pass@1 by lr: `lrs`, grown
-    one ladder step past the edge where the best finished point lies (up to `extend` steps each way)."""
-    lrs, grown = sorted(s.lrs), {False: 0, True: 0}
-    while True:
+def arm_grid(s: Settings, arm: str) -> tuple[list[float], dict[float, float] | None]:
+    """An arm's tuning grid as far as its finished runs decide it (`grown_lrs`), and their final pass@1 by lr
+    once all finished."""
+    def scores(lrs):
         done = {lr: c[-1]["pass@1"] for lr in lrs if (c := curve(s, run_config(s, arm, lr, TUNE_SEED)))}
-        if len(done) < len(lrs):
-            return lrs, done
-        best = max(lrs, key=lambda lr: done[lr])  # the lower lr on a tie
-        up = best == lrs[-1] and len(lrs) > 1
-        if best not in (lrs[0], lrs[-1]) or grown[up] >= s.extend:
-            return lrs, done
-        grown[up] += 1
-        lrs = sorted([*lrs, ladder_step(best, up)])
+        return done if len(done) == len(lrs) else None
+    return grown_lrs(s.lrs, s.extend, scores)
 
 
 def tuning_plan(s: Settings, arms: list[str]) -> list[RunConfig]:
@@ -143,9 +136,9 @@ def tuning_plan(s: Settings, arms: list[str]) -> list[RunConfig]:
 
 def tune(s: Settings, arms: list[str], run) -> dict[str, dict]:
     """Every arm's tuning runs, in rounds (`run(configs)` trains a round's runs still to train): a round
-    grows each grid whose best lies on an edge by one point, so `1 + 2 * extend` rounds settle every
-    grid. Returns `tuned_lrs`."""
-    for _ in range(1 + 2 * s.extend):
+    grows each grid whose best lies on an edge by one point, one way only (`grown_lrs`), so `1 + extend`
+    rounds settle every grid. Returns `tuned_lrs`."""
+    for _ in range(1 + s.extend):
         run(tuning_plan(s, arms))
     return tuned_lrs(s, arms)
 
@@ -162,7 +155,7 @@ def tuned_lrs(s: Settings, arms: list[str]) -> dict[str, dict]:
     out = {}
     for arm in arms:
         lrs, grid = arm_grid(s, arm)
-        if len(grid) == len(lrs):
+        if grid is not None:
             out[arm] = {"lr": max(lrs, key=lambda lr: grid[lr]), "grid": grid}
     return out
 

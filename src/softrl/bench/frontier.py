@@ -26,7 +26,7 @@ from softrl.algorithms.common import SPO_BETA
 from softrl.bench import reference
 from softrl.bench.anydata import POOL_SOURCES, prepare_pool
 from softrl.bench.frontier_runs import EVAL_SAMPLES, average, keep, mean, outcome
-from softrl.bench.learning import base_overrides, ladder_step, run_all, slug
+from softrl.bench.learning import base_overrides, grown_lrs, run_all, slug
 from softrl.bench.start_eval import SharedStartEval
 from softrl.config import RunConfig, config_from
 
@@ -175,27 +175,18 @@ def tuning_outcomes(s: Settings, regime: Regime, method: str, lr: float, strengt
 
 
 def method_lrs(s: Settings, regime: Regime, method: str, tune_seeds: int) -> tuple[float, ...]:
-    """A method's learning rates in a regime as far as its finished tuning runs decide them: `lrs`, grown one
-    step of the 1-3-10 ladder past the edge where its best point (highest pass@1, averaged over the tuning
-    seeds, over every strength) lies, up to `extend` steps each way; a best inside the grid adds nothing."""
-    lrs, grown = sorted(s.lrs), {False: 0, True: 0}
-    while len(lrs) > 1:
-        scores = []  # every grid point, once all have finished
-        for lr, strength in grid(method, tuple(lrs)):
-            found = tuning_outcomes(s, regime, method, lr, strength, tune_seeds)
-            if not all(found):
-                return tuple(lrs)
-            scores.append({"lr": lr, **average(found)})
-        usable = finite(scores)
-        if not usable:
-            break
-        best = max(usable, key=lambda p: p["pass@1"])["lr"]  # as `tuned` chooses: the first (lower lr) on a tie
-        up = best == lrs[-1]
-        if best not in (lrs[0], lrs[-1]) or grown[up] >= s.extend:
-            break
-        grown[up] += 1
-        lrs = sorted([*lrs, ladder_step(best, up)])
-    return tuple(lrs)
+    """A method's learning rates in a regime as far as its finished tuning runs decide them (`grown_lrs`),
+    each rate scored by its best point over every strength (pass@1 averaged over the tuning seeds; finite
+    points only, as `tuned` chooses)."""
+    def scores(lrs):
+        out = {}
+        for lr in lrs:
+            found = [tuning_outcomes(s, regime, method, lr, strength, tune_seeds) for strength in METHODS[method].strengths]
+            if not all(map(all, found)):
+                return None
+            out[lr] = max((p["pass@1"] for p in finite([average(f) for f in found])), default=math.nan)
+        return out
+    return tuple(grown_lrs(s.lrs, s.extend, scores)[0])
 
 
 def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune_seeds: int) -> list[RunConfig]:
@@ -209,8 +200,7 @@ def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune
 
 
 def tuning_rounds(s: Settings) -> int:
-    """Rounds of `tuning_plan` that settle every grid: each grows a grid by at most one point, and a grid
-    grows one way only (a new point that is not the best leaves the best inside)."""
+    """Rounds of `tuning_plan` that settle every grid (`grown_lrs`)."""
     return 1 + s.extend
 
 
@@ -319,11 +309,17 @@ def methods_of(regime: Regime, methods: list[str] | None) -> list[str]:
     return [m for m in regime.methods if methods is None or m in methods]
 
 
-def grid_points(s: Settings, regime: Regime, methods: list[str] | None, tune_seeds: int) -> dict[str, list[dict]]:
-    """method -> its grid points that finished on every tuning seed, averaged over them."""
+def regime_lrs(s: Settings, regime: Regime, methods: list[str] | None, tune_seeds: int) -> dict[str, tuple[float, ...]]:
+    """method -> its learning rates in `regime` so far (`method_lrs`)."""
+    return {m: method_lrs(s, regime, m, tune_seeds) for m in methods_of(regime, methods)}
+
+
+def grid_points(s: Settings, regime: Regime, lrs: dict[str, tuple[float, ...]], tune_seeds: int) -> dict[str, list[dict]]:
+    """method -> its grid points (over its `lrs`, see `method_lrs`) that finished on every tuning seed,
+    averaged over them."""
     out: dict[str, list[dict]] = {}
-    for m in methods_of(regime, methods):
-        for lr, strength in grid(m, method_lrs(s, regime, m, tune_seeds)):
+    for m, rates in lrs.items():
+        for lr, strength in grid(m, rates):
             done = tuning_outcomes(s, regime, m, lr, strength, tune_seeds)
             if all(done):
                 out.setdefault(m, []).append({"point": point_name(m, lr, strength), "lr": lr, "strength": strength,
@@ -361,7 +357,8 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
     """Everything the report of one regime shows: the grid on tuning seeds, the choices, and the report
     seeds at each method's best and matched points; SPO's and AGRO's place against every baseline's
     frontier at their matched KL."""
-    points = grid_points(s, regime, methods, tune_seeds)
+    lrs = regime_lrs(s, regime, methods, tune_seeds)
+    points = grid_points(s, regime, lrs, tune_seeds)
     chosen = choose(points)
     best = {m: reported(s, regime, p, m, seeds) for m, p in chosen["best"].items()}
     matched = {m: reported(s, regime, p, m, seeds) for m, p in chosen["matched"].items()}
@@ -379,7 +376,6 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
             verdicts.append({"method": ours, "point": mine["point"], "baseline": other, "kl": mine["kl"],
                              "pass@1": mine["pass@1"], "baseline_pass@1": theirs, "margin": mine["pass@1"] - theirs,
                              "along_frontier": along, "baseline_lowest_kl": min(p["kl"] for p in front)})
-    lrs = {m: method_lrs(s, regime, m, tune_seeds) for m in methods_of(regime, methods)}
     planned = sum(len(grid(m, lrs[m])) for m in lrs)
     return {"regime": regime.name, "lag": regime.lag if regime.generates else None, "mix": regime.mix,
             "grid_finished": f"{sum(map(len, points.values()))} of {planned}",

@@ -78,6 +78,27 @@ def ladder_step(lr: float, up: bool) -> float:
     return float(f"{3 if low_rung else 1}e{exponent - 1 if low_rung else exponent}")
 
 
+def grown_lrs(lrs, extend: int, scores) -> tuple[list[float], dict[float, float] | None]:
+    """A learning-rate grid as far as its finished runs decide it, and its scores: `lrs`, grown one step of the
+    1-3-10 ladder past the edge where the best score lies (the lower lr on a tie; non-finite scores never
+    best), up to `extend` steps each way. A best inside the grid, or a grid of one rate (no edge to read),
+    adds nothing. A grid grows one way only (a new rate that is not the best leaves the best inside), so
+    1 + extend rounds of runs settle it. `scores(lrs)` gives lr -> score once every rate finished, else None
+    (returned as is)."""
+    lrs, grown = sorted(lrs), {False: 0, True: 0}
+    while True:
+        found = scores(lrs)
+        usable = sorted(lr for lr, v in (found or {}).items() if math.isfinite(v))
+        if len(lrs) < 2 or not usable:
+            return lrs, found
+        best = max(usable, key=found.get)  # the first, lower lr on a tie
+        up = best == lrs[-1]
+        if best not in (lrs[0], lrs[-1]) or grown[up] >= extend:
+            return lrs, found
+        grown[up] += 1
+        lrs = sorted([*lrs, ladder_step(best, up)])
+
+
 def generated_prompts(rows: int, mix: dict[str, float], samples_per_prompt: int) -> int:
     """Prompts sampled online per step when `rows` rows a step are mixed by `mix`: its online share."""
     return max(1, round(rows * mix.get("online", 0) / sum(mix.values()) / samples_per_prompt))
@@ -169,9 +190,10 @@ def _digest(files: tuple[tuple[str, int, int], ...]) -> str:
     return digest.hexdigest()
 
 
-def difference(before: dict, config: RunConfig) -> tuple[str, object, object] | None:
-    """The first setting (on the keys both know) where `before` differs from `config`: (key, before, now)."""
-    for name, value in settings_of(config).items():
+def difference(before: dict, now: dict) -> tuple[str, object, object] | None:
+    """The first setting (on the keys both know) where `before` differs from `now` (`settings_of` both):
+    (key, before, now)."""
+    for name, value in now.items():
         if name in before and not _same(before[name], value):
             return name, before[name], value
     return None
@@ -187,8 +209,9 @@ def check_same_settings(config: RunConfig) -> None:
     saved = config.run_dir / "config.yaml"
     if not saved.is_file():
         return
-    differs = difference({".".join(k): v for k, v in flatten(yaml.safe_load(saved.read_text()) or {})}, config)
-    now = settings_of(config).get("model.weights")
+    settings = settings_of(config)
+    differs = difference({".".join(k): v for k, v in flatten(yaml.safe_load(saved.read_text()) or {})}, settings)
+    now = settings.get("model.weights")
     record = config.run_dir / WEIGHTS_RECORD
     before = record.read_text().strip() if record.is_file() else None
     if differs is None and now and before != now:  # a folder path's model rebuilt (or one never recorded)
