@@ -286,6 +286,7 @@ def test_a_learning_rate_grid_grows_only_where_its_finished_scores_say(tmp_path)
     assert grown_lrs((3e-5, 1e-4, 3e-4), 1, scores)[0] == [1e-5, 3e-5, 1e-4, 3e-4]
     assert grown_lrs((3e-5, 1e-4, 3e-4), 0, scores)[0] == [3e-5, 1e-4, 3e-4]
     assert grown_lrs((1e-4,), 2, scores) == ([1e-4], {1e-4: 0.2})  # one rate: no edge to read
+    assert grown_lrs((1e-4, 1e-4), 1, scores) == ([1e-4], {1e-4: 0.2})  # a repeated one is one rate
     assert grown_lrs((1e-4, 3e-4, 1e-3), 2, scores)[0] == [1e-4, 3e-4, 1e-3, 3e-3]  # not run yet:
     assert grown_lrs((1e-4, 3e-4, 1e-3), 2, scores)[1] is None  # unfinished, it stops there
     table[3e-5] = 0.4

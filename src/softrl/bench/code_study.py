@@ -20,6 +20,7 @@ JSON line in `kept` (`bench.frontier_runs`), so a study resumes on any machine f
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,8 +156,9 @@ def tuned_lrs(s: Settings, arms: list[str]) -> dict[str, dict]:
     out = {}
     for arm in arms:
         lrs, grid = arm_grid(s, arm)
-        if grid is not None:
-            out[arm] = {"lr": max(lrs, key=lambda lr: grid[lr]), "grid": grid}
+        usable = [lr for lr in lrs if grid is not None and math.isfinite(grid[lr])]
+        if usable:  # as `grown_lrs` chooses
+            out[arm] = {"lr": max(usable, key=grid.get), "grid": grid}
     return out
 
 

@@ -111,9 +111,10 @@ def outcome(path: Path | None, config: RunConfig) -> dict | None:
     entry = kept(path).get(key(config))
     if entry is None:
         return None
-    differs = difference(entry["settings"], settings_of(config))
+    settings = settings_of(config)
+    differs = difference(entry["settings"], settings)
     if differs is None and "model.weights" not in entry["settings"]:
-        now = settings_of(config).get("model.weights")
+        now = settings.get("model.weights")
         differs = ("model.weights", None, now) if now else None  # kept before outcomes named their model
     if differs:
         name, before, now = differs

@@ -85,7 +85,7 @@ def grown_lrs(lrs, extend: int, scores) -> tuple[list[float], dict[float, float]
     adds nothing. A grid grows one way only (a new rate that is not the best leaves the best inside), so
     1 + extend rounds of runs settle it. `scores(lrs)` gives lr -> score once every rate finished, else None
     (returned as is)."""
-    lrs, grown = sorted(lrs), {False: 0, True: 0}
+    lrs, grown = sorted(set(lrs)), {False: 0, True: 0}  # a repeated rate would read as both edges
     while True:
         found = scores(lrs)
         usable = sorted(lr for lr, v in (found or {}).items() if math.isfinite(v))
