@@ -158,3 +158,18 @@ def test_unknown_options_are_named():
                      token_reduction="max")
     with pytest.raises(ValueError, match="eps"):
         spo.log_prob_bce(logp, torch.ones_like(logp), eps=0.0)
+
+
+def test_spo_logs_the_passed_rows_its_terminal_loss_lifts_no_higher():
+    """`spo/passed_at_cap`: passed rows whose pi/pi0 reached 1/S (Q_T >= 0) get no gradient from the
+    terminal BCE; the others, and every failed row, do. By hand: S = 0.25, so the cap is log-ratio log 4."""
+    beta, q0 = 0.1, torch.full((4,), 0.1 * math.log(0.25))  # Q0 = beta log S (no failure term: tiny)
+    log_ratio = torch.tensor([2.0, 1.0, 2.0, -1.0])  # rows 0 and 2 above log 4 = 1.386
+    reward = torch.tensor([0.0, 0.0, -1.0, -1.0])  # rows 0, 1 passed
+    logp = (log_ratio[:, None] / 2).expand(4, 2).clone().requires_grad_(True)
+    ref, mask = torch.zeros(4, 2), torch.ones(4, 2)
+    loss, metrics = spo.spo_loss(logp, ref, mask, reward, q0, beta)
+    assert metrics["spo/passed_at_cap"].item() == pytest.approx(0.25)  # row 0 only, of 4 rows
+    loss.backward()
+    lifted = logp.grad.abs().sum(-1)
+    assert lifted[0] == 0 and (lifted[1:] > 0).all()

@@ -230,6 +230,9 @@ def spo_loss(
     per_trajectory = torch.stack(list(parts.values())).sum(0)  # [B]
     metrics = {f"loss/{k}": reduce(v, weights).detach() for k, v in parts.items()}
     metrics["spo/q_terminal_minus_r"] = reduce((q[:, -1] - reward).abs().detach(), weights)
+    # passed rows at their target, Q_T >= 0 (pi/pi0 >= 1/S): the terminal loss lifts them no higher, so the
+    # pass rate grows only through the successes not sampled yet and the failures pushed down
+    metrics["spo/passed_at_cap"] = reduce(((q[:, -1].detach() >= 0) & (reward >= 0)).to(q.dtype), weights)
     if loss == "bce":  # failed rows whose Q_T/beta is past the clip: BCE's straight-through gradient there is ~1/eps
         past = (q[:, -1].detach() / beta > -eps) & (reward < 0)
         metrics["spo/failed_past_clip"] = reduce(past.to(q.dtype), weights)
