@@ -18,14 +18,15 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     s = fr.Settings(tmp_path, steps=10)
     plan = fr.tuning_plan(s, ["lag64", "human"], None, 2)
     lrs = len(fr.LRS)
-    per_seed = 9 * 2 * lrs + lrs + (3 * 2 * lrs + lrs)  # lag64: 9 methods x 2 strengths, topr; human: 3 and topr
+    per_seed = 10 * 2 * lrs + lrs + (4 * 2 * lrs + lrs)  # lag64: 10 methods x 2 strengths, topr; human: 4 and topr
     assert len(plan) == 2 * per_seed and len({c.run_dir for c in plan}) == len(plan)
     lagged = [c for c in plan if Path(c.out_dir).name == "lag64"]
     assert {c.runtime.policy_lag for c in lagged} == {64} and all(c.data.mix == {"online": 1.0} for c in lagged)
     assert {c.seed for c in plan} == {100, 101}  # tuning seeds, apart from the report seeds 0..
     human = [c for c in plan if Path(c.out_dir).name == "human"]
     assert all(c.data.offline_sources == ["human"] and not c.generates and c.runtime.policy_lag == 0 for c in human)
-    spo = [c for c in lagged if c.data.objective.algorithm == "spo"]
+    spo = [c for c in lagged if c.data.objective.algorithm == "spo"]  # spo, spo-is and spo-sq
+    assert {c.data.objective.loss for c in spo} == {"bce", "squared"}
     assert sorted({(c.optim.lr, round(c.beta, 4)) for c in spo}) == [(lr, b) for lr in fr.LRS for b in (0.0869, 0.25)]
     m2po = [c for c in lagged if c.data.objective.algorithm == "m2po"]
     assert {c.data.objective.tau for c in m2po} == {0.04, 0.2}

@@ -85,7 +85,8 @@ def plot(result: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    pairs = plt.get_cmap("tab20").colors  # 10 hues, dark then light: more methods than the default 10 colours
+    colors = pairs[0::2] + pairs[1::2]
     for i, (m, points) in enumerate(result["grid"].items()):
         c = colors[i % len(colors)]
         left.scatter([p["kl"] for p in points], [p["pass@1"] for p in points], color=c, s=14, alpha=0.5)
