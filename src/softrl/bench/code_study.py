@@ -20,14 +20,13 @@ JSON line in `kept` (`bench.frontier_runs`), so a study resumes on any machine f
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from softrl.bench import reference
 from softrl.bench.frontier_runs import outcome
-from softrl.bench.learning import base_overrides, final, judged, grown_lrs, settings_of, slug
+from softrl.bench.learning import base_overrides, best_lr, final, judged, grown_lrs, settings_of, slug
 from softrl.config import ConfigError, RunConfig, config_from
 
 TASK = "tinycode-loops"
@@ -155,10 +154,9 @@ def tuned_lrs(s: Settings, arms: list[str]) -> dict[str, dict]:
     the arms whose grid is finished."""
     out = {}
     for arm in arms:
-        lrs, grid = arm_grid(s, arm)
-        usable = [lr for lr in lrs if grid is not None and math.isfinite(grid[lr])]
-        if usable:  # as `grown_lrs` chooses
-            out[arm] = {"lr": max(usable, key=grid.get), "grid": grid}
+        _, grid = arm_grid(s, arm)
+        if grid is not None and (best := best_lr(grid)) is not None:  # as `grown_lrs` chooses
+            out[arm] = {"lr": best, "grid": grid}
     return out
 
 

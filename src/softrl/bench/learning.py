@@ -88,15 +88,20 @@ def grown_lrs(lrs, extend: int, scores) -> tuple[list[float], dict[float, float]
     lrs, grown = sorted(set(lrs)), {False: 0, True: 0}  # a repeated rate would read as both edges
     while True:
         found = scores(lrs)
-        usable = sorted(lr for lr, v in (found or {}).items() if math.isfinite(v))
-        if len(lrs) < 2 or not usable:
+        best = best_lr(found or {})
+        if len(lrs) < 2 or best is None:
             return lrs, found
-        best = max(usable, key=found.get)  # the first, lower lr on a tie
         up = best == lrs[-1]
         if best not in (lrs[0], lrs[-1]) or grown[up] >= extend:
             return lrs, found
         grown[up] += 1
         lrs = sorted([*lrs, ladder_step(best, up)])
+
+
+def best_lr(scores: dict[float, float]) -> float | None:
+    """The learning rate with the highest finite score (the lower one on a tie); None if no score is finite."""
+    usable = sorted(lr for lr, v in scores.items() if math.isfinite(v))
+    return max(usable, key=scores.get) if usable else None
 
 
 def generated_prompts(rows: int, mix: dict[str, float], samples_per_prompt: int) -> int:
