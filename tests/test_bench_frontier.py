@@ -39,6 +39,22 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
         fr.tuning_plan(s, ["lag1"], ["ppo"], 1)
 
 
+def test_a_base_objective_merges_into_each_methods_own(tmp_path):
+    """A --base that sets objective options (the diagnosis's `eps`, `is_correction`) changes those in every
+    method's objective and no others; applied as a whole section it once replaced spo-sq's objective with
+    BCE SPO's, under spo-sq's name."""
+    base = {"data": {"objective": {"is_correction": "sequence_truncate"}, "offline_passed_only": True}}
+    s = fr.Settings(tmp_path, steps=10, extra=base)
+    sq = fr.run_config(s, fr.REGIMES["lag64"], "spo-sq", 1e-4, {"beta": 0.25}, 0)
+    assert (sq.data.objective.loss, sq.data.objective.is_correction) == ("squared", "sequence_truncate")
+    assert sq.data.offline_passed_only and sq.beta == 0.25  # the rest of the base still applies over the run's
+    dotted = fr.Settings(tmp_path, steps=10, extra={"data.objective": {"eps": 0.1}})
+    spo = fr.run_config(dotted, fr.REGIMES["lag1"], "spo", 1e-4, {}, 0).data.objective
+    assert (spo.loss, spo.eps, spo.is_correction) == ("bce", 0.1, "none")
+    squared = fr.Settings(tmp_path, steps=10, extra={"data": {"objective": {"loss": "squared"}}})
+    assert fr.run_config(squared, fr.REGIMES["lag1"], "spo", 1e-4, {}, 0).data.objective.loss == "squared"
+
+
 def test_frontier_best_and_matched_points():
     points = {"a": [{"point": "a1", "kl": 0.1, "pass@1": 0.40}, {"point": "a2", "kl": 0.5, "pass@1": 0.38},
                     {"point": "a3", "kl": 1.0, "pass@1": 0.60}],

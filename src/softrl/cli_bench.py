@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from softrl.bench.learning import METHODS
-from softrl.cli_common import DEVICE_OPT, err, fail, one_line_errors, progress_bar
+from softrl.cli_common import BASE_OPT, DEVICE_OPT, err, fail, one_line_errors, progress_bar
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the papers' claims), anydata (stale, mixed and fixed data) and systems (speed, memory).")
 
@@ -46,7 +46,7 @@ def learning(
     prompts: int = PROMPTS_OPT,
     eval_size: int = EVAL_SIZE_OPT,
     eval_every: int = EVAL_EVERY_OPT,
-    base: Path = typer.Option(None, help="YAML of run settings under every method's (model, task options, ...)"),
+    base: Path = BASE_OPT,
     runs: Path = typer.Option(Path("runs/bench"), help="where the runs (and their store) go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/bench/report"), help="where the table, JSON and PNG go"),
     as_json: bool = typer.Option(False, "--json", help="print the claims as JSON"),
@@ -96,7 +96,7 @@ def anydata(
     prompts: int = PROMPTS_OPT,
     eval_size: int = EVAL_SIZE_OPT,
     eval_every: int = EVAL_EVERY_OPT,
-    base: Path = typer.Option(None, help="YAML of run settings under every run's (model, task options, ...)"),
+    base: Path = BASE_OPT,
     runs: Path = typer.Option(Path("runs/anydata"), help="where the runs and their stores go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/anydata/report"), help="where the tables, JSON and PNGs go"),
 ) -> None:
@@ -165,7 +165,7 @@ def study(
     jobs: int = typer.Option(1, min=1, help="code: runs at once, each with its share of the CPU threads"),
     kept: Path = typer.Option(None, help="code: the finished runs' outcomes, one JSON line each (default: "
                               "REPORT/study-code-runs.jsonl); a kept run is never retrained"),
-    base: Path = typer.Option(None, help="YAML of run settings under every run's (model, task options, ...)"),
+    base: Path = BASE_OPT,
     runs: Path = typer.Option(Path("runs/studies"), help="where the runs and their stores go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/studies/report"), help="where the tables, JSON and PNGs go"),
 ) -> None:

@@ -16,6 +16,8 @@ out = Console()  # results: tables (plain text when stdout is not a terminal)
 err = Console(stderr=True)  # messages and progress
 JSON_OPT = typer.Option(False, "--json", help="print one JSON object")
 DEVICE_OPT = typer.Option("auto", "--device", help="auto (CUDA when available), cpu, cuda or cuda:N")
+BASE_OPT = typer.Option(None, "--base", help="YAML of settings over every run's (model, task options, ...); "
+                                             "objective options merge into each method's objective")
 
 
 def default_store() -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from softrl.cli_bench import TASK_OPT, _choices, _csv, bench_app, run_stage
-from softrl.cli_common import fail, one_line_errors, progress_bar
+from softrl.cli_common import BASE_OPT, fail, one_line_errors, progress_bar
 
 QUICK = {"regimes": "lag1,lag16,human", "methods": "spo,oapl,grpo-tis,topr", "seeds": 1, "tune_seeds": 1,
          "steps": 30, "lrs": "1e-4,1e-3", "extend": 0, "eval_size": 20, "eval_every": 30, "earlier_steps": 20}
@@ -51,7 +51,7 @@ def frontier(
     jobs: int = typer.Option(1, min=1, max=8, help="runs at once, each with its share of the CPU threads"),
     report_only: bool = typer.Option(False, "--report-only", help="train nothing: report the runs finished so far "
                                      "(a benchmark run in chunks)"),
-    base: Path = typer.Option(None, help="YAML of run settings under every run's (model, task options, ...)"),
+    base: Path = BASE_OPT,
     runs: Path = typer.Option(Path("runs/frontier"), help="where the runs go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/frontier/report"), help="where frontier-REGIME.{md,json,png} go"),
     kept: Path = typer.Option(None, help="the finished runs' outcomes, one JSON line each: a run found there is not "

@@ -20,7 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from softrl.bench.learning import base_overrides, final, judged, run_all, settings_of, slug
+from softrl.bench.learning import base_overrides, final, judged, run_all, settings_of, slug, with_base
 from softrl.config import ConfigError, RunConfig, config_from
 
 SPO = {"algorithm": "spo", "terminal": 1.0, "loss": "bce"}
@@ -73,8 +73,7 @@ def run_config(setting: Setting, method: str, interval: int, seed: int, root: Pa
         overrides.update({"data.offline_sources": POOL_SOURCES, "data.offline_passed_only": False})
     if setting.mix.get("online", 0) and "offline" in setting.mix:  # the same batch of rows, half generated
         overrides["sampling.prompts_per_step"] = max(1, prompts // 2)
-    overrides.update(extra or {})
-    return config_from(overrides)
+    return config_from(with_base(overrides, extra))
 
 
 def earlier_config(root: Path, task: str, steps: int, lr: float, prompts: int, samples_per_prompt: int,
@@ -83,8 +82,7 @@ def earlier_config(root: Path, task: str, steps: int, lr: float, prompts: int, s
     overrides = base_overrides(task, 1000, steps, lr, prompts, samples_per_prompt, 10, steps, 1, extra)
     overrides.update({"name": "earlier", "out_dir": str(root / slug(task)), "data.store": str(root / slug(task) / "store"),
                       "data.mix": {"online": 1.0}, "data.objective": SPO})
-    overrides.update(extra or {})
-    return config_from(overrides)
+    return config_from(with_base(overrides, extra))
 
 
 def build_pool(earlier: RunConfig, pool_dir: Path) -> dict:

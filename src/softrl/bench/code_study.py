@@ -26,7 +26,7 @@ from pathlib import Path
 
 from softrl.bench import reference
 from softrl.bench.frontier_runs import outcome
-from softrl.bench.learning import base_overrides, best_lr, final, judged, grown_lrs, settings_of, slug
+from softrl.bench.learning import base_overrides, best_lr, final, judged, grown_lrs, settings_of, slug, with_base
 from softrl.config import ConfigError, RunConfig, config_from
 
 TASK = "tinycode-loops"
@@ -115,8 +115,7 @@ def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
         # (16 rows) to 3.8-4.0x (250 rows, the evaluation's) hf's speed: docs/MODELS.md
         "sampling.backend": "static",
     })
-    overrides.update(s.extra or {})
-    return config_from(overrides)
+    return config_from(with_base(overrides, s.extra))
 
 
 def arm_grid(s: Settings, arm: str) -> tuple[list[float], dict[float, float] | None]:

@@ -26,7 +26,7 @@ from softrl.algorithms.common import SPO_BETA
 from softrl.bench import reference
 from softrl.bench.anydata import POOL_SOURCES, prepare_pool
 from softrl.bench.frontier_runs import EVAL_SAMPLES, average, keep, mean, outcome
-from softrl.bench.learning import base_overrides, grown_lrs, run_all, slug
+from softrl.bench.learning import base_overrides, grown_lrs, run_all, slug, with_base
 from softrl.bench.start_eval import SharedStartEval
 from softrl.config import RunConfig, config_from
 
@@ -155,9 +155,7 @@ def run_config(s: Settings, regime: Regime, method: str, lr: float, strength: di
     })
     if regime.generates and "offline" in regime.mix:  # the same batch of rows, half of it generated
         overrides["sampling.prompts_per_step"] = max(1, s.prompts // 2)
-    overrides.update(s.extra)
-    overrides.update(strength)
-    return config_from(overrides)
+    return config_from({**with_base(overrides, s.extra), **strength})
 
 
 def check_names(regimes: list[str], methods: list[str] | None) -> None:

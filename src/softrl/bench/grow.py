@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from softrl.bench.learning import base_overrides, curves, final, generated_prompts, judged, mean_over_training
+from softrl.bench.learning import base_overrides, curves, final, generated_prompts, judged, mean_over_training, with_base
 from softrl.config import RunConfig, config_from
 
 ROLES = ("A", "baseline", "B", "C", "B-only", "C-only")
@@ -46,8 +46,7 @@ def role_config(role: str, lineage: int, runs: Path, steps: int, later_steps: in
         "sampling.prompts_per_step": generated_prompts(rows, half, 4),
         "data.offline_sources": OFFLINE_SOURCES[role],
     })
-    overrides.update(extra or {})
-    return config_from(overrides)
+    return config_from(with_base(overrides, extra))
 
 
 def base_store(runs: Path) -> Path:

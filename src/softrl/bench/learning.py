@@ -69,6 +69,22 @@ def base_overrides(task: str, seed: int, steps: int, lr: float, prompts: int, sa
     }
 
 
+def with_base(overrides: dict, extra: dict | None) -> dict:
+    """A run's `overrides` with a `--base` file's settings `extra` over them; the base's objective options
+    merge into the run's objective, so a base that sets `is_correction` keeps each method's algorithm and loss
+    (applied as a whole section, it would replace the method's objective)."""
+    extra = dict(extra or {})
+    base_objective = dict(extra.pop("data.objective", None) or {})
+    section = extra.get("data")
+    if isinstance(section, dict) and isinstance(section.get("objective"), dict):
+        base_objective.update(section["objective"])
+        extra["data"] = {k: v for k, v in section.items() if k != "objective"}
+    merged = {**overrides, **extra}
+    if base_objective:
+        merged["data.objective"] = {**overrides.get("data.objective", {}), **base_objective}
+    return merged
+
+
 def ladder_step(lr: float, up: bool) -> float:
     """The next learning rate on the 1-3-10 ladder (1e-5, 3e-5, 1e-4, ...) above or below `lr`."""
     exponent = math.floor(math.log10(lr) + 1e-9)
@@ -123,8 +139,7 @@ def method_config(method: str, task: str, seed: int, steps: int, runs: Path, lr:
     overrides.update(METHODS[method])
     if method in HALF_ONLINE:
         overrides["sampling.prompts_per_step"] = max(1, prompts // 2)
-    overrides.update(extra or {})
-    return config_from(overrides)
+    return config_from(with_base(overrides, extra))
 
 
 WEIGHTS_RECORD = "model-weights.txt"  # in a finished run's folder: the digest of the weights it started from

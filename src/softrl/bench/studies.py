@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from softrl.bench.learning import base_overrides, final, generated_prompts, judged, mean_over_training, slug
+from softrl.bench.learning import base_overrides, final, generated_prompts, judged, mean_over_training, slug, with_base
 from softrl.config import RunConfig, config_from
 
 HALF = {"online": 0.5, "offline": 0.5}
@@ -133,8 +133,7 @@ def study_config(study: Study, arm: str, seed: int, runs: Path, steps: int, lr: 
     overrides.update({"name": f"{arm}-s{seed}", "out_dir": str(runs / slug(study.task)),
                       "data.store": str(runs / slug(study.task) / "store"), **arm_settings})
     overrides["sampling.prompts_per_step"] = generated_prompts(rows, overrides["data.mix"], group)
-    overrides.update(extra or {})
-    return config_from(overrides)
+    return config_from(with_base(overrides, extra))
 
 
 def plan(study: Study, seeds: int, runs: Path, steps: int, lr: float, rows: int, eval_size: int,
