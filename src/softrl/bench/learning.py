@@ -74,7 +74,7 @@ def with_base(overrides: dict, extra: dict | None) -> dict:
     merge into the run's objective, so a base that sets `is_correction` keeps each method's algorithm and loss
     (applied as a whole section, it would replace the method's objective)."""
     extra = dict(extra or {})
-    base_objective = dict(extra.pop("data.objective", None) or {})
+    base_objective = dict(extra.pop("data.objective")) if isinstance(extra.get("data.objective"), dict) else {}
     section = extra.get("data")
     if isinstance(section, dict) and isinstance(section.get("objective"), dict):
         base_objective.update(section["objective"])
