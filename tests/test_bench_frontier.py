@@ -18,7 +18,7 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     s = fr.Settings(tmp_path, steps=10)
     plan = fr.tuning_plan(s, ["lag64", "human"], None, 2)
     lrs = len(fr.LRS)
-    per_seed = 10 * 2 * lrs + lrs + (4 * 2 * lrs + lrs)  # lag64: 10 methods x 2 strengths, topr; human: 4 and topr
+    per_seed = 10 * 2 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 10 methods x 2 strengths, topr; human: 2 and topr
     assert len(plan) == 2 * per_seed and len({c.run_dir for c in plan}) == len(plan)
     lagged = [c for c in plan if Path(c.out_dir).name == "lag64"]
     assert {c.runtime.policy_lag for c in lagged} == {64} and all(c.data.mix == {"online": 1.0} for c in lagged)

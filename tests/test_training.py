@@ -420,6 +420,21 @@ def test_empty_offline_sources(tiny, tmp_path):
     assert any("online samples only" in m for m in said)
 
 
+def test_a_grouped_objective_refuses_an_offline_pool_without_groups(tiny, tmp_path):
+    """Known solutions hold one row a prompt: AGRO and KL-PG, which compare a prompt's responses, found no
+    group and ended the first step in 'every source is empty'; the run now refuses at setup, saying why."""
+    from softrl.runtime.local import train
+
+    seed_store(tmp_path)
+    for algorithm in ("agro-off", "kl-pg"):
+        config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
+            "data.mix": "{offline: 1}", "data.objective.algorithm": algorithm, "name": algorithm}))
+        with pytest.raises(ConfigError, match=rf"^data.objective: {algorithm} learns from groups of "
+                                              r"sampling.samples_per_prompt = 2 responses to a prompt, and no "
+                                              r"prompt of the offline pool \(6 trajectories\) has 2"):
+            train(config, log=lambda m: None)
+
+
 def test_a_run_refuses_stored_token_ids_outside_the_model_vocabulary(tiny, tmp_path):
     """A stored row whose token ids (of the run's tokenizer) go beyond the model's embeddings ended the
     first step in an index error: the run refuses it before, naming store, row, prompt, id and vocabulary."""

@@ -91,7 +91,8 @@ REGIMES: dict[str, Regime] = {
     **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE, lag=k) for k in LAGS},
     "half": Regime("half", {"online": 0.5, "offline": 0.5}, STALE, sources=tuple(POOL_SOURCES)),
     "offline": Regime("offline", {"offline": 1.0}, (*STALE, "kl-pg"), lag=0, sources=("earlier",)),
-    "human": Regime("human", {"offline": 1.0}, ("spo", "spo-sq", "agro-off", "kl-pg", "topr"), lag=0, sources=("human",)),
+    # one known solution a prompt: AGRO, KL-PG and the group methods have no group to compare, nor mu to weigh
+    "human": Regime("human", {"offline": 1.0}, ("spo", "spo-sq", "topr"), lag=0, sources=("human",)),
 }
 
 

@@ -84,6 +84,7 @@ class DataFeed:
             sources[source] = pool
             if registry.get(cfg.objective_for(source).algorithm).min_group:
                 sources[source] = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
+                self._refuse_groupless(source, sources[source], cfg.mix)
             self.log(f"{source} pool: {len(pool)} trajectories")
             self._refuse_unusable(source, checked)
             if source == "offline":
@@ -96,6 +97,16 @@ class DataFeed:
             self.log(f"warning: no trajectories for {where}; training on online samples only")
             return None
         return MixtureSampler(sources, wanted, seed=self.config.seed)
+
+    def _refuse_groupless(self, source: str, sampler: GroupSampler, mix: dict) -> None:
+        """Refused: the only source of a run whose objective learns from groups holds no group (known
+        solutions: one row a prompt), which would end the first step in an empty batch."""
+        if len(sampler.pool) and not sampler.prompts and all(w <= 0 for k, w in mix.items() if k != source):
+            algorithm = self.config.data.objective_for(source).algorithm
+            raise ConfigError(f"data.objective: {algorithm} learns from groups of sampling.samples_per_prompt = "
+                              f"{sampler.n} responses to a prompt, and no prompt of the {source} pool "
+                              f"({len(sampler.pool)} trajectories) has {sampler.n}: lower it, add responses, "
+                              "or choose an objective without groups (spo, topr)")
 
     def _refuse_unusable(self, source: str, rows: list[dict]) -> None:
         """Refused: a row the model cannot be fed (token ids outside its vocabulary, no prompt)."""
