@@ -40,17 +40,23 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
 
 
 def test_a_base_objective_merges_into_each_methods_own(tmp_path):
-    """A --base that sets objective options (the diagnosis's `eps`, `is_correction`) changes those in every
-    method's objective and no others; applied as a whole section it once replaced spo-sq's objective with
-    BCE SPO's, under spo-sq's name."""
+    """A --base that sets objective options (the diagnosis's `eps`, `is_correction`) changes those in each
+    method's objective (a method without such an option is refused when its config is built) and no others;
+    applied as a whole section it once replaced spo-sq's objective with BCE SPO's, under spo-sq's name."""
     base = {"data": {"objective": {"is_correction": "sequence_truncate"}, "offline_passed_only": True}}
     s = fr.Settings(tmp_path, steps=10, extra=base)
     sq = fr.run_config(s, fr.REGIMES["lag64"], "spo-sq", 1e-4, {"beta": 0.25}, 0)
     assert (sq.data.objective.loss, sq.data.objective.is_correction) == ("squared", "sequence_truncate")
     assert sq.data.offline_passed_only and sq.beta == 0.25  # the rest of the base still applies over the run's
-    dotted = fr.Settings(tmp_path, steps=10, extra={"data.objective": {"eps": 0.1}})
-    spo = fr.run_config(dotted, fr.REGIMES["lag1"], "spo", 1e-4, {}, 0).data.objective
-    assert (spo.loss, spo.eps, spo.is_correction) == ("bce", 0.1, "none")
+    dotted = fr.Settings(tmp_path, steps=10, extra={"data.objective": {"eps": 0.1}})  # what read_settings gives
+    objective = fr.run_config(dotted, fr.REGIMES["lag1"], "spo-sq", 1e-4, {}, 0).data.objective
+    assert (objective.loss, objective.eps, objective.is_correction) == ("squared", 0.1, "none")
+    leaf = fr.Settings(tmp_path, steps=10, extra={"data.objective": {"is_correction": "sequence_truncate"},
+                                                  "data.objective.eps": 0.1})
+    assert fr.run_config(leaf, fr.REGIMES["lag1"], "spo-sq", 1e-4, {}, 0).data.objective.eps == 0.1
+    renamed = fr.Settings(tmp_path, steps=10, extra={"data.objective": {"algorithm": "topr"}})
+    with pytest.raises(ValueError, match="^--base: data.objective.algorithm=topr would run every method as topr"):
+        fr.run_config(renamed, fr.REGIMES["lag1"], "agro-off", 1e-4, {}, 0)
     squared = fr.Settings(tmp_path, steps=10, extra={"data": {"objective": {"loss": "squared"}}})
     assert fr.run_config(squared, fr.REGIMES["lag1"], "spo", 1e-4, {}, 0).data.objective.loss == "squared"
 

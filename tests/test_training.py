@@ -430,9 +430,15 @@ def test_a_grouped_objective_refuses_an_offline_pool_without_groups(tiny, tmp_pa
         config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
             "data.mix": "{offline: 1}", "data.objective.algorithm": algorithm, "name": algorithm}))
         with pytest.raises(ConfigError, match=rf"^data.objective: {algorithm} learns from groups of "
-                                              r"sampling.samples_per_prompt = 2 responses to a prompt, and no "
-                                              r"prompt of the offline pool \(6 trajectories\) has 2"):
+                                              r"sampling.samples_per_prompt = 2 responses to a prompt \(at least "
+                                              r"2\), and no prompt of the offline pool has 2: add responses"):
             train(config, log=lambda m: None)
+    said = []  # with an online share the run goes on, on its online samples, and says so
+    mixed = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
+        "data.mix": "{online: 0.5, offline: 0.5}", "data.objective.algorithm": "agro-off", "name": "mixed",
+        "optim.steps": 1}))
+    assert train(mixed, log=said.append)["steps"] == 1
+    assert any("no prompt of the offline pool has 2; training on the other sources only" in m for m in said)
 
 
 def test_a_run_refuses_stored_token_ids_outside_the_model_vocabulary(tiny, tmp_path):

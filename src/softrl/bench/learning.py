@@ -79,10 +79,14 @@ def with_base(overrides: dict, extra: dict | None) -> dict:
     if isinstance(section, dict) and isinstance(section.get("objective"), dict):
         base_objective.update(section["objective"])
         extra["data"] = {k: v for k, v in section.items() if k != "objective"}
-    merged = {**overrides, **extra}
-    if base_objective:
-        merged["data.objective"] = {**overrides.get("data.objective", {}), **base_objective}
-    return merged
+    own = overrides.get("data.objective", {})
+    if "algorithm" in base_objective and own.get("algorithm", base_objective["algorithm"]) != base_objective["algorithm"]:
+        raise ValueError(f"--base: data.objective.algorithm={base_objective['algorithm']} would run every method as "
+                         f"{base_objective['algorithm']} under its own name; leave the algorithm to the benchmark")
+    merged = dict(overrides)
+    if base_objective:  # before the base's other keys, so that a dotted `data.objective.eps` still lands on it
+        merged["data.objective"] = {**own, **base_objective}
+    return {**merged, **extra}
 
 
 def ladder_step(lr: float, up: bool) -> float:

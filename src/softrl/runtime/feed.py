@@ -34,6 +34,13 @@ def pinned_snapshot(config: RunConfig, store: ExperienceStore) -> Snapshot | Non
         raise ConfigError(f"data.store_version: {e}") from None
 
 
+def drawable(source) -> int:
+    """Rows a mixture source can give: a pool's rows, a group sampler's only where a prompt has a group."""
+    if isinstance(source, GroupSampler):
+        return len(source.pool) if source.prompts else 0
+    return len(source)
+
+
 class DataFeed:
     """Built from the run's config, store, training task, Q0 (prompt id -> soft value at the run's
     beta) and tokenizer, and the model's number of token ids (`vocab_size`: stored rows' token ids
@@ -84,29 +91,35 @@ class DataFeed:
             sources[source] = pool
             if registry.get(cfg.objective_for(source).algorithm).min_group:
                 sources[source] = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
-                self._refuse_groupless(source, sources[source], cfg.mix)
             self.log(f"{source} pool: {len(pool)} trajectories")
             self._refuse_unusable(source, checked)
             if source == "offline":
                 self._say_unmatched(len(pool))
-        if not any(len(getattr(src, "pool", src)) for src in sources.values()):
+        groupless = [name for name, src in sources.items() if isinstance(src, GroupSampler) and len(src.pool)
+                     and not src.prompts]  # rows, but no prompt with a whole group of them (known solutions: one)
+        online = cfg.mix.get("online", 0) > 0
+        if groupless and (online or any(drawable(src) for src in sources.values())):
+            self.log(f"warning: {self._no_groups(groupless[0])}; training on the other sources only")
+        if not any(drawable(src) for src in sources.values()):
             where = f"{', '.join(wanted)} in {cfg.store}"
-            if cfg.mix.get("online", 0) <= 0:
+            if groupless and not online:
+                raise ConfigError(f"{self._no_groups(groupless[0])}: add responses to it, or choose an objective "
+                                  "without groups (spo, topr)")
+            if not online:
                 raise ConfigError(f"data.mix: no trajectories for {where} and no online share: import data "
                                   "(softrl data import), run softrl q0, or give online a weight")
-            self.log(f"warning: no trajectories for {where}; training on online samples only")
+            if not groupless:
+                self.log(f"warning: no trajectories for {where}; training on online samples only")
             return None
         return MixtureSampler(sources, wanted, seed=self.config.seed)
 
-    def _refuse_groupless(self, source: str, sampler: GroupSampler, mix: dict) -> None:
-        """Refused: the only source of a run whose objective learns from groups holds no group (known
-        solutions: one row a prompt), which would end the first step in an empty batch."""
-        if len(sampler.pool) and not sampler.prompts and all(w <= 0 for k, w in mix.items() if k != source):
-            algorithm = self.config.data.objective_for(source).algorithm
-            raise ConfigError(f"data.objective: {algorithm} learns from groups of sampling.samples_per_prompt = "
-                              f"{sampler.n} responses to a prompt, and no prompt of the {source} pool "
-                              f"({len(sampler.pool)} trajectories) has {sampler.n}: lower it, add responses, "
-                              "or choose an objective without groups (spo, topr)")
+    def _no_groups(self, source: str) -> str:
+        """Why a source whose objective learns from groups gives nothing: no prompt has a whole group."""
+        cfg, n = self.config.data, self.config.sampling.samples_per_prompt
+        key = f"data.objectives.{source}" if source in cfg.objectives else "data.objective"
+        algorithm = cfg.objective_for(source).algorithm
+        return (f"{key}: {algorithm} learns from groups of sampling.samples_per_prompt = {n} responses to a "
+                f"prompt (at least {registry.get(algorithm).min_group}), and no prompt of the {source} pool has {n}")
 
     def _refuse_unusable(self, source: str, rows: list[dict]) -> None:
         """Refused: a row the model cannot be fed (token ids outside its vocabulary, no prompt)."""
