@@ -35,7 +35,8 @@ def pinned_snapshot(config: RunConfig, store: ExperienceStore) -> Snapshot | Non
 
 
 def drawable(source) -> int:
-    """Rows a mixture source can give: a pool's rows, a group sampler's only where a prompt has a group."""
+    """Rows a mixture source can give: a pool's rows, a group sampler's only where a prompt has a group
+    (rows but no whole group of any prompt: known solutions, one a prompt)."""
     if isinstance(source, GroupSampler):
         return len(source.pool) if source.prompts else 0
     return len(source)
@@ -95,12 +96,11 @@ class DataFeed:
             self._refuse_unusable(source, checked)
             if source == "offline":
                 self._say_unmatched(len(pool))
-        groupless = [name for name, src in sources.items() if isinstance(src, GroupSampler) and len(src.pool)
-                     and not src.prompts]  # rows, but no prompt with a whole group of them (known solutions: one)
-        online = cfg.mix.get("online", 0) > 0
-        if groupless and (online or any(drawable(src) for src in sources.values())):
+        groupless = [name for name, src in sources.items() if len(getattr(src, "pool", src)) and not drawable(src)]
+        online, usable = cfg.mix.get("online", 0) > 0, any(drawable(src) for src in sources.values())
+        if groupless and (online or usable):
             self.log(f"warning: {self._no_groups(groupless[0])}; training on the other sources only")
-        if not any(drawable(src) for src in sources.values()):
+        if not usable:
             where = f"{', '.join(wanted)} in {cfg.store}"
             if groupless and not online:
                 raise ConfigError(f"{self._no_groups(groupless[0])}: add responses to it, or choose an objective "
