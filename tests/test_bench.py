@@ -91,9 +91,10 @@ def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
     assert len(rows) == 4 and all(len(r["response_tokens"]) == 8 for r in rows)  # fixed work: EOS never drawn
     rows_file = tmp_path / "rows.json"
     rows_file.write_text(json.dumps(rows, default=str))
-    def step(method: str, checkpointing: bool = False) -> dict:
+    def step(method: str, checkpointing: bool = False, micro_batch_tokens: int = 0) -> dict:
         return in_fresh_process("learner_step_from_file", method=method, model_path=directory, rows_file=rows_file,
-                                samples_per_prompt=2, steps=2, device="cpu", checkpointing=checkpointing)
+                                samples_per_prompt=2, steps=2, device="cpu", checkpointing=checkpointing,
+                                micro_batch_tokens=micro_batch_tokens)
 
     learner = {m: step(m) for m in ("spo", "ppo")}
     for r in learner.values():
@@ -105,6 +106,10 @@ def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
     assert spo["forward_tokens"] <= spo["padded_tokens"]
     checkpointed = step("spo", checkpointing=True)
     assert checkpointed["first_loss"] == pytest.approx(learner["spo"]["first_loss"], rel=1e-5)
+    # one group (2 rows) a micro-batch: the same loss, in two passes (the 1B learner on a GPU needs them)
+    micro = step("spo", micro_batch_tokens=spo["padded_tokens"] // 2)
+    assert micro["micro_batch_tokens"] == spo["padded_tokens"] // 2
+    assert micro["first_loss"] == pytest.approx(learner["spo"]["first_loss"], rel=1e-5)
     peak = matmul_peak_flops(n=256, reps=2)
     assert peak > 1e6
     settings = runtime_settings(tmp_path, "sync", "countdown", 2, 2, 2, **{
@@ -125,6 +130,21 @@ def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
               "ratios": {"async_over_sync": ratio["median"]}}
     table = systems_markdown(result)
     assert "| softrl-sync | 2 |" in table and "async_over_sync" in table and "fixed work" in table
+
+
+def test_a_failed_step_names_the_frame_that_raised():
+    from softrl.bench.systems import failure
+
+    traceback = """Traceback (most recent call last):
+  File "/x/softrl/runtime/local.py", line 66, in _produce
+    made = self._generate()
+  File "/x/torch/_inductor/cudagraph_trees.py", line 327, in get_obj
+    assert torch._C._is_key_in_tls(attr_name)
+AssertionError"""
+    assert failure(traceback) == ('AssertionError (File "/x/torch/_inductor/cudagraph_trees.py", line 327, '
+                                  'in get_obj)')
+    assert failure("error: CUDA out of memory\n") == "error: CUDA out of memory"
+    assert failure("") == "no output"
 
 
 def test_bench_systems_learner_steps_alternate_round_by_round(tiny, tmp_path):

@@ -2,6 +2,7 @@
 cache): the same contract, exact behaviour log-probs, the same samples for the same seed."""
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from softrl.models.generation import (  # noqa: E402
     HFGenerator, SamplingParams, StaticCacheGenerator, make_generator, temperature_top_p,
 )
 from softrl.models.logprobs import pad_batch, token_logprobs  # noqa: E402
-from softrl.models.static_generation import StaticDecoder  # noqa: E402
+from softrl.models.static_generation import StaticDecoder, cuda_graphs_in_this_thread  # noqa: E402
 
 BACKENDS = ["hf", "static"]
 
@@ -198,6 +199,30 @@ def test_static_cache_is_reused_across_calls_of_one_shape(tiny):
     gen.generate(prompts, SamplingParams(n=4, max_new_tokens=40, seed=7))  # longer: replaces the 8-row cache
     assert set(gen.decoder._caches) == {8, 4} and gen.decoder._caches[8][0] is not cache
     assert gen.decoder._caches[8][0].get_max_length() >= 14 + 40
+
+
+def test_a_generating_thread_gets_its_own_cuda_graph_state():
+    """Before torch 2.13 a graph compiled with CUDA graphs failed a bare assert in any thread but the one
+    that imported inductor's graph trees (pytorch#123177): async generation's thread. The seam gives a
+    thread its own state, once; the CUDA half of this is tests/test_gpu.py."""
+    from torch._inductor import cudagraph_trees
+
+    main = cudagraph_trees.get_obj(cudagraph_trees.local, "tree_manager_containers")
+    seen = {}
+
+    def worker():
+        seen["before"] = torch._C._is_key_in_tls("tree_manager_containers")
+        cuda_graphs_in_this_thread()
+        seen["after"] = torch._C._is_key_in_tls("tree_manager_containers")
+        own = cudagraph_trees.get_obj(cudagraph_trees.local, "tree_manager_containers")
+        cuda_graphs_in_this_thread()  # a second call keeps the state the first made
+        seen["own"] = own is not main and own is torch._C._get_obj_in_tls("tree_manager_containers")
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == {"before": False, "after": True, "own": True}
+    assert cudagraph_trees.get_obj(cudagraph_trees.local, "tree_manager_containers") is main
 
 
 def test_make_generator_picks_a_backend_by_name(tiny):

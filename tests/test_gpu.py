@@ -79,6 +79,33 @@ def test_behaviour_logprobs_on_cuda_match_a_fresh_forward(tiny, backend, dtype, 
                 assert abs(fresh[b, start + t - 1, token].item() - logp) < tol * max(1.0, abs(logp))
 
 
+def test_compiled_generation_runs_in_a_second_thread(tiny):
+    """A decode compiled with CUDA graphs in this thread, then the same in another (async generation's):
+    torch before 2.13 failed a bare assert there (pytorch#123177; an async run on the 0.5B model hit it,
+    2026-11-27). Same seed, same samples."""
+    import threading
+
+    from softrl.models.generation import SamplingParams, StaticCacheGenerator
+
+    _, model, tokenizer = tiny
+    generator = StaticCacheGenerator(copy.deepcopy(model).to("cuda").eval(), tokenizer, compile=True)
+    params = SamplingParams(n=2, max_new_tokens=12, seed=3)
+    here = generator.generate([[5, 6, 7], [8, 9]], params)
+    there = {}
+
+    def worker():
+        try:
+            there["samples"] = generator.generate([[5, 6, 7], [8, 9]], params)
+        except BaseException as e:  # noqa: BLE001 - the test's thread reports it
+            there["error"] = repr(e)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert "error" not in there, there.get("error")
+    assert [s.tokens for s in there["samples"]] == [s.tokens for s in here]
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_run_trains_on_cuda(tiny, tmp_path, mode):
     from softrl.runtime.local import train

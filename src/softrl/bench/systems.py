@@ -144,8 +144,9 @@ def batch_rows(model_path: str, task: str, prompts: int, samples_per_prompt: int
 
 
 def learner_setup(method: str, model_path: str, rows: list[dict], samples_per_prompt: int, store: str,
-                  device: str = "auto", checkpointing: bool = False):
-    """(run, batch): a run of `method` online on `rows`, every prompt's Q0 0.5, and its batch of them."""
+                  device: str = "auto", checkpointing: bool = False, micro_batch_tokens: int = 0):
+    """(run, batch): a run of `method` online on `rows`, every prompt's Q0 0.5, and its batch of them;
+    `micro_batch_tokens` as `optim.micro_batch_tokens` (0: the whole batch in one pass)."""
     from softrl.assemble import Run
     from softrl.config import config_from
     from softrl.runtime.feed import DataFeed
@@ -153,20 +154,22 @@ def learner_setup(method: str, model_path: str, rows: list[dict], samples_per_pr
     config = config_from({"data.objective.algorithm": method, "data.mix": {"online": 1.0}, "model.path": model_path,
                           "data.store": store, "sampling.samples_per_prompt": samples_per_prompt,
                           "optim.warmup_steps": 0, "model.device": device,
-                          "optim.gradient_checkpointing": checkpointing})
+                          "optim.gradient_checkpointing": checkpointing,
+                          "optim.micro_batch_tokens": micro_batch_tokens})
     run = Run(config)
     feed = DataFeed(config, run.store, run.train_task, {r["prompt_id"]: 0.5 for r in rows}, run.tokenizer)
     return run, feed.batch(rows)
 
 
 def learner_step(method: str, model_path: str, rows: list[dict], samples_per_prompt: int, steps: int,
-                 store: str, device: str = "auto", checkpointing: bool = False) -> dict:
+                 store: str, device: str = "auto", checkpointing: bool = False, micro_batch_tokens: int = 0) -> dict:
     """Load the models, take one warm-up step (optimizer state), then time `steps` steps. Memory is
     the peak during all of it: on the CPU the resident size above the process before any model was
     loaded, on CUDA the most memory PyTorch allocated on the device."""
     base = rss_mib()
     peak_was_reset = reset_peak_rss()
-    run, batch = learner_setup(method, model_path, rows, samples_per_prompt, store, device, checkpointing)
+    run, batch = learner_setup(method, model_path, rows, samples_per_prompt, store, device, checkpointing,
+                               micro_batch_tokens)
     cuda = run.placement.device.type == "cuda"
     first = run.learner.step(batch)
     times, split = [], []
@@ -186,7 +189,8 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
     return {"method": method, "step_s": step_s, "peak_mib": peak, "peak_of": "cuda allocated" if cuda else "rss",
             "rows": len(rows), "padded_tokens": padded, "forward_tokens": shared, "params": body + head, "head_params": head, "step_flops": flops,
             "achieved_flops": flops / step_s, "threads": torch.get_num_threads(), "peak_was_reset": peak_was_reset,
-            "first_loss": first["loss"], "checkpointing": checkpointing, "device": str(run.placement.device),
+            "first_loss": first["loss"], "checkpointing": checkpointing, "micro_batch_tokens": micro_batch_tokens,
+            "device": str(run.placement.device),
             "split_s": {k.removeprefix("time/"): median([s[k] for s in split]) for k in split[0]}}
 
 
@@ -206,11 +210,20 @@ def forward_tokens(padded) -> int:
 
 
 def learner_step_from_file(method: str, model_path: str, rows_file: str, samples_per_prompt: int, steps: int,
-                           device: str = "auto", checkpointing: bool = False) -> dict:
+                           device: str = "auto", checkpointing: bool = False, micro_batch_tokens: int = 0) -> dict:
     """`learner_step` on the rows of a JSON file, with its store beside the file."""
     rows = json.loads(Path(rows_file).read_text())
     return learner_step(method, model_path, rows, samples_per_prompt, steps, str(Path(rows_file).parent / "store"),
-                        device, checkpointing)
+                        device, checkpointing, micro_batch_tokens)
+
+
+def release_device_memory() -> None:
+    """Give the blocks PyTorch's caching allocator holds back to the GPU (nothing on the CPU)."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def in_fresh_process(function: str, **kwargs) -> dict | None:
@@ -219,14 +232,22 @@ def in_fresh_process(function: str, **kwargs) -> dict | None:
     out = subprocess.run([sys.executable, "-m", "softrl.bench.systems", function, json.dumps(kwargs, default=str)],
                          capture_output=True, text=True, check=False, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if out.returncode != 0:
-        raise RuntimeError(f"{function} failed: {out.stderr.strip().splitlines()[-1:]}")
+        raise RuntimeError(f"{function} failed: {failure(out.stderr)}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def failure(stderr: str) -> str:
+    """A failed process's error on one line: the last line of its stderr and, after a traceback, the
+    frame that raised it (a bare `AssertionError` names nothing else)."""
+    lines = stderr.strip().splitlines() or ["no output"]
+    frames = [line.strip() for line in lines if line.lstrip().startswith('File "')]
+    return lines[-1] + (f" ({frames[-1]})" if frames else "")
 
 
 def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts: int = 16, samples_per_prompt: int = 4,
                 max_new_tokens: int = 24, timed_steps: int = 10, e2e_steps: int = 40, ray_steps: int = 30,
                 trl_steps: int = 20, pairs: int = 3, lr: float = 1e-4, fixed: bool = True, device: str = "auto",
-                checkpointing: bool = False, trl_generation: tuple[str, ...] = ("dynamic",),
+                checkpointing: bool = False, micro_batch_tokens: int = 0, trl_generation: tuple[str, ...] = ("dynamic",),
                 modes: tuple[str, ...] = ("sync", "async"), phase=lambda name: None,
                 on_progress=lambda partial: None) -> dict:
     """Each part the set names (learner, e2e, ray, trl): the numbers of the module docstring. e2e and
@@ -246,13 +267,15 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
         rows_file = root / "batch.json"
         rows_file.write_text(json.dumps(batch_rows(model_path, task, prompts, samples_per_prompt, max_new_tokens,
                                                    fixed=fixed, device=device), default=str))
+        release_device_memory()  # the steps run in fresh processes: what this one cached would crowd them
         rounds: dict[str, list[dict]] = {m: [] for m in STEP_METHODS}
         for k in range(pairs):  # the methods alternately, round by round, each step in a fresh process
             for method in STEP_METHODS:
                 phase(f"learner step: {method} (round {k + 1} of {pairs})")
                 r = in_fresh_process("learner_step_from_file", method=method, model_path=model_path,
                                      rows_file=rows_file, samples_per_prompt=samples_per_prompt, steps=timed_steps,
-                                     device=device, checkpointing=checkpointing)
+                                     device=device, checkpointing=checkpointing,
+                                     micro_batch_tokens=micro_batch_tokens)
                 rounds[method].append({**r, "of_peak": r["achieved_flops"] / out["matmul_peak_flops"]})
             out["learner"] = {m: median_round(rs) for m, rs in rounds.items() if rs}
             on_progress(out)

@@ -17,6 +17,8 @@ transformers 5 has no `cache_position` argument: a static cache layer tracks its
 
 from __future__ import annotations
 
+import threading
+from collections import defaultdict
 from collections.abc import Callable
 
 import torch
@@ -44,6 +46,21 @@ def _config_dims(config) -> tuple[int, int]:
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return heads, head_dim
+
+
+def cuda_graphs_in_this_thread() -> None:
+    """Give the calling thread its own CUDA-graph trees state. Before torch 2.13 inductor kept that
+    state only in the thread that imported it, and a graph compiled with CUDA graphs that ran in any
+    other thread (async generation's) failed a bare `assert` (pytorch#123177). Later versions do the
+    same as here on their own."""
+    from torch._inductor import cudagraph_trees
+
+    if torch._C._is_key_in_tls("tree_manager_containers"):
+        return
+    local = cudagraph_trees.local
+    local.tree_manager_containers, local.tree_manager_locks = {}, defaultdict(threading.Lock)
+    torch._C._stash_obj_in_tls("tree_manager_containers", local.tree_manager_containers)
+    torch._C._stash_obj_in_tls("tree_manager_locks", local.tree_manager_locks)
 
 
 class StaticDecoder:
@@ -125,6 +142,8 @@ class StaticDecoder:
                pad_id: int, eos_id: int | None, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """`_decode` in the model's own dtype: under an autocast (evaluating fp32 weights in bf16) the
         keys and values would come out in another dtype than the static cache holds."""
+        if self.compiled and self.device.type == "cuda":
+            cuda_graphs_in_this_thread()
         with torch.autocast(self.device.type, enabled=False):
             return self._decode(prompts, n, max_new_tokens, process, pad_id, eos_id, generator)
 
