@@ -80,9 +80,10 @@ def test_behaviour_logprobs_on_cuda_match_a_fresh_forward(tiny, backend, dtype, 
 
 
 def test_compiled_generation_runs_in_a_second_thread(tiny):
-    """A decode compiled with CUDA graphs in this thread, then the same in another (async generation's):
-    torch before 2.13 failed a bare assert there (pytorch#123177; an async run on the 0.5B model hit it,
-    2026-11-27). Same seed, same samples."""
+    """A decode compiled with CUDA graphs in this thread, then one of a new shape in another (async
+    generation's), which records its own graphs: torch before 2.13 failed a bare assert there
+    (pytorch#123177; the likely cause of an async run's failure on the 0.53B model, 2026-11-27). Same
+    seed and shape in either thread, same samples."""
     import threading
 
     from softrl.models.generation import SamplingParams, StaticCacheGenerator
@@ -90,12 +91,13 @@ def test_compiled_generation_runs_in_a_second_thread(tiny):
     _, model, tokenizer = tiny
     generator = StaticCacheGenerator(copy.deepcopy(model).to("cuda").eval(), tokenizer, compile=True)
     params = SamplingParams(n=2, max_new_tokens=12, seed=3)
-    here = generator.generate([[5, 6, 7], [8, 9]], params)
+    generator.generate([[5, 6, 7], [8, 9]], params)  # this thread's graphs (2 prompts)
+    three = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     there = {}
 
     def worker():
         try:
-            there["samples"] = generator.generate([[5, 6, 7], [8, 9]], params)
+            there["samples"] = generator.generate(three, params)  # a shape this thread has not recorded
         except BaseException as e:  # noqa: BLE001 - the test's thread reports it
             there["error"] = repr(e)
 
@@ -103,7 +105,7 @@ def test_compiled_generation_runs_in_a_second_thread(tiny):
     thread.start()
     thread.join()
     assert "error" not in there, there.get("error")
-    assert [s.tokens for s in there["samples"]] == [s.tokens for s in here]
+    assert [s.tokens for s in there["samples"]] == [s.tokens for s in generator.generate(three, params)]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -21,9 +21,9 @@ NEW_TOKENS=${NEW_TOKENS:-128}          # every sample this long: EOS never drawn
 PROMPTS=${PROMPTS:-16}                 # prompts per step, 4 samples each
 STEPS=${STEPS:-8}                      # learner steps of each end-to-end run
 TIMED=${TIMED:-5}                      # timed learner steps per method (after one warm-up)
-# the learner's micro-batches: the whole 64 x ~160-token batch in one pass needed 68 GiB at 1B on an
-# H100 and ran out of memory (2026-11-27); weights and AdamW state, not activations, are what SPO and
-# PPO's peaks compare
+# the learner's micro-batches (the timed steps, and softrl's side of e2e-big): the whole 64 x 170-token
+# batch in one pass needed over 68 GiB at 1B on an H100 and ran out of memory (2026-11-27); weights and
+# AdamW state, not activations, are what SPO and PPO's peaks compare
 MICRO_TOKENS=${MICRO_TOKENS:-2048}
 BATCHES=${BATCHES:-16,64,256}          # generation batch sizes (samples)
 PAIRS=${PAIRS:-3}                      # end-to-end rounds, softrl and TRL alternately
@@ -103,7 +103,10 @@ step() {
       [ "$1" = e2e-mid ] && model=$MID
       [ "$1" = e2e-big ] && model=$BIG
       [ "$1" != e2e-small ] && settings=$TRL_FASTEST modes=$SOFTRL_MODES
+      local micro=0
+      [ "$1" = e2e-big ] && micro=$MICRO_TOKENS
       run_step "$1" 530 "${SYSTEMS[@]}" --model "$model" "${E2E[@]}" --trl-generation "$settings" --modes "$modes" \
+        --micro-batch-tokens "$micro" \
         --runs "$RESULTS/runs/$1" --report "$RESULTS/$1" ;;
     demo) run_step demo 240 "${SOFTRL[@]}" demo --json --steps "$DEMO_STEPS" --device "$DEVICE" --out "$RESULTS/runs/demo" ;;
     learning) run_step learning 530 "${SOFTRL[@]}" bench learning --base benchmarks/smollm2-arithmetic.yaml \

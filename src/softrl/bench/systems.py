@@ -143,6 +143,13 @@ def batch_rows(model_path: str, task: str, prompts: int, samples_per_prompt: int
     return [{**r.to_row(), "mix_source": "online"} for r in rollouts(spec, contexts, samples_per_prompt, seed)]
 
 
+def batch_rows_to_file(rows_file: str, **kwargs) -> dict:
+    """`batch_rows(**kwargs)` written to a JSON file; how many rows."""
+    rows = batch_rows(**kwargs)
+    Path(rows_file).write_text(json.dumps(rows, default=str))
+    return {"rows": len(rows)}
+
+
 def learner_setup(method: str, model_path: str, rows: list[dict], samples_per_prompt: int, store: str,
                   device: str = "auto", checkpointing: bool = False, micro_batch_tokens: int = 0):
     """(run, batch): a run of `method` online on `rows`, every prompt's Q0 0.5, and its batch of them;
@@ -218,7 +225,8 @@ def learner_step_from_file(method: str, model_path: str, rows_file: str, samples
 
 
 def release_device_memory() -> None:
-    """Give the blocks PyTorch's caching allocator holds back to the GPU (nothing on the CPU)."""
+    """Give the blocks PyTorch's caching allocator holds back to the GPU (nothing on the CPU; a compiled
+    CUDA-graph function's pools stay while it lives)."""
     import gc
 
     gc.collect()
@@ -264,10 +272,12 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
     if "learner" in parts:
         phase("matmul peak")
         out["matmul_peak_flops"] = matmul_peak_flops(device=device)
-        rows_file = root / "batch.json"
-        rows_file.write_text(json.dumps(batch_rows(model_path, task, prompts, samples_per_prompt, max_new_tokens,
-                                                   fixed=fixed, device=device), default=str))
         release_device_memory()  # the steps run in fresh processes: what this one cached would crowd them
+        rows_file = root / "batch.json"
+        # generated in a process of its own too: a compiled decode keeps its CUDA-graph pools while it lives
+        in_fresh_process("batch_rows_to_file", rows_file=rows_file, model_path=model_path, task=task, prompts=prompts,
+                         samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens, fixed=fixed,
+                         device=device)
         rounds: dict[str, list[dict]] = {m: [] for m in STEP_METHODS}
         for k in range(pairs):  # the methods alternately, round by round, each step in a fresh process
             for method in STEP_METHODS:
@@ -286,7 +296,8 @@ def run_systems(model_path: str, task: str, root: Path, parts: set[str], prompts
         ratios.update({k: median(v) for k, v in by_round.items()}, learner_of_peak=out["learner"]["spo"]["of_peak"])
     common = dict(task=task, prompts=prompts, samples_per_prompt=samples_per_prompt)
     grpo = {"data.objective": {"algorithm": "grpo"}, "sampling.max_new_tokens": max_new_tokens, "model.path": model_path,
-            "sampling.ignore_eos": fixed, "optim.lr": lr, "beta": SPO_BETA, "model.device": device}
+            "sampling.ignore_eos": fixed, "optim.lr": lr, "beta": SPO_BETA, "model.device": device,
+            "optim.micro_batch_tokens": micro_batch_tokens}
     sides = {}
     if "e2e" in parts:
         for mode in modes:
@@ -337,7 +348,7 @@ def cpu_name() -> str:
 
 
 FRESH_PROCESS = {"learner_step_from_file": learner_step_from_file, "end_to_end": end_to_end, "trl_grpo": trl_grpo,
-                 "update_seconds": update_seconds}
+                 "update_seconds": update_seconds, "batch_rows_to_file": batch_rows_to_file}
 
 if __name__ == "__main__":  # the subprocess of in_fresh_process
     function, kwargs = sys.argv[1], json.loads(sys.argv[2])

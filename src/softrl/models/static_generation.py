@@ -48,11 +48,16 @@ def _config_dims(config) -> tuple[int, int]:
     return heads, head_dim
 
 
+# CUDA-graph decodes of different threads (an evaluation in the learner's, async generation's own) one
+# at a time: before torch 2.13 nothing kept one thread's graph capture from overlapping another's
+CUDA_GRAPH_DECODES = threading.Lock()
+
+
 def cuda_graphs_in_this_thread() -> None:
     """Give the calling thread its own CUDA-graph trees state. Before torch 2.13 inductor kept that
     state only in the thread that imported it, and a graph compiled with CUDA graphs that ran in any
-    other thread (async generation's) failed a bare `assert` (pytorch#123177). Later versions do the
-    same as here on their own."""
+    other thread (async generation's) failed a bare `assert` (pytorch#123177). Later versions set it up
+    as here on their own, and serialise captures across threads, as `CUDA_GRAPH_DECODES` does."""
     from torch._inductor import cudagraph_trees
 
     if torch._C._is_key_in_tls("tree_manager_containers"):
@@ -142,9 +147,11 @@ class StaticDecoder:
                pad_id: int, eos_id: int | None, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """`_decode` in the model's own dtype: under an autocast (evaluating fp32 weights in bf16) the
         keys and values would come out in another dtype than the static cache holds."""
-        if self.compiled and self.device.type == "cuda":
-            cuda_graphs_in_this_thread()
-        with torch.autocast(self.device.type, enabled=False):
+        if not (self.compiled and self.device.type == "cuda"):
+            with torch.autocast(self.device.type, enabled=False):
+                return self._decode(prompts, n, max_new_tokens, process, pad_id, eos_id, generator)
+        cuda_graphs_in_this_thread()
+        with CUDA_GRAPH_DECODES, torch.autocast(self.device.type, enabled=False):
             return self._decode(prompts, n, max_new_tokens, process, pad_id, eos_id, generator)
 
     def _decode(self, prompts: list[list[int]], n: int, max_new_tokens: int, process: Callable[[Tensor], Tensor],
