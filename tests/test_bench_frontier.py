@@ -75,6 +75,10 @@ def test_frontier_best_and_matched_points():
     assert {m: p["point"] for m, p in matched.items()} == {"a": "a3", "b": "b2", "c": "c1"}
     collapsed = {"a": points["a"] + [{"point": "a4", "kl": math.nan, "pass@1": 0.0}]}
     assert [p["point"] for p in fr.frontier(collapsed["a"])] == ["a1", "a3"]  # a run without a KL is left out
+    # equal pass@1 but for float noise (the half regime's SPO: 0.5139999999999999 at KL 0.39, 0.514 at
+    # 0.80, whose lr collapsed on report seeds): the point at less KL is the best
+    tie = {"s": [{"point": "s1", "kl": 0.39, "pass@1": 0.5139999999999999}, {"point": "s2", "kl": 0.80, "pass@1": 0.514}]}
+    assert fr.tuned(tie)[0]["s"]["point"] == "s1"
 
 
 @pytest.mark.parametrize("args, message", [

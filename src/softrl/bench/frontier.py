@@ -226,11 +226,13 @@ def at_kl(front: list[dict], kl: float) -> float:
 
 
 def tuned(grid_points: dict[str, list[dict]]) -> tuple[dict[str, dict], float, dict[str, dict]]:
-    """From each method's tuning-grid points: its best (highest pass@1, averaged over tuning seeds), the
-    common KL (the median of the best points' KLs) and each method's point nearest to it, on a log scale
-    (KLs span orders of magnitude, and a collapsed run's is in the hundreds)."""
+    """From each method's tuning-grid points: its best (highest pass@1, averaged over tuning seeds; of
+    equal ones the one at the lowest KL), the common KL (the median of the best points' KLs) and each
+    method's point nearest to it, on a log scale (KLs span orders of magnitude, and a collapsed run's is
+    in the hundreds)."""
     usable = {m: finite(points) for m, points in grid_points.items() if finite(points)}
-    best = {m: max(points, key=lambda p: p["pass@1"]) for m, points in usable.items()}
+    # pass@1 is a mean of whole counts: equal ones differ only in their last bits, which must not choose
+    best = {m: max(points, key=lambda p: (round(p["pass@1"], 9), -p["kl"])) for m, points in usable.items()}
     target = statistics.median(p["kl"] for p in best.values()) if best else math.nan
 
     def distance(p: dict) -> float:
