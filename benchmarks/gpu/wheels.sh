@@ -11,8 +11,8 @@
 #   .whl/lance-2    first and second half: every softrl step but env and models needs it
 #   .whl/base       SmolLM2's config and tokenizer, no weights (3.5 MiB): the random 0.5B/1B models'
 #                   base, so they need no SmolLM2 weights there
-#   .whl/cache      the countdown bootstrap model built here (7 MiB): the demo's reference, the same
-#                   weights as the CPU numbers it is compared with
+#   .whl/cache      the countdown reference kept with the frontier's outcomes (7 MiB): the demo's
+#                   reference, the same weights as the CPU numbers it is compared with
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYVER=${PYVER:-3.12}
@@ -56,5 +56,9 @@ rm -rf "$OUT/lance"
 in_halves "$OUT/pylance.tar.xz" "$OUT/lance-1" "$OUT/lance-2"
 smollm2=$(.venv/bin/softrl model prepare smollm2-135m)
 cp "$smollm2"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} "$OUT/base/"
-cp -r "$(.venv/bin/softrl bootstrap countdown)" "$OUT/cache/bootstrap/"
+# the frontier's kept reference (bootstrap training differs across machines: bench/reference.py), installed
+# in this machine's cache first, so that a later frontier run here finds that one there too
+reference=$(.venv/bin/python -c "from pathlib import Path; from softrl.bench.reference import install
+print(install('countdown', Path('docs/bench/frontier-reference')))")
+cp -r "$reference" "$OUT/cache/bootstrap/"
 du -sh "$OUT"/* 2>/dev/null
