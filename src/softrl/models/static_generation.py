@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor
@@ -93,6 +94,11 @@ class StaticDecoder:
             self._step = torch.compile(self._forward, mode=COMPILE_MODES.get(self.device.type), fullgraph=True,
                                        dynamic=False)
 
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether the decode step runs as CUDA graphs (compiled, "reduce-overhead", on CUDA)."""
+        return self.compiled and self.device.type == "cuda"
+
     def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor, cache) -> Tensor:
         """Next-token logits `[rows, V]` in fp32 after feeding `ids` `[rows, 1]`."""
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, **{self.cache_name: cache},
@@ -147,11 +153,9 @@ class StaticDecoder:
                pad_id: int, eos_id: int | None, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """`_decode` in the model's own dtype: under an autocast (evaluating fp32 weights in bf16) the
         keys and values would come out in another dtype than the static cache holds."""
-        if not (self.compiled and self.device.type == "cuda"):
-            with torch.autocast(self.device.type, enabled=False):
-                return self._decode(prompts, n, max_new_tokens, process, pad_id, eos_id, generator)
-        cuda_graphs_in_this_thread()
-        with CUDA_GRAPH_DECODES, torch.autocast(self.device.type, enabled=False):
+        if self.cuda_graphs:
+            cuda_graphs_in_this_thread()
+        with CUDA_GRAPH_DECODES if self.cuda_graphs else nullcontext(), torch.autocast(self.device.type, enabled=False):
             return self._decode(prompts, n, max_new_tokens, process, pad_id, eos_id, generator)
 
     def _decode(self, prompts: list[list[int]], n: int, max_new_tokens: int, process: Callable[[Tensor], Tensor],
@@ -176,7 +180,7 @@ class StaticDecoder:
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
         steps, check_every = max_new_tokens, CHECK_EVERY.get(self.device.type, 1)
         for t in range(max_new_tokens):
-            if self.compiled and self.device.type == "cuda":
+            if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
             scores = process(self._step(token, position, full_mask, cache))
             nxt = torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
