@@ -110,6 +110,14 @@ def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
     micro = step("spo", micro_batch_tokens=spo["padded_tokens"] // 2)
     assert micro["micro_batch_tokens"] == spo["padded_tokens"] // 2
     assert micro["first_loss"] == pytest.approx(learner["spo"]["first_loss"], rel=1e-5)
+    # the work counted is the micro-batches' own: with one prompt's responses shorter, its micro-batch
+    # is narrower than the whole batch's padding
+    for r in rows[2:]:
+        r["response_tokens"], r["behavior_logprobs"] = r["response_tokens"][:4], (r["behavior_logprobs"] or [])[:4] or None
+    rows_file.write_text(json.dumps(rows, default=str))
+    whole, micro = step("spo"), step("spo", micro_batch_tokens=spo["padded_tokens"] // 2)
+    assert micro["padded_tokens"] < whole["padded_tokens"] and micro["step_flops"] < whole["step_flops"]
+    assert micro["forward_tokens"] <= whole["forward_tokens"] - 2 * 4  # two rows, 4 response positions fewer each
     peak = matmul_peak_flops(n=256, reps=2)
     assert peak > 1e6
     settings = runtime_settings(tmp_path, "sync", "countdown", 2, 2, 2, **{

@@ -34,6 +34,7 @@ import torch
 import softrl.objectives as registry
 from softrl.bench.end_to_end import against_trl, alternate, end_to_end, pair_ratios, runtime_settings, trl_grpo
 from softrl.bench.sync import sync_part, update_seconds
+from softrl.training.learner import micro_batches
 
 STEP_METHODS = ("spo", "ppo", "grpo")
 
@@ -186,11 +187,15 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
         times.append(time.perf_counter() - start)
         split.append({k: v for k, v in metrics.items() if k.startswith("time/")})
     step_s = median(times)
-    # the frozen reference always shares prompts; trained models not under activation checkpointing
-    shared, padded = forward_tokens(batch.padded), batch.padded.input_ids.numel()
+    # counted over the micro-batches the learner runs, each padded to its own longest row; the frozen
+    # reference always shares prompts, trained models do unless under activation checkpointing
+    pieces = [batch.subset(index) for _, index in micro_batches(
+        batch, run.config.optim.grad_accum, run.learner.group_size, micro_batch_tokens)]
+    shared = sum(forward_tokens(p.padded) for p in pieces)
+    padded = sum(p.padded.input_ids.numel() for p in pieces)
     trained = padded if checkpointing else shared
     body, head = matmul_params(run.policy.model)
-    positions = batch.padded.input_ids.shape[0] * batch.padded.max_response
+    positions = sum(p.padded.input_ids.shape[0] * p.padded.max_response for p in pieces)
     flops = step_flops(method, body, head, trained, shared, positions)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mib() - base
     return {"method": method, "step_s": step_s, "peak_mib": peak, "peak_of": "cuda allocated" if cuda else "rss",
