@@ -114,6 +114,11 @@ def test_quick_end_to_end_and_resumed(tiny, tmp_path):
     assert set(human["grid"]) == {"spo", "topr"} and human["best"]["spo"]["samples"] == 0
     assert (report / "frontier-lag1.png").stat().st_size > 10_000
     assert "| spo | spo_lr" in (report / "frontier-human.md").read_text()
+    across = (report / "frontier-lags.md").read_text()  # the lags side by side, each method's best point
+    assert "| method | lag 1 | lag 16 | lag 16 - lag 1 |" in across and across.count("\n| ") == 1 + 4
+    spo_row = next(line for line in across.splitlines() if line.startswith("| spo |"))
+    assert spo_row.split(" | ")[2] == f"{spo['pass@1']:.3f} ({spo['kl']:.2f})"  # lag 16's column: its best point
+    assert (report / "frontier-lags.png").stat().st_size > 10_000
     # every run starts from the same reference: one evaluation before training per seed (tuning, report)
     assert len(list((tmp_path / "runs/countdown/start-evals").glob("*.json"))) == 2
     runs = tmp_path / "runs/countdown/frontier/lag1"
@@ -125,6 +130,7 @@ def test_quick_end_to_end_and_resumed(tiny, tmp_path):
     assert again.exit_code == 0, again.output
     assert {p.name: (p / "summary.json").stat().st_mtime for p in runs.iterdir()} == first  # nothing rerun
     assert json.loads((report / "frontier-lag1.json").read_text()) == reported
+    assert (report / "frontier-lags.md").read_text() == across  # lag 16 read back from its report
     kept = report / "frontier-runs.jsonl"
     assert len(kept.read_text().splitlines()) == len(list(tmp_path.glob("runs/countdown/frontier/*/*-s*")))
     shutil.rmtree(tmp_path / "runs")  # a fresh machine: only the committed outcomes are left

@@ -61,7 +61,7 @@ def frontier(
     seeds at its best point and at a KL common to all: pass@1-KL frontiers, pass@k at matched KL, per regime
     (policy lag 1..256, half online, offline from another policy, offline from known solutions)."""
     from softrl.bench import frontier as fr
-    from softrl.bench.frontier_report import markdown, plot
+    from softrl.bench.frontier_report import lag_results, lags_markdown, markdown, plot, plot_lags
     from softrl.bench.learning import slug
     from softrl.config import ConfigError, read_settings
 
@@ -104,6 +104,10 @@ def frontier(
         path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
         plot(result, path.with_suffix(".png"))
         typer.echo(table)
+    by_lag = lag_results(report, stem)  # this run's lags and those reported before, for the staleness picture
+    if len(by_lag) > 1:
+        (report / f"{stem}-lags.md").write_text(lags_markdown(by_lag))
+        plot_lags(by_lag, report / f"{stem}-lags.png")
     typer.echo(f"reports: {report}/frontier-*")
 
 

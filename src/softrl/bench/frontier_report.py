@@ -78,6 +78,12 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _colors(plt) -> tuple:
+    """10 hues, dark then light: more methods than matplotlib's default 10 colours."""
+    pairs = plt.get_cmap("tab20").colors
+    return pairs[0::2] + pairs[1::2]
+
+
 def plot(result: dict, out: Path) -> Path:
     import matplotlib
 
@@ -85,8 +91,7 @@ def plot(result: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    pairs = plt.get_cmap("tab20").colors  # 10 hues, dark then light: more methods than the default 10 colours
-    colors = pairs[0::2] + pairs[1::2]
+    colors = _colors(plt)
     for i, (m, points) in enumerate(result["grid"].items()):
         c = colors[i % len(colors)]
         left.scatter([p["kl"] for p in points], [p["pass@1"] for p in points], color=c, s=14, alpha=0.5)
@@ -110,4 +115,58 @@ def plot(result: dict, out: Path) -> Path:
              title=f"{result['regime']}: grid (dots, tuning seeds), frontiers (lines),\nbest (*) and matched (o) points "
                    "on report seeds")
     right.set(xlabel="k", ylabel="pass@k", title="pass@k at matched KL (report seeds)")
+    return save_figure(fig, out, left, right)
+
+
+def lag_results(folder: Path, stem: str) -> dict[int, dict]:
+    """{lag: result} of the lag regimes whose reports are in `folder`, whichever run wrote them."""
+    import json
+
+    results = [json.loads(p.read_text()) for p in folder.glob(f"{stem}-lag*.json")]
+    return {r["lag"]: r for r in sorted(results, key=lambda r: r["lag"]) if r["regime"] == f"lag{r['lag']}"}
+
+
+def lags_markdown(by_lag: dict[int, dict]) -> str:
+    """Each method's best point (re-tuned at every lag) on the report seeds: pass@1 and its KL, lag by lag."""
+    lags = list(by_lag)
+    methods = list(dict.fromkeys(m for r in by_lag.values() for m in r["best"]))
+    lines = ["# Frontier across policy lags", "",
+             f"Each method's best point at each lag (chosen on the tuning seeds), pass@1 (KL) on the report seeds; "
+             f"the last column: the largest lag against the smallest.", "",
+             "| method | " + " | ".join(f"lag {lag}" for lag in lags) + f" | lag {lags[-1]} - lag {lags[0]} |",
+             "|---|" + "---|" * (len(lags) + 1)]
+    for m in methods:
+        best = [by_lag[lag]["best"].get(m) for lag in lags]
+        cells = [f"{_pm(p, 'pass@1')} ({_f(p['kl'], 2)})" if p else "-" for p in best]
+        change = _f(round(best[-1]["pass@1"] - best[0]["pass@1"], 3) + 0.0) if best[0] and best[-1] else "-"  # no "-0.000"
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {change} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_lags(by_lag: dict[int, dict], out: Path) -> Path:
+    """pass@1 (report seeds, mean ± sd) and KL of each method's best point against the policy lag."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    colors = _colors(plt)
+    methods = list(dict.fromkeys(m for r in by_lag.values() for m in r["best"]))
+    for i, m in enumerate(methods):
+        points = [(lag, r["best"][m]) for lag, r in by_lag.items() if r["best"].get(m)]
+        lags = [lag for lag, _ in points]
+        left.errorbar(lags, [p["pass@1"] for _, p in points], yerr=[p.get("pass@1_sd", 0) for _, p in points],
+                      color=colors[i % len(colors)], marker="o", capsize=2, label=m)
+        right.plot(lags, [p["kl"] for _, p in points], color=colors[i % len(colors)], marker="o", label=m)
+    reference = next(iter(by_lag.values()))["reference_pass@1"]
+    if not math.isnan(reference):
+        left.axhline(reference, color="black", linestyle=":", linewidth=0.8, label="reference (tuning seed)")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(by_lag), [str(lag) for lag in by_lag])
+    right.set_yscale("log")  # a collapsed best point's KL is in the tens
+    left.set(xlabel="policy lag (learner steps)", ylabel="pass@1",
+             title="best point at each lag, re-tuned (report seeds, mean ± sd)")
+    right.set(xlabel="policy lag (learner steps)", ylabel="KL(pi || pi0)", title="its KL to the reference")
     return save_figure(fig, out, left, right)
