@@ -247,3 +247,24 @@ def test_a_method_grid_grows_past_the_edge_its_best_lies_on(tmp_path):
     assert fr.method_lrs(fr.Settings(tmp_path, lrs=(1e-4, 3e-4, 1e-3), kept=kept), lag1, "cispo", 1) == (1e-4, 3e-4, 1e-3)
     assert fr.regime_result(s, lag1, ["spo", "topr"], 1, 1)["grid_finished"] == "7 of 9"
     assert fr.choose(fr.grid_points(s, lag1, fr.regime_lrs(s, lag1, ["spo", "topr"], 1), 1))["best"]["topr"]["lr"] == 1e-3
+
+
+def test_lags_side_by_side_only_of_one_settings(tmp_path):
+    """The across-lags table reads the lag reports of the same settings back from the folder (a quick run's
+    are left out and named); a method not run at a lag says so, and the change needs both ends."""
+    from softrl.bench.frontier_report import lag_results, lags_markdown
+
+    full = {"steps": 300, "lrs": [3e-5, 1e-4], "report_seeds": [0, 1]}
+    point = {"pass@1": 0.5, "pass@1_sd": 0.01, "seeds": 2, "of_seeds": 2, "kl": 0.25}
+    reports = {1: (full, {"spo": point, "topr": {**point, "pass@1": 0.6}}),
+               4: ({**full, "steps": 30}, {"spo": point}),  # a quick run's, in the same folder
+               16: (full, {"spo": {**point, "pass@1": 0.4}, "topr": None})}
+    for lag, (settings, best) in reports.items():
+        (tmp_path / f"frontier-lag{lag}.json").write_text(json.dumps({"regime": f"lag{lag}", "lag": lag,
+                                                                      "settings": settings, "best": best}))
+    (tmp_path / "frontier-half.json").write_text("not a lag report")
+    by_lag, others = lag_results(tmp_path, "frontier", [1, 4, 16, 64], {**full, "lrs": (3e-5, 1e-4)})
+    assert list(by_lag) == [1, 16] and others == [tmp_path / "frontier-lag4.json"]
+    table = lags_markdown(by_lag)
+    assert "| spo | 0.500 ± 0.010 (0.25) | 0.400 ± 0.010 (0.25) | -0.100 |" in table
+    assert "| topr | 0.600 ± 0.010 (0.25) | not run | - |" in table

@@ -104,7 +104,10 @@ def frontier(
         path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
         plot(result, path.with_suffix(".png"))
         typer.echo(table)
-    by_lag = lag_results(report, stem)  # this run's lags and those reported before, for the staleness picture
+    # this run's lags and those reported before with the same settings: the picture of staleness
+    by_lag, others = lag_results(report, stem, list(fr.LAGS), result["settings"])
+    for path in others:
+        typer.echo(f"{stem}-lags: {path.name} left out (made with other settings)")
     if len(by_lag) > 1:
         (report / f"{stem}-lags.md").write_text(lags_markdown(by_lag))
         plot_lags(by_lag, report / f"{stem}-lags.png")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -118,26 +119,31 @@ def plot(result: dict, out: Path) -> Path:
     return save_figure(fig, out, left, right)
 
 
-def lag_results(folder: Path, stem: str) -> dict[int, dict]:
-    """{lag: result} of the lag regimes whose reports are in `folder`, whichever run wrote them."""
-    import json
+def lag_results(folder: Path, stem: str, lags: list[int], settings: dict) -> tuple[dict[int, dict], list[Path]]:
+    """({lag: result} of the lag reports in `folder` made with `settings`, whichever run wrote them; the
+    reports of other settings, left out): a quick run's lags must not sit beside a full run's."""
+    settings = json.loads(json.dumps(settings, default=str))  # as the reports keep them (lists, not tuples)
+    found = {lag: folder / f"{stem}-lag{lag}.json" for lag in sorted(lags)}
+    results = {lag: json.loads(path.read_text()) for lag, path in found.items() if path.is_file()}
+    return ({lag: r for lag, r in results.items() if r["settings"] == settings},
+            [found[lag] for lag, r in results.items() if r["settings"] != settings])
 
-    results = [json.loads(p.read_text()) for p in folder.glob(f"{stem}-lag*.json")]
-    return {r["lag"]: r for r in sorted(results, key=lambda r: r["lag"]) if r["regime"] == f"lag{r['lag']}"}
+
+def _methods(by_lag: dict[int, dict]) -> list[str]:
+    return list(dict.fromkeys(m for r in by_lag.values() for m in r["best"]))
 
 
 def lags_markdown(by_lag: dict[int, dict]) -> str:
     """Each method's best point (re-tuned at every lag) on the report seeds: pass@1 and its KL, lag by lag."""
     lags = list(by_lag)
-    methods = list(dict.fromkeys(m for r in by_lag.values() for m in r["best"]))
     lines = ["# Frontier across policy lags", "",
-             f"Each method's best point at each lag (chosen on the tuning seeds), pass@1 (KL) on the report seeds; "
-             f"the last column: the largest lag against the smallest.", "",
+             "Each method's best point at each lag (chosen on the tuning seeds), pass@1 (KL) on the report seeds; "
+             "the last column: the largest lag against the smallest.", "",
              "| method | " + " | ".join(f"lag {lag}" for lag in lags) + f" | lag {lags[-1]} - lag {lags[0]} |",
              "|---|" + "---|" * (len(lags) + 1)]
-    for m in methods:
+    for m in _methods(by_lag):
         best = [by_lag[lag]["best"].get(m) for lag in lags]
-        cells = [f"{_pm(p, 'pass@1')} ({_f(p['kl'], 2)})" if p else "-" for p in best]
+        cells = [f"{_pm(p, 'pass@1')} ({_f(p['kl'], 2)})" if p else "not run" for p in best]
         change = _f(round(best[-1]["pass@1"] - best[0]["pass@1"], 3) + 0.0) if best[0] and best[-1] else "-"  # no "-0.000"
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {change} |")
     return "\n".join(lines) + "\n"
@@ -152,8 +158,7 @@ def plot_lags(by_lag: dict[int, dict], out: Path) -> Path:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     colors = _colors(plt)
-    methods = list(dict.fromkeys(m for r in by_lag.values() for m in r["best"]))
-    for i, m in enumerate(methods):
+    for i, m in enumerate(_methods(by_lag)):
         points = [(lag, r["best"][m]) for lag, r in by_lag.items() if r["best"].get(m)]
         lags = [lag for lag, _ in points]
         left.errorbar(lags, [p["pass@1"] for _, p in points], yerr=[p.get("pass@1_sd", 0) for _, p in points],
@@ -165,7 +170,7 @@ def plot_lags(by_lag: dict[int, dict], out: Path) -> Path:
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(by_lag), [str(lag) for lag in by_lag])
-    right.set_yscale("log")  # a collapsed best point's KL is in the tens
+    right.set_yscale("log", nonpositive="clip")  # a collapsed best point's KL is in the tens; a short run's may be <= 0
     left.set(xlabel="policy lag (learner steps)", ylabel="pass@1",
              title="best point at each lag, re-tuned (report seeds, mean ± sd)")
     right.set(xlabel="policy lag (learner steps)", ylabel="KL(pi || pi0)", title="its KL to the reference")

@@ -190,7 +190,7 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
     # counted over the micro-batches the learner runs, each padded to its own longest row; the frozen
     # reference always shares prompts, trained models do unless under activation checkpointing
     pieces = [batch.subset(index) for _, index in micro_batches(
-        batch, run.config.optim.grad_accum, run.learner.group_size, micro_batch_tokens)]
+        batch, run.config.optim.grad_accum, run.learner.group_size, run.config.optim.micro_batch_tokens)]
     shared = sum(forward_tokens(p.padded) for p in pieces)
     padded = sum(p.padded.input_ids.numel() for p in pieces)
     trained = padded if checkpointing else shared
