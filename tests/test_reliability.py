@@ -11,6 +11,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -533,6 +534,17 @@ def wait_for(path: Path, proc: subprocess.Popen, what: str, timeout: float = 300
         assert proc.poll() is None, f"the run ended before {what}: {proc.communicate()[1][-2000:]}"
         assert time.time() < deadline, f"no {what} after {timeout} s"
         time.sleep(0.05)
+
+
+def test_ctrl_c_while_typer_builds_the_command_is_one_line():
+    """The last part of loading, typer turning the app into a click command, is loading too: a Ctrl-C
+    there (the 1-second case below, on a busy machine) is one line and 130, not a traceback."""
+    code = ("import softrl.cli as cli\n"
+            "def interrupted():\n    raise KeyboardInterrupt\n"
+            "cli.command_line = interrupted\n"
+            "from softrl.command import main\nmain()\n")
+    done = subprocess.run([sys.executable, "-c", code, "data", "stats", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130 and done.stderr.strip() == "interrupted", done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("delay", [0.05, 0.3, 1.0])

@@ -289,15 +289,22 @@ from softrl import cli_bench_store  # noqa: E402, F401  (registers bench store)
 app.add_typer(bench_app, name="bench")
 
 
-def entry() -> None:
+def command_line():
+    """The click command of `app`, every float option finite: still part of loading the command line
+    (a Ctrl-C here is the console script's to answer, not the command's)."""
+    command = typer.main.get_command(app)
+    finite_floats(command)
+    return command
+
+
+def entry(command=None) -> None:
     """The `softrl` command: every error that reaches here is one line on stderr (exit status 1); with
     `--debug` anywhere on the command line, or SOFTRL_DEBUG=1, the full traceback instead."""
     import sys
 
     debug = "--debug" in sys.argv[1:] or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     args = [a for a in sys.argv[1:] if a != "--debug"]
-    command = typer.main.get_command(app)
-    finite_floats(command)
+    command = command or command_line()
     if debug:
         os.environ[DEBUG_ENV] = "1"  # processes the command starts (learner ranks, workers) inherit it
         command(args, prog_name="softrl")
