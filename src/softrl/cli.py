@@ -297,14 +297,14 @@ def command_line():
     return command
 
 
-def entry(command=None) -> None:
-    """The `softrl` command: every error that reaches here is one line on stderr (exit status 1); with
-    `--debug` anywhere on the command line, or SOFTRL_DEBUG=1, the full traceback instead."""
+def entry(command) -> None:
+    """The `softrl` command, `command_line()` run: every error that reaches here is one line on stderr
+    (exit status 1); with `--debug` anywhere on the command line, or SOFTRL_DEBUG=1, the full traceback
+    instead."""
     import sys
 
     debug = "--debug" in sys.argv[1:] or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     args = [a for a in sys.argv[1:] if a != "--debug"]
-    command = command or command_line()
     if debug:
         os.environ[DEBUG_ENV] = "1"  # processes the command starts (learner ranks, workers) inherit it
         command(args, prog_name="softrl")

@@ -1,8 +1,9 @@
 """The `softrl` console script. Ctrl-C while the command line is still loading (typer, rich, torch,
 then typer building the command: a second or more) ends it with one line and status 130, never a
 traceback; during a command, typer ends it with status 130 and runs stop cleanly (runtime/stop.py);
-once the command is over, while Python exits, Ctrl-C is ignored. Before this module runs (the interpreter starting, the console
-script's own `import re`) Python's default handler prints a traceback: no program can catch that."""
+once the command is over, while Python exits, Ctrl-C is ignored. Before this module runs (the
+interpreter starting, the console script's own `import re`) Python's default handler prints a
+traceback: no program can catch that."""
 
 import sys
 

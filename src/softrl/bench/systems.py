@@ -34,7 +34,6 @@ import torch
 import softrl.objectives as registry
 from softrl.bench.end_to_end import against_trl, alternate, end_to_end, pair_ratios, runtime_settings, trl_grpo
 from softrl.bench.sync import sync_part, update_seconds
-from softrl.training.learner import micro_batches
 
 STEP_METHODS = ("spo", "ppo", "grpo")
 
@@ -189,8 +188,7 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
     step_s = median(times)
     # counted over the micro-batches the learner runs, each padded to its own longest row; the frozen
     # reference always shares prompts, trained models do unless under activation checkpointing
-    pieces = [batch.subset(index) for _, index in micro_batches(
-        batch, run.config.optim.grad_accum, run.learner.group_size, run.config.optim.micro_batch_tokens)]
+    pieces = [batch.subset(index) for _, index, _ in run.learner.pieces(batch)]
     shared = sum(forward_tokens(p.padded) for p in pieces)
     padded = sum(p.padded.input_ids.numel() for p in pieces)
     trained = padded if checkpointing else shared

@@ -127,7 +127,7 @@ class Learner:
         total_rows = len(batch)
         metrics: dict[str, Tensor] = {}
         clock = self.placement.clock()
-        pieces = self._pieces(batch)
+        pieces = self.pieces(batch)
         hosts = [batch.subset(index) for _, index, _ in pieces]
         if self.shards is not None:
             hosts = same_layout(hosts, self.placement.device)
@@ -182,7 +182,7 @@ class Learner:
         out["reward"] = batch.reward.mean().item()
         return out
 
-    def _pieces(self, batch: Batch) -> list[tuple[str, list[int], float]]:
+    def pieces(self, batch: Batch) -> list[tuple[str, list[int], float]]:
         """(source, row indices, weight) of this rank's micro-batches. In a group each rank runs as many
         as the rank with the most (the shards' collectives pair up rank by rank): one short of them
         repeats a piece at weight 0. Every rank plans every rank's share, so no message is needed."""
