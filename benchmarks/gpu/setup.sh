@@ -8,6 +8,14 @@ PYTHON=${PYTHON:-python3}
 PARTS=${PARTS:-/tmp/softrl-parts}
 mkdir -p "$PARTS"
 pip_install() { "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$@"; }
+# xz through Python's lzma, not the xz program, which that machine's image is not known to have
+unxz() {  # FILE.xz ...: each unpacked beside itself as FILE
+  "$PYTHON" -c 'import lzma, shutil, sys
+for name in sys.argv[1:]:
+    with lzma.open(name) as packed, open(name[:-3], "wb") as plain:
+        shutil.copyfileobj(packed, plain)' "$@"
+}
+untar() { "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' "$@"; }
 # wheels built for another Python (wheels.sh's PYVER) would all be refused: say so once, plainly
 here=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 if ls .whl/core/*-cp3*.whl >/dev/null 2>&1 && ! ls .whl/core/*-"$here"-*.whl >/dev/null 2>&1; then
@@ -22,6 +30,10 @@ if ls .whl/gym/pycosat-*.tar.gz >/dev/null 2>&1 && ! "$PYTHON" -c "import pycosa
   # C source: built here, against this Python (the gym task imports it, through reasoning_gym)
   pip_install --no-build-isolation .whl/gym/pycosat-*.tar.gz || echo "setup: building pycosat failed: the gym task cannot load"
 fi
+# SmolLM2's tokenizer travels packed (wheels.sh): the random models' --base folder needs it whole
+for f in .whl/base/*.xz; do
+  if [ -e "$f" ]; then unxz "$f" || echo "setup: unpacking $f failed"; fi
+done
 # the countdown bootstrap built on the CPU (the demo's reference): its cache folder, as softrl names it
 if [ -d .whl/cache ]; then mkdir -p "${SOFTRL_CACHE:-$HOME/.cache/softrl}" && cp -r .whl/cache/. "${SOFTRL_CACHE:-$HOME/.cache/softrl}/"; fi
 # what travels in halves (wheels.sh): kept until the call that brings the other, then joined, checked
@@ -46,7 +58,7 @@ for first in "$PARTS"/*.part1; do
   fi
   case $name in
     *.whl) pip_install "$whole" ;;
-    *.tar.xz) tar xJf "$whole" -C "$site" --no-same-owner ;;
+    *.tar.xz) untar "$whole" "$site" ;;
     *) echo "setup: $name is neither a wheel nor a .tar.xz"; false ;;
   esac && touch "$whole.installed" || echo "setup: installing $name failed"
 done
