@@ -225,6 +225,35 @@ def test_a_generating_thread_gets_its_own_cuda_graph_state():
     assert cudagraph_trees.get_obj(cudagraph_trees.local, "tree_manager_containers") is main
 
 
+
+def test_the_seam_meets_the_graph_trees_of_torch_before_2_13(monkeypatch):
+    """The GPU machine has torch 2.11, whose `get_obj` asserted where 2.13's sets the state up: in a new
+    thread, graph trees' first use fails that bare assert without the seam and finds a container with it."""
+    from torch._inductor import cudagraph_trees
+
+    def get_obj_before_2_13(local, attr_name):  # as pytorch#123177's traceback shows it
+        if hasattr(local, attr_name):
+            return getattr(local, attr_name)
+        assert torch._C._is_key_in_tls(attr_name)
+        return torch._C._get_obj_in_tls(attr_name)
+
+    monkeypatch.setattr(cudagraph_trees, "get_obj", get_obj_before_2_13)
+    seen = {}
+
+    def first_use(seam: bool):
+        if seam:
+            cuda_graphs_in_this_thread()
+        try:
+            seen[seam] = type(cudagraph_trees.get_container(0)).__name__
+        except AssertionError:
+            seen[seam] = "AssertionError"
+
+    for seam in (False, True):
+        thread = threading.Thread(target=first_use, args=(seam,))
+        thread.start()
+        thread.join()
+    assert seen == {False: "AssertionError", True: "TreeManagerContainer"}
+
 def test_make_generator_picks_a_backend_by_name(tiny):
     _, model, tok = tiny
     assert isinstance(make_generator(model, tok, "hf"), HFGenerator)
