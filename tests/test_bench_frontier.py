@@ -268,3 +268,30 @@ def test_lags_side_by_side_only_of_one_settings(tmp_path):
     table = lags_markdown(by_lag)
     assert "| spo | 0.500 ± 0.010 (0.25) | 0.400 ± 0.010 (0.25) | -0.100 |" in table
     assert "| topr | 0.600 ± 0.010 (0.25) | not run | - |" in table
+
+
+def test_a_method_has_one_colour_in_every_figure(tmp_path, monkeypatch):
+    """Each regime lists its own methods in its own order; the across-lags figure, in another: a method's
+    colour comes from its place in the benchmark's method list, so it is the same in all of them."""
+    from softrl.bench import frontier_report
+
+    seen = []
+
+    def keep_colours(fig, out, *axes):
+        seen.append({line.get_label(): line.get_color() for ax in axes for line in ax.get_lines()})
+        return out
+
+    monkeypatch.setattr(frontier_report, "save_figure", keep_colours)
+    point = {"point": "p", "pass@1": 0.5, "pass@1_sd": 0.0, "kl": 0.3, "kl_sd": 0.0, "pass@k": [0.5, 0.6]}
+
+    def result(methods):
+        return {"regime": "lag1", "grid": {m: [point] for m in methods}, "frontiers": {m: ["p"] for m in methods},
+                "best": {m: point for m in methods}, "matched": {}, "target_kl": math.nan,
+                "reference_pass@1": math.nan}
+
+    order = ["grpo_tis", "spo", "topr"]
+    frontier_report.plot(result(["spo", "topr"]), tmp_path / "a.png", order)
+    frontier_report.plot(result(["topr", "grpo_tis", "spo"]), tmp_path / "b.png", order)
+    frontier_report.plot_lags({1: result(["topr", "spo"]), 4: result(["spo", "extra"])}, tmp_path / "c.png", order)
+    assert len({figure["spo"] for figure in seen}) == 1 and len({figure["topr"] for figure in seen}) == 1
+    assert seen[0]["spo"] != seen[0]["topr"] and seen[2]["extra"] not in (seen[2]["spo"], seen[2]["topr"])

@@ -102,15 +102,15 @@ def frontier(
         path = report / f"{stem}-{name}"
         path.with_suffix(".md").write_text(table)
         path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
-        plot(result, path.with_suffix(".png"))
+        plot(result, path.with_suffix(".png"), list(fr.METHODS))
         typer.echo(table)
     # this run's lags and those reported before with the same settings: the picture of staleness
-    by_lag, others = lag_results(report, stem, list(fr.LAGS), result["settings"])
+    by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, o["tune_seeds"], o["seeds"]))
     for path in others:
         typer.echo(f"{stem}-lags: {path.name} left out (made with other settings)")
     if len(by_lag) > 1:
         (report / f"{stem}-lags.md").write_text(lags_markdown(by_lag))
-        plot_lags(by_lag, report / f"{stem}-lags.png")
+        plot_lags(by_lag, report / f"{stem}-lags.png", list(fr.METHODS))
     typer.echo(f"reports: {report}/frontier-*")
 
 

@@ -356,6 +356,14 @@ def reported(s: Settings, regime: Regime, point: dict, method: str, seeds: int) 
             **average(done)} if done else None
 
 
+def report_settings(s: Settings, tune_seeds: int, seeds: int) -> dict:
+    """What a run's reports were made with, the same for each of its regimes: reports of other settings
+    (a quick run's) are not set beside them."""
+    return {"task": s.task, "steps": s.steps, "rows_per_step": s.prompts * s.samples_per_prompt, "lrs": list(s.lrs),
+            "extend": s.extend, "tune_seeds": [TUNE_SEED + k for k in range(tune_seeds)],
+            "report_seeds": list(range(seeds)), "eval_size": s.eval_size}
+
+
 def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_seeds: int, seeds: int) -> dict:
     """Everything the report of one regime shows: the grid on tuning seeds, the choices, and the report
     seeds at each method's best and matched points; SPO's and AGRO's place against every baseline's
@@ -386,6 +394,4 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
             "sources": list(regime.sources), "method_lrs": {m: list(v) for m, v in lrs.items()}, "grid": points, "target_kl": chosen["target_kl"],
             "frontiers": {m: [p["point"] for p in f] for m, f in chosen["frontiers"].items()},
             "best": best, "matched": matched, "against_frontiers": verdicts,
-            "settings": {"task": s.task, "steps": s.steps, "rows_per_step": s.prompts * s.samples_per_prompt,
-                         "lrs": list(s.lrs), "extend": s.extend, "tune_seeds": [TUNE_SEED + k for k in range(tune_seeds)],
-                         "report_seeds": list(range(seeds)), "eval_size": s.eval_size}}
+            "settings": report_settings(s, tune_seeds, seeds)}

@@ -79,22 +79,25 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _colors(plt) -> tuple:
-    """10 hues, dark then light: more methods than matplotlib's default 10 colours."""
+def _colors(plt, order: list[str], shown) -> dict[str, tuple]:
+    """Each method's colour, from its place in `order` (all the benchmark's methods; `shown` ones not in it
+    after them), so that a method has the same colour in every regime's figure and across lags: 10 hues,
+    dark then light (more than matplotlib's default 10 colours)."""
     pairs = plt.get_cmap("tab20").colors
-    return pairs[0::2] + pairs[1::2]
+    hues = pairs[0::2] + pairs[1::2]
+    return {m: hues[i % len(hues)] for i, m in enumerate(dict.fromkeys([*order, *shown]))}
 
 
-def plot(result: dict, out: Path) -> Path:
+def plot(result: dict, out: Path, order: list[str]) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    colors = _colors(plt)
-    for i, (m, points) in enumerate(result["grid"].items()):
-        c = colors[i % len(colors)]
+    colors = _colors(plt, order, result["grid"])
+    for m, points in result["grid"].items():
+        c = colors[m]
         left.scatter([p["kl"] for p in points], [p["pass@1"] for p in points], color=c, s=14, alpha=0.5)
         front = [p for p in points if p["point"] in set(result["frontiers"].get(m, []))]
         front.sort(key=lambda p: p["kl"])
@@ -149,7 +152,7 @@ def lags_markdown(by_lag: dict[int, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_lags(by_lag: dict[int, dict], out: Path) -> Path:
+def plot_lags(by_lag: dict[int, dict], out: Path, order: list[str]) -> Path:
     """pass@1 (report seeds, mean ± sd) and KL of each method's best point against the policy lag."""
     import matplotlib
 
@@ -157,13 +160,13 @@ def plot_lags(by_lag: dict[int, dict], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    colors = _colors(plt)
-    for i, m in enumerate(_methods(by_lag)):
+    colors = _colors(plt, order, _methods(by_lag))
+    for m in _methods(by_lag):
         points = [(lag, r["best"][m]) for lag, r in by_lag.items() if r["best"].get(m)]
         lags = [lag for lag, _ in points]
         left.errorbar(lags, [p["pass@1"] for _, p in points], yerr=[p.get("pass@1_sd", 0) for _, p in points],
-                      color=colors[i % len(colors)], marker="o", capsize=2, label=m)
-        right.plot(lags, [p["kl"] for _, p in points], color=colors[i % len(colors)], marker="o", label=m)
+                      color=colors[m], marker="o", capsize=2, label=m)
+        right.plot(lags, [p["kl"] for _, p in points], color=colors[m], marker="o", label=m)
     reference = next(iter(by_lag.values()))["reference_pass@1"]
     if not math.isnan(reference):
         left.axhline(reference, color="black", linestyle=":", linewidth=0.8, label="reference (tuning seed)")
