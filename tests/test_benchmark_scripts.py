@@ -37,11 +37,15 @@ CALL_LIMIT_MIB = 64
 
 def test_the_working_tree_leaves_room_for_the_gpu_plans_wheels():
     root = Path(__file__).parent.parent
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True)
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout: which files would travel is unknown")
+    # what the device sends: tracked files, and untracked ones git does not ignore
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, text=True, check=True)
     sizes = {name: (root / name).lstat().st_size for name in listed.stdout.split("\0")
              if name and ((root / name).is_symlink() or (root / name).is_file())}
     tree_mib = sum(sizes.values()) / 2**20
     largest = sorted(sizes, key=sizes.get, reverse=True)[:5]
     assert tree_mib + CARRIED_MIB <= CALL_LIMIT_MIB, (
-        f"the tracked tree is {tree_mib:.1f} MiB: with the {CARRIED_MIB} MiB of wheels a GPU call carries it "
+        f"the working tree is {tree_mib:.1f} MiB: with the {CARRIED_MIB} MiB of wheels a GPU call carries it "
         f"passes the device's {CALL_LIMIT_MIB} MiB; largest: {', '.join(largest)}")

@@ -225,13 +225,12 @@ def test_a_generating_thread_gets_its_own_cuda_graph_state():
     assert cudagraph_trees.get_obj(cudagraph_trees.local, "tree_manager_containers") is main
 
 
-
 def test_the_seam_meets_the_graph_trees_of_torch_before_2_13(monkeypatch):
     """The GPU machine has torch 2.11, whose `get_obj` asserted where 2.13's sets the state up: in a new
     thread, graph trees' first use fails that bare assert without the seam and finds a container with it."""
     from torch._inductor import cudagraph_trees
 
-    def get_obj_before_2_13(local, attr_name):  # as pytorch#123177's traceback shows it
+    def get_obj_before_2_13(local, attr_name):  # torch 2.11.0's, as its wheel has it
         if hasattr(local, attr_name):
             return getattr(local, attr_name)
         assert torch._C._is_key_in_tls(attr_name)
@@ -253,6 +252,7 @@ def test_the_seam_meets_the_graph_trees_of_torch_before_2_13(monkeypatch):
         thread.start()
         thread.join()
     assert seen == {False: "AssertionError", True: "TreeManagerContainer"}
+
 
 def test_make_generator_picks_a_backend_by_name(tiny):
     _, model, tok = tiny

@@ -8,14 +8,20 @@ PYTHON=${PYTHON:-python3}
 PARTS=${PARTS:-/tmp/softrl-parts}
 mkdir -p "$PARTS"
 pip_install() { "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$@"; }
-# xz through Python's lzma, not the xz program, which that machine's image is not known to have
-unxz() {  # FILE.xz ...: each unpacked beside itself as FILE
-  "$PYTHON" -c 'import lzma, shutil, sys
+# xz through Python's lzma, not the xz program, which that machine's image is not known to have (named
+# so as not to hide the program in the shell that sources this)
+py_unxz() {  # FILE.xz ...: each unpacked beside itself as FILE, whole or not at all
+  "$PYTHON" -c 'import lzma, os, shutil, sys
 for name in sys.argv[1:]:
-    with lzma.open(name) as packed, open(name[:-3], "wb") as plain:
-        shutil.copyfileobj(packed, plain)' "$@"
+    with lzma.open(name) as packed, open(name[:-3] + ".part", "wb") as plain:
+        shutil.copyfileobj(packed, plain)
+    os.replace(name[:-3] + ".part", name[:-3])' "$@"
 }
-untar() { "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' "$@"; }
+py_untar() {  # FILE.tar.xz FOLDER ("tar" filter: no absolute paths, no escaping links; modes kept but setuid)
+  "$PYTHON" -c 'import sys, tarfile
+with tarfile.open(sys.argv[1]) as packed:
+    packed.extractall(sys.argv[2], filter="tar")' "$@"
+}
 # wheels built for another Python (wheels.sh's PYVER) would all be refused: say so once, plainly
 here=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 if ls .whl/core/*-cp3*.whl >/dev/null 2>&1 && ! ls .whl/core/*-"$here"-*.whl >/dev/null 2>&1; then
@@ -32,7 +38,7 @@ if ls .whl/gym/pycosat-*.tar.gz >/dev/null 2>&1 && ! "$PYTHON" -c "import pycosa
 fi
 # SmolLM2's tokenizer travels packed (wheels.sh): the random models' --base folder needs it whole
 for f in .whl/base/*.xz; do
-  if [ -e "$f" ]; then unxz "$f" || echo "setup: unpacking $f failed"; fi
+  if [ -e "$f" ]; then py_unxz "$f" || echo "setup: unpacking $f failed"; fi
 done
 # the countdown bootstrap built on the CPU (the demo's reference): its cache folder, as softrl names it
 if [ -d .whl/cache ]; then mkdir -p "${SOFTRL_CACHE:-$HOME/.cache/softrl}" && cp -r .whl/cache/. "${SOFTRL_CACHE:-$HOME/.cache/softrl}/"; fi
@@ -58,7 +64,7 @@ for first in "$PARTS"/*.part1; do
   fi
   case $name in
     *.whl) pip_install "$whole" ;;
-    *.tar.xz) untar "$whole" "$site" ;;
+    *.tar.xz) py_untar "$whole" "$site" ;;
     *) echo "setup: $name is neither a wheel nor a .tar.xz"; false ;;
   esac && touch "$whole.installed" || echo "setup: installing $name failed"
 done

