@@ -79,23 +79,23 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _colors(plt, order: list[str], shown) -> dict[str, tuple]:
-    """Each method's colour, from its place in `order` (all the benchmark's methods; `shown` ones not in it
-    after them), so that a method has the same colour in every regime's figure and across lags: 10 hues,
-    dark then light (more than matplotlib's default 10 colours)."""
-    pairs = plt.get_cmap("tab20").colors
-    hues = pairs[0::2] + pairs[1::2]
-    return {m: hues[i % len(hues)] for i, m in enumerate(dict.fromkeys([*order, *shown]))}
-
-
-def plot(result: dict, out: Path, order: list[str]) -> Path:
+def _two_panels(order: list[str], shown) -> tuple:
+    """(figure, left axes, right axes, colours): each method's colour from its place in `order` (all the
+    benchmark's methods; `shown` ones not in it after them), so that a method has the same colour in
+    every regime's figure and across lags: 10 hues, dark then light (more than matplotlib's default 10)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    colors = _colors(plt, order, result["grid"])
+    pairs = plt.get_cmap("tab20").colors
+    hues = pairs[0::2] + pairs[1::2]
+    return fig, left, right, {m: hues[i % len(hues)] for i, m in enumerate(dict.fromkeys([*order, *shown]))}
+
+
+def plot(result: dict, out: Path, order: list[str]) -> Path:
+    fig, left, right, colors = _two_panels(order, result["grid"])
     for m, points in result["grid"].items():
         c = colors[m]
         left.scatter([p["kl"] for p in points], [p["pass@1"] for p in points], color=c, s=14, alpha=0.5)
@@ -154,14 +154,9 @@ def lags_markdown(by_lag: dict[int, dict]) -> str:
 
 def plot_lags(by_lag: dict[int, dict], out: Path, order: list[str]) -> Path:
     """pass@1 (report seeds, mean ± sd) and KL of each method's best point against the policy lag."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    colors = _colors(plt, order, _methods(by_lag))
-    for m in _methods(by_lag):
+    methods = _methods(by_lag)
+    fig, left, right, colors = _two_panels(order, methods)
+    for m in methods:
         points = [(lag, r["best"][m]) for lag, r in by_lag.items() if r["best"].get(m)]
         lags = [lag for lag, _ in points]
         left.errorbar(lags, [p["pass@1"] for _, p in points], yerr=[p.get("pass@1_sd", 0) for _, p in points],
