@@ -2,7 +2,9 @@
 
 import json
 import math
+import re
 import shutil
+import time
 
 import pytest
 
@@ -209,19 +211,22 @@ def test_a_failing_side_is_kept_as_its_error_and_the_others_go_on():
     from softrl.bench.report import systems_markdown
 
     def broken():
+        time.sleep(0.05)  # a side's whole cost counts, a failed one's too
         raise RuntimeError("trl_grpo failed: ['CUDA error']")
 
     seen = []
     rounds = alternate({"softrl-sync": lambda: {"samples_per_s": 10.0, "steps": 2}, "trl-paged": broken,
                         "trl-dynamic": lambda: {"samples_per_s": 4.0, "steps": 2}}, pairs=2,
                        after_round=lambda results: seen.append(sum(len(v) for v in results.values())))
-    assert seen == [3, 6] and rounds["trl-paged"] == [{"error": "trl_grpo failed: ['CUDA error']"}] * 2
+    assert seen == [3, 6] and [r["error"] for r in rounds["trl-paged"]] == ["trl_grpo failed: ['CUDA error']"] * 2
+    assert all(r["wall_s"] >= 0.05 for r in rounds["trl-paged"])
+    assert all(0 <= r["wall_s"] < 0.05 for r in rounds["softrl-sync"])
     out = against_trl(rounds)
     assert out["trl_fastest"] == "trl-dynamic" and out["vs_trl"]["sync"]["by_pair"] == [2.5, 2.5]
     assert against_trl({"softrl-sync": rounds["softrl-sync"], "trl-paged": rounds["trl-paged"]}) == {}
     table = systems_markdown({"model": "m", "task": "t", "batch": "2 x 2", "max_new_tokens": 8, "threads": 1,
                               "cpu": "x", "rounds": rounds, **out})
-    assert "| trl-paged | - | failed, failed | - | - | - |" in table and "trl-paged failed: trl_grpo failed" in table
+    assert "| trl-paged | - | failed, failed | - | - | - | 0, 0 |" in table and "trl-paged failed: trl_grpo failed" in table
 
 
 def test_bench_systems_command_writes_the_ratios(tiny, tmp_path):
@@ -238,6 +243,9 @@ def test_bench_systems_command_writes_the_ratios(tiny, tmp_path):
     numbers = json.loads((report / "systems.json").read_text())
     assert numbers["fixed_work"] and numbers["ratios"]["async_over_sync"] > 0
     assert [len(v) for v in numbers["rounds"].values()] == [1, 1]
+    assert all(r[0]["wall_s"] >= r[0]["seconds"] for r in numbers["rounds"].values())
+    # no terminal here: each phase is a timed line, so a log shows where the time went
+    assert re.search(r"\d\d:\d\d:\d\d round 1/1: softrl-async", result.output), result.output
     bad = CliRunner().invoke(app, ["bench", "systems", "--device", "gpu", "--report", str(report)])
     assert bad.exit_code == 2 and "device must be auto, cpu, cuda or cuda:N, got 'gpu'" in bad.output
     for option, value, message in (("--trl-generation", "vllm", "--trl-generation: unknown setting 'vllm'"),

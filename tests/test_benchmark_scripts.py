@@ -1,6 +1,7 @@
 """The scripts under benchmarks/ are run by hand (their numbers are in the docs), not by CI: at least
 they must compile and show their help."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,55 @@ def test_the_working_tree_leaves_room_for_the_gpu_plans_wheels():
     assert tree_mib + CARRIED_MIB <= CALL_LIMIT_MIB, (
         f"the working tree is {tree_mib:.1f} MiB: with the {CARRIED_MIB} MiB of wheels a GPU call carries it "
         f"passes the device's {CALL_LIMIT_MIB} MiB; largest: {', '.join(largest)}")
+
+
+def _gpu_record():
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "benchmarks" / "gpu" / "record.py"
+    spec = importlib.util.spec_from_file_location("gpu_record", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _lease(root: Path, **steps) -> Path:
+    for name, content in steps.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return root
+
+
+def test_gpu_record_merges_leases_and_judges_targets_only_on_enough_pairs(tmp_path):
+    record = _gpu_record().record
+    learner = {"matmul_peak_flops": 7e14, "learner": {
+        m: {"params": 10**9, "rounds": 2, "peak_mib": mib, "step_s": 1.0, "of_peak": peak}
+        for m, mib, peak in (("spo", 25_000, 0.125), ("ppo", 50_000, 0.11), ("grpo", 25_000, 0.13))}}
+    e2e = {"model": "m", "rounds": {"softrl-sync": [{"samples_per_s": 8.0, "steady_samples_per_s": 70.0}],
+                                    "trl-dynamic": [{"samples_per_s": 4.0, "steady_samples_per_s": 14.0}]}}
+    first = _lease(tmp_path / "one", **{"env.log": {"gpu": "H100", "bf16_matmul_peak_flops": 7.7e14},
+                                        "learner/systems.json": learner, "e2e-mid/systems.json": e2e})
+    into = tmp_path / "gpu.json"
+    out = record(first, into, "aaa", "2026-11-27")
+    assert out["device"] == "H100" and out["spo_over_ppo_memory"] == pytest.approx(0.5)
+    assert out["softrl_over_trl"]["by_pair"] == [2.0] and out["softrl_over_trl"]["steady_by_pair"] == [5.0]
+    assert out["targets"]["spo_over_ppo_memory"]["met"] is True
+    assert out["targets"]["learner_peak_fraction"]["met"] is False
+    # one pair is no verdict on a target that needs the median of three
+    assert out["targets"]["softrl_over_trl"]["met"] is None and "1 pair" in out["targets"]["softrl_over_trl"]["why"]
+    assert "demo_gain_gpu" not in out and "demo_gain_gap" not in out["targets"]  # not measured: absent
+    # a later lease with three pairs and the demo: its figures replace, the learner's stay from the first
+    e2e["rounds"] = {"softrl-async": [{"samples_per_s": s} for s in (9.0, 10.0, 11.0)],
+                     "trl-dynamic": [{"samples_per_s": 4.0}] * 3}
+    demo_cpu = tmp_path / "cpu.json"
+    demo_cpu.write_text(json.dumps({"pass@1_before": 0.4, "pass@1_after": 0.6}))
+    second = _lease(tmp_path / "two", **{"env.log": {"gpu": "H200"}, "e2e-mid/systems.json": e2e,
+                                         "demo.log": 'loading\n{"pass@1_before": 0.4, "pass@1_after": 0.65}\n'})
+    out = record(second, into, "bbb", "2026-12-01", demo_cpu)
+    assert out["softrl_over_trl"]["median"] == pytest.approx(2.5) and out["targets"]["softrl_over_trl"]["met"]
+    assert out["measured"]["softrl_over_trl"]["commit"] == "bbb"
+    assert out["measured"]["spo_over_ppo_memory"] == {"commit": "aaa", "date": "2026-11-27", "device": "H100"}
+    assert out["demo_gain_gpu"] == pytest.approx(0.25) and out["demo_gain_cpu"] == pytest.approx(0.2)
+    assert out["targets"]["demo_gain_gap"]["met"] is False  # 0.05 apart
+    assert json.loads(into.read_text()) == out

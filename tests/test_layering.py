@@ -81,7 +81,3 @@ def test_no_import_cycle():
               or not any(m == "softrl." + package(m) for m in c.split(" -> "))]
     assert cycles == []
 
-
-def test_no_source_file_over_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
-    assert long == {}

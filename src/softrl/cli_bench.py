@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from itertools import accumulate
 from pathlib import Path
 
@@ -380,6 +381,11 @@ def systems(
         (report / "systems.json").write_text(json.dumps(result, indent=1, default=str))
 
     with err.status("benchmarking") as status, one_line_errors():
+        def phase(name: str) -> None:
+            status.update(name)
+            if not err.is_terminal:  # no status line is drawn into a log: a timed line says where the time went
+                err.print(f"{time.strftime('%H:%M:%S')} {name}", highlight=False)
+
         try:
             result = run_systems(model, task, runs, chosen, prompts, samples_per_prompt, max_new_tokens,
                                  timed_steps=timed_steps, e2e_steps=e2e_steps,
@@ -387,7 +393,7 @@ def systems(
                                  trl_steps=e2e_steps, pairs=pairs, lr=lr, fixed=fixed_work,
                                  device=device, checkpointing=checkpointing, micro_batch_tokens=micro_batch_tokens,
                                  trl_generation=tuple(settings),
-                                 modes=tuple(chosen_modes), phase=lambda name: status.update(name),
+                                 modes=tuple(chosen_modes), phase=phase,
                                  on_progress=write_json)
         except (ConfigError, ModelLoadError, RuntimeError) as e:
             fail(str(e))

@@ -129,15 +129,19 @@ def alternate(sides: dict, pairs: int, phase=lambda name: None, after_round=lamb
     """Run every side once per round, in the same order, for `pairs` rounds (A B A B ...): each side's
     results in round order. `sides`: name -> a callable returning a result with `samples_per_s`. A side
     that fails (RuntimeError, as `in_fresh_process` raises) is kept as {"error": ...} and the others go on;
-    `after_round` gets the results so far after every round (a benchmark cut off keeps them)."""
+    each result gains `wall_s`, the seconds the side took in all; `after_round` gets the results so far
+    after every round (a benchmark cut off keeps them)."""
     results: dict[str, list[dict]] = {name: [] for name in sides}
     for i in range(pairs):
         for name, run in sides.items():
             phase(f"round {i + 1}/{pairs}: {name}")
+            started = time.perf_counter()
             try:
-                results[name].append(run())
+                result = run()
             except RuntimeError as e:
-                results[name].append({"error": str(e)})
+                result = {"error": str(e)}
+            # the side's whole cost, its process's start, setup and evaluation too: what a lease pays for it
+            results[name].append({**result, "wall_s": time.perf_counter() - started})
         after_round(results)
     return results
 

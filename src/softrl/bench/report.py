@@ -166,15 +166,17 @@ def systems_markdown(result: dict) -> str:
     rounds = result.get("rounds", {})
     if rounds:
         lines += ["", "| end to end (GRPO loss) | steps | samples/s, round by round | median samples/s "
-                  "| after the first step | median split of a step (s) |", "|---|---|---|---|---|---|"]
+                  "| after the first step | median split of a step (s) | whole run with setup (s) |",
+                  "|---|---|---|---|---|---|---|"]
         for name, runs in rounds.items():
             done = [r for r in runs if "samples_per_s" in r]
             split = _split(done[-1]["split_s"]) if done and done[-1].get("split_s") else "-"
             speeds = ", ".join(f"{r['samples_per_s']:.1f}" if r in done else "failed" for r in runs)
             steady = [r["steady_samples_per_s"] for r in done if r.get("steady_samples_per_s")]
             middle = f"{median_speed(runs):.1f}" if done else "-"
+            walls = ", ".join(f"{r['wall_s']:.0f}" for r in runs if "wall_s" in r) or "-"
             lines.append(f"| {name} | {done[0]['steps'] if done else '-'} | {speeds} | {middle} | "
-                         f"{f'{statistics.median(steady):.1f}' if steady else '-'} | {split} |")
+                         f"{f'{statistics.median(steady):.1f}' if steady else '-'} | {split} | {walls} |")
         lines += [f"\n{name} failed: {r['error']}" for name, runs in rounds.items() for r in runs[:1] if "error" in r]
     for label, key in (("", "vs_trl"), (" after the first step", "vs_trl_steady")):
         for mode, r in result.get(key, {}).items():

@@ -1,0 +1,156 @@
+"""Write the figures of a GPU lease into docs/bench/gpu.json, from the results measure.sh brought back.
+
+    mkdir -p /tmp/gpu && tar xzf <files_at>/results.tgz -C /tmp/gpu
+    python3 benchmarks/gpu/record.py /tmp/gpu --commit <the commit that ran> [--demo-cpu demo-cpu.json]
+
+Reads what the steps wrote (env.log, learner/systems.json, e2e-*/systems.json, demo.log) and merges the
+figures it finds into the file: a figure this lease measured replaces the old one, a figure it did not
+measure keeps its earlier value, and `measured` says which lease (commit, date, device) each figure
+comes from. A figure no lease measured is absent, never a guess. `--demo-cpu` is `softrl demo --json`'s
+output on the CPU, same seed and steps as the GPU's demo step."""
+
+import argparse
+import datetime
+import json
+import subprocess
+from pathlib import Path
+from statistics import median
+
+# the issue's targets; softrl against TRL counts only as the median of at least MIN_PAIRS pairs
+MIN_PAIRS = 3
+TARGETS = {"softrl_over_trl": (">=", 2.0), "learner_peak_fraction": (">=", 0.40),
+           "spo_over_ppo_memory": ("<=", 0.55), "demo_gain_gap": ("<=", 0.03)}
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object in `path` (the last line that parses, for a log with other lines), or None."""
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        for line in reversed(text.splitlines()):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def learner_figures(systems: dict) -> dict:
+    """Fraction of the bf16 peak (SPO's median step) and SPO/PPO peak memory: the median of the rounds'
+    ratios where the benchmark finished; a step cut off at its limit writes only each method's medians
+    so far, and their ratio stands in."""
+    learner = systems.get("learner", {})
+    if not {"spo", "ppo"} <= set(learner):
+        return {}
+    rounds = systems.get("learner_rounds", {}).get("spo_over_ppo_memory")
+    memory = median(rounds) if rounds else learner["spo"]["peak_mib"] / learner["ppo"]["peak_mib"]
+    spo = learner["spo"]
+    return {"learner_peak_fraction": spo["of_peak"], "spo_over_ppo_memory": memory,
+            "learner": {"model_params": spo["params"], "rounds": spo["rounds"],
+                        "micro_batch_tokens": spo.get("micro_batch_tokens"),
+                        "peak_gib": {m: r["peak_mib"] / 1024 for m, r in learner.items()},
+                        "step_s": {m: r["step_s"] for m, r in learner.items()},
+                        "of_peak": {m: r["of_peak"] for m, r in learner.items()},
+                        "matmul_peak_flops": systems.get("matmul_peak_flops")}}
+
+
+def trl_figures(systems: dict, step: str) -> dict:
+    """softrl's fastest mode over TRL's fastest setting, samples/s pair by pair over each side's clock."""
+    from softrl.bench.end_to_end import against_trl
+
+    rounds = systems.get("rounds") or {}
+    compared = against_trl(rounds)
+    if not compared:
+        return {}
+    mode = compared["softrl_fastest"]
+    return {"softrl_over_trl": {
+        "by_pair": compared["vs_trl"][mode]["by_pair"], "median": compared["vs_trl"][mode]["median"],
+        "softrl_mode": mode, "trl": compared["trl_fastest"], "step": step, "model": systems.get("model"),
+        "steady_by_pair": compared["vs_trl_steady"][mode]["by_pair"],
+        "every_mode": {m: v["by_pair"] for m, v in compared["vs_trl"].items()}}}
+
+
+def demo_gain(result: dict | None) -> float | None:
+    if not result or result.get("pass@1_after") is None or result.get("pass@1_before") is None:
+        return None
+    return result["pass@1_after"] - result["pass@1_before"]
+
+
+def lease_figures(results: Path, demo_cpu: Path | None) -> tuple[dict, str | None]:
+    """(figures, device name) of one lease's results folder."""
+    env = read_json(results / "env.log") or {}
+    figures: dict = {}
+    learner = read_json(results / "learner" / "systems.json")
+    if learner:
+        figures.update(learner_figures(learner))
+    for step in ("e2e-big", "e2e-mid", "e2e-small"):  # the largest model that compared both sides
+        systems = read_json(results / step / "systems.json")
+        if systems and (found := trl_figures(systems, step)):
+            figures.update(found)
+            break
+    gpu = demo_gain(read_json(results / "demo.log"))
+    if gpu is not None:
+        figures["demo_gain_gpu"] = gpu
+        cpu = demo_gain(read_json(demo_cpu)) if demo_cpu else None
+        if cpu is not None:
+            figures["demo_gain_cpu"] = cpu
+    if env.get("bf16_matmul_peak_flops"):
+        figures["bf16_matmul_peak_tflops"] = env["bf16_matmul_peak_flops"] / 1e12
+    return figures, env.get("gpu")
+
+
+def headline(value) -> float | None:
+    """A figure's one number: the median of pair-by-pair ratios, or the figure itself."""
+    return value.get("median") if isinstance(value, dict) else value
+
+
+def record(results: Path, into: Path, commit: str, date: str, demo_cpu: Path | None = None) -> dict:
+    figures, device = lease_figures(results, demo_cpu)
+    old = json.loads(into.read_text()) if into.is_file() else {}
+    out = {k: v for k, v in old.items() if k not in ("targets",)}
+    lease = {"commit": commit, "date": date, "device": device}
+    out.setdefault("measured", {})
+    for name, value in figures.items():
+        out[name] = value
+        out["measured"][name] = lease
+    out["device"] = device or old.get("device")
+    out["commit"], out["date"] = commit, date
+    if "demo_gain_gpu" in out and "demo_gain_cpu" in out:
+        out["demo_gain_gap"] = abs(out["demo_gain_gpu"] - out["demo_gain_cpu"])
+    out["targets"] = {}
+    for name, (sense, bound) in TARGETS.items():
+        value = headline(out.get(name))
+        if value is None:
+            continue
+        verdict = {"target": f"{sense} {bound}", "value": value,
+                   "met": value >= bound if sense == ">=" else value <= bound}
+        pairs = len(out[name]["by_pair"]) if isinstance(out[name], dict) else None
+        if pairs is not None and pairs < MIN_PAIRS:
+            verdict.update(met=None, why=f"{pairs} pair(s) of the {MIN_PAIRS} the target needs")
+        out["targets"][name] = verdict
+    into.parent.mkdir(parents=True, exist_ok=True)
+    into.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="the unpacked results.tgz of the lease's last call")
+    parser.add_argument("--into", type=Path, default=Path("docs/bench/gpu.json"))
+    parser.add_argument("--commit", default=None, help="the commit the lease ran (default: HEAD)")
+    parser.add_argument("--date", default=datetime.date.today().isoformat())
+    parser.add_argument("--demo-cpu", type=Path, default=None, help="`softrl demo --json` on the CPU")
+    args = parser.parse_args()
+    if not args.results.is_dir():
+        parser.error(f"{args.results} is not a folder (unpack the lease's results.tgz there)")
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                           text=True, check=True).stdout.strip()
+    out = record(args.results, args.into, commit, args.date, args.demo_cpu)
+    print(json.dumps(out["targets"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
