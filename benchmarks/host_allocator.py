@@ -22,7 +22,7 @@ from pathlib import Path
 
 SIDE = """
 import json, resource, sys, time
-from softrl.bench.systems import learner_setup, peak_rss_mib, reset_peak_rss, rss_mib
+from softrl_bench.systems import learner_setup, peak_rss_mib, reset_peak_rss, rss_mib
 from softrl.models.device import Placement
 rows_file, model, policy, checkpointing, steps = sys.argv[1:6]
 if policy == "glibc":
@@ -43,7 +43,7 @@ print(json.dumps({"times": times, "faults": faults, "peak_mib": peak_rss_mib() -
 
 def main() -> None:
     from softrl.assemble import model_directory
-    from softrl.bench.systems import batch_rows
+    from softrl_bench.systems import batch_rows
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m", help="bootstrap, smollm2-135m or a model directory")

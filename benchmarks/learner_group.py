@@ -34,7 +34,7 @@ def held_mib(learner):
 
 def rank_main(rank, world, init, rows_file, model, steps, out):
     from softrl.assemble import Run
-    from softrl.bench.systems import peak_rss_mib, reset_peak_rss, rss_mib
+    from softrl_bench.systems import peak_rss_mib, reset_peak_rss, rss_mib
     from softrl.config import config_from
     from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
     from softrl.training.batch import make_batch
@@ -78,7 +78,7 @@ if __name__ == "__main__":
 
 def main() -> None:
     from softrl.assemble import model_directory
-    from softrl.bench.systems import batch_rows
+    from softrl_bench.systems import batch_rows
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m", help="bootstrap, smollm2-135m or a model directory")

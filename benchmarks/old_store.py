@@ -110,7 +110,7 @@ def old_side(source: Path, function: str, *args) -> dict:
 
 def stage(folder: Path, rows: int) -> None:
     """The size's rows as Parquet files, 50,000 rows each, and their prompts (each with a Q0)."""
-    from softrl.bench import store as bench
+    from softrl_bench import store as bench
 
     for name in ("trajectories", "prompts"):
         (folder / name).mkdir(parents=True)
@@ -163,7 +163,7 @@ def new_grow(root: str, staged: Path, commit_rows: int) -> dict:
 
 
 def new_figures(root: str) -> dict:
-    from softrl.bench import store as bench
+    from softrl_bench import store as bench
 
     return {**bench.in_fresh_process(bench.measure_reads, root), **bench.in_fresh_process(bench.measure_maintenance, root)}
 

@@ -17,7 +17,7 @@ import boto3
 import numpy as np
 import pyarrow as pa
 
-from softrl.bench import store as bench
+from softrl_bench import store as bench
 from softrl.data import ExperienceStore
 
 

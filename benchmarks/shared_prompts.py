@@ -18,7 +18,7 @@ import time
 from dataclasses import replace
 
 from softrl.assemble import model_directory
-from softrl.bench.systems import batch_rows, learner_setup
+from softrl_bench.systems import batch_rows, learner_setup
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from softrl.bench.store import chunk, payload
+from softrl_bench.store import chunk, payload
 
 COLUMNS = ["id", "source", "prompt_id", "passed", "reward"]
 

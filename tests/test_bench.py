@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from softrl.bench.learning import (WEIGHTS_RECORD, aggregate, check_claims, collect, curves, final, gap_change,
+from softrl_bench.learning import (WEIGHTS_RECORD, aggregate, check_claims, collect, curves, final, gap_change,
                                    method_config, paired, run_all, weights_digest)
-from softrl.bench.report import markdown, plot_learning
+from softrl_bench.report import markdown, plot_learning
 
 
 def curve(*pass1_pass10, samples_per_point=64):
@@ -84,9 +84,9 @@ def test_bench_learning_end_to_end(tiny, tmp_path):
 
 
 def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
-    from softrl.bench.report import systems_markdown
-    from softrl.bench.end_to_end import alternate, pair_ratios, runtime_settings
-    from softrl.bench.systems import STEP_PASSES, batch_rows, in_fresh_process, matmul_peak_flops
+    from softrl_bench.report import systems_markdown
+    from softrl_bench.end_to_end import alternate, pair_ratios, runtime_settings
+    from softrl_bench.systems import STEP_PASSES, batch_rows, in_fresh_process, matmul_peak_flops
 
     directory = str(tiny[0])
     rows = batch_rows(directory, "countdown", 2, 2, 8)
@@ -143,7 +143,7 @@ def test_bench_systems_learner_step_and_e2e(tiny, tmp_path):
 
 
 def test_a_failed_step_names_the_frame_that_raised():
-    from softrl.bench.systems import failure
+    from softrl_bench.systems import failure
 
     traceback = """Traceback (most recent call last):
   File "/x/softrl/runtime/local.py", line 66, in _produce
@@ -159,8 +159,8 @@ AssertionError"""
 
 def test_bench_systems_learner_steps_alternate_round_by_round(tiny, tmp_path):
     """SPO, PPO and GRPO each once a round for `pairs` rounds; the ratios are taken round by round."""
-    from softrl.bench.report import systems_markdown
-    from softrl.bench.systems import run_systems
+    from softrl_bench.report import systems_markdown
+    from softrl_bench.systems import run_systems
 
     phases = []
     result = run_systems(str(tiny[0]), "countdown", tmp_path, {"learner"}, prompts=2, samples_per_prompt=2,
@@ -177,7 +177,7 @@ def test_bench_systems_learner_steps_alternate_round_by_round(tiny, tmp_path):
 @pytest.mark.parametrize("generation", ["dynamic", "static", "paged"])
 def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path, generation):
     pytest.importorskip("trl")
-    from softrl.bench.end_to_end import trl_grpo
+    from softrl_bench.end_to_end import trl_grpo
 
     r = trl_grpo(str(tiny[0]), "countdown", 2, 2, 2, 8, tmp_path, lr=1e-4, fixed=True, device="cpu",
                  generation=generation)
@@ -186,8 +186,8 @@ def test_trl_side_by_side_runs_the_same_work(tiny, tmp_path, generation):
 
 
 def test_softrl_is_set_against_trls_fastest_setting_round_by_round():
-    from softrl.bench.report import systems_markdown
-    from softrl.bench.end_to_end import against_trl, steady_rate
+    from softrl_bench.report import systems_markdown
+    from softrl_bench.end_to_end import against_trl, steady_rate
 
     assert steady_rate([(1.0, 8), (3.0, 24), (5.0, 40)]) == 8.0  # steps after the first: 32 samples in 4 s
     assert steady_rate([(1.0, 8)]) is None
@@ -207,8 +207,8 @@ def test_softrl_is_set_against_trls_fastest_setting_round_by_round():
 
 
 def test_a_failing_side_is_kept_as_its_error_and_the_others_go_on():
-    from softrl.bench.end_to_end import against_trl, alternate
-    from softrl.bench.report import systems_markdown
+    from softrl_bench.end_to_end import against_trl, alternate
+    from softrl_bench.report import systems_markdown
 
     def broken():
         time.sleep(0.05)  # a side's whole cost counts, a failed one's too
@@ -257,10 +257,10 @@ def test_bench_systems_command_writes_the_ratios(tiny, tmp_path):
 def test_weight_sync_part_measures_both_methods(tiny, tmp_path):
     """`--parts sync`: one update of the weights to the Ray runtime's workers by each method, timed."""
     pytest.importorskip("ray")
-    from softrl.bench.report import systems_markdown
-    from softrl.bench.end_to_end import runtime_settings
-    from softrl.bench.systems import in_fresh_process
-    from softrl.bench.sync import sync_part
+    from softrl_bench.report import systems_markdown
+    from softrl_bench.end_to_end import runtime_settings
+    from softrl_bench.systems import in_fresh_process
+    from softrl_bench.sync import sync_part
 
     out, ratios = sync_part(tmp_path, str(tiny[0]), runtime_settings, {"model.path": str(tiny[0])},
                             {"task": "countdown", "prompts": 2, "samples_per_prompt": 2}, 0, in_fresh_process, rounds=2)

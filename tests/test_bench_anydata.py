@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from softrl.bench.anydata import SETTINGS, plan
-from softrl.bench.learning import weights_digest
+from softrl_bench.anydata import SETTINGS, plan
+from softrl_bench.learning import weights_digest
 from softrl.cli import app
 from softrl.data import ExperienceStore
 

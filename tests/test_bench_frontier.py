@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from softrl.bench import frontier as fr
+from softrl_bench import frontier as fr
 from softrl.cli import app
 
 
@@ -145,9 +145,9 @@ def test_quick_end_to_end_and_resumed(tiny, tmp_path):
 
 def test_report_seeds_are_averaged_as_they_finish(tmp_path):
     """A benchmark in chunks: a point with some of its report seeds kept is reported on those, and says so."""
-    from softrl.bench.frontier_report import _pm
-    from softrl.bench.frontier_runs import key
-    from softrl.bench.learning import settings_of
+    from softrl_bench.frontier_report import _pm
+    from softrl_bench.frontier_runs import key
+    from softrl_bench.learning import settings_of
 
     kept = tmp_path / "kept.jsonl"
     s = fr.Settings(tmp_path, steps=10, kept=kept)
@@ -169,9 +169,9 @@ def test_the_frontier_keeps_its_reference_beside_its_outcomes(tmp_path, monkeypa
     machine; an outcome kept without naming its model's weights is refused, not mixed in."""
     from dataclasses import asdict
 
-    from softrl.bench.frontier_runs import key, outcome
-    from softrl.bench.learning import weights_digest
-    from softrl.bench.reference import reference_dir
+    from softrl_bench.frontier_runs import key, outcome
+    from softrl_bench.learning import weights_digest
+    from softrl_bench.reference import reference_dir
     from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig
     from softrl.config import ConfigError
 
@@ -215,8 +215,8 @@ def test_the_frontier_keeps_its_reference_beside_its_outcomes(tmp_path, monkeypa
 def test_a_method_grid_grows_past_the_edge_its_best_lies_on(tmp_path):
     """A method whose best tuning point lies at an edge of the learning rates gets the next rung of the
     1-3-10 ladder there (up to `extend` each way), once every point of its grid finished; inside, nothing."""
-    from softrl.bench.frontier_runs import key
-    from softrl.bench.learning import settings_of
+    from softrl_bench.frontier_runs import key
+    from softrl_bench.learning import settings_of
 
     kept = tmp_path / "kept.jsonl"
     s = fr.Settings(tmp_path, lrs=(1e-4, 3e-4), extend=1, kept=kept)
@@ -252,7 +252,7 @@ def test_a_method_grid_grows_past_the_edge_its_best_lies_on(tmp_path):
 def test_lags_side_by_side_only_of_one_settings(tmp_path):
     """The across-lags table reads the lag reports of the same settings back from the folder (a quick run's
     are left out and named); a method not run at a lag says so, and the change needs both ends."""
-    from softrl.bench.frontier_report import lag_results, lags_markdown
+    from softrl_bench.frontier_report import lag_results, lags_markdown
 
     full = {"steps": 300, "lrs": [3e-5, 1e-4], "report_seeds": [0, 1]}
     point = {"pass@1": 0.5, "pass@1_sd": 0.01, "seeds": 2, "of_seeds": 2, "kl": 0.25}
@@ -273,7 +273,7 @@ def test_lags_side_by_side_only_of_one_settings(tmp_path):
 def test_a_method_has_one_colour_in_every_figure(tmp_path, monkeypatch):
     """Each regime lists its own methods in its own order; the across-lags figure, in another: a method's
     colour comes from its place in the benchmark's method list, so it is the same in all of them."""
-    from softrl.bench import frontier_report
+    from softrl_bench import frontier_report
 
     seen = []
 

@@ -8,9 +8,9 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from softrl.bench import agro_sweep, grow
-from softrl.bench.learning import WEIGHTS_RECORD, check_same_settings, final, judged, settings_of
-from softrl.bench.studies import ARMS, STUDIES, check_claims, plan, study_config
+from softrl_bench import agro_sweep, grow
+from softrl_bench.learning import WEIGHTS_RECORD, check_same_settings, final, judged, settings_of
+from softrl_bench.studies import ARMS, STUDIES, check_claims, plan, study_config
 from softrl.cli import app
 from softrl.config import config_from
 from softrl.data import ExperienceStore, Trajectory
@@ -199,8 +199,8 @@ def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkey
     installs that one instead of building its own; a different model already in the cache is refused."""
     from dataclasses import asdict
 
-    from softrl.bench import code_study as cs
-    from softrl.bench.learning import settings_of, weights_digest
+    from softrl_bench import code_study as cs
+    from softrl_bench.learning import settings_of, weights_digest
     from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig
     from softrl.config import ConfigError, config_from
 
@@ -236,7 +236,7 @@ def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkey
 
 
 def test_code_study_arms_generate_the_same_samples(tmp_path):
-    from softrl.bench import code_study as cs
+    from softrl_bench import code_study as cs
 
     s = cs.Settings(tmp_path)
     tuning = cs.tuning_plan(s, list(cs.ARMS))
@@ -256,7 +256,7 @@ def test_code_study_arms_generate_the_same_samples(tmp_path):
 def test_a_code_arm_grid_grows_past_the_edge_its_best_lies_on(tmp_path, monkeypatch):
     """Online SPO's best rate was the grid's lowest: the grid gets the ladder's next point below, once
     (extend=1), and the arm is tuned only when that run finished too; a best inside the grid adds nothing."""
-    from softrl.bench import code_study as cs
+    from softrl_bench import code_study as cs
 
     finals = {"spo-online": {3e-5: 0.15, 1e-4: 0.11, 3e-4: 0.0}, "ppo": {3e-5: 0.10, 1e-4: 0.14, 3e-4: 0.12},
               "grpo": {3e-5: 0.05, 1e-4: 0.08, 3e-4: 0.09}}
@@ -276,7 +276,7 @@ def test_a_code_arm_grid_grows_past_the_edge_its_best_lies_on(tmp_path, monkeypa
 
 def test_a_learning_rate_grid_grows_only_where_its_finished_scores_say(tmp_path):
     """The one rule both the code study and the frontier grow their grids by (`grown_lrs`)."""
-    from softrl.bench.learning import grown_lrs, ladder_step
+    from softrl_bench.learning import grown_lrs, ladder_step
 
     assert [ladder_step(lr, up) for lr, up in ((1e-4, True), (3e-4, True), (1e-4, False), (3e-5, False))] == [
         3e-4, 1e-3, 3e-5, 1e-5]
@@ -296,7 +296,7 @@ def test_a_learning_rate_grid_grows_only_where_its_finished_scores_say(tmp_path)
 def test_code_tuning_runs_in_rounds_until_every_grid_settles(tmp_path, monkeypatch):
     """`tune` trains each round's new runs: an arm whose best keeps to the grid's low edge gets 1e-5, then
     (extend=2) 3e-6 in the next round; one whose best is inside gets nothing more; nothing runs twice."""
-    from softrl.bench import code_study as cs
+    from softrl_bench import code_study as cs
 
     quality = {"spo-online": lambda lr: -lr, "ppo": lambda lr: -abs(lr - 1e-4)}  # lower is better / 1e-4 best
     finished: dict[tuple[str, float], float] = {}
@@ -318,7 +318,7 @@ def test_code_tuning_runs_in_rounds_until_every_grid_settles(tmp_path, monkeypat
 
 def test_claim_with_a_margin_holds_only_beyond_it():
     """The margin moves the verdict, not the difference: the report shows a - b as measured."""
-    from softrl.bench.report import markdown
+    from softrl_bench.report import markdown
 
     runs = {"a": {s: [{"pass@10": 0.5 + 0.05 + 0.001 * s}] for s in range(4)},
             "b": {s: [{"pass@10": 0.5}] for s in range(4)}}
@@ -337,7 +337,7 @@ def test_claim_with_a_margin_holds_only_beyond_it():
 def test_code_study_diversity_counts_every_problem():
     """Distinct correct programs per problem: an arm that solves more problems, each once, is not rated
     lower than one that solves fewer, as it is per solved problem."""
-    from softrl.bench import code_study as cs
+    from softrl_bench import code_study as cs
 
     few = [{"distinct_correct_per_solved": 2.0, "pass@10": 0.2}]  # 20 of 100 solved, 2 programs each
     more = [{"distinct_correct_per_solved": 1.5, "pass@10": 0.4}]  # 40 solved: 20 with 2, 20 with 1

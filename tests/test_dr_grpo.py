@@ -17,7 +17,7 @@ def inputs(reward, lengths, T=6):
 
 
 def test_every_consumer_reads_it_from_the_registry():
-    from softrl.bench.learning import METHODS as BENCH
+    from softrl_bench.learning import METHODS as BENCH
     from softrl.config import ConfigError, load_config
     from softrl.toy import METHODS as TOY
 

@@ -1,5 +1,6 @@
 """The architecture as a test: dependencies point downwards (README, "Layout"), no module imports
-itself through others, and no source file outgrows 400 lines. Imports inside functions count."""
+itself through others, and the library imports nothing of the benchmarks beside it (softrl_bench,
+benchmarks/). Imports inside functions count."""
 
 import ast
 from pathlib import Path
@@ -18,8 +19,8 @@ LAYERS = [
     {"annotate", "eval", "training"},
     {"bootstrap", "assemble", "toy"},
     {"runtime"},
-    {"bench", "api"},
-    {"cli", "cli_common", "cli_data", "cli_annotate", "cli_train", "cli_bench", "cli_frontier", "cli_bench_store"},
+    {"api"},
+    {"cli", "cli_common", "cli_data", "cli_annotate", "cli_train"},
     {"command", "__main__"},
 ]
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
@@ -81,3 +82,15 @@ def test_no_import_cycle():
               or not any(m == "softrl." + package(m) for m in c.split(" -> "))]
     assert cycles == []
 
+
+
+def test_the_library_imports_nothing_of_the_benchmarks():
+    """softrl_bench adds `softrl bench` through an entry point; softrl names it nowhere."""
+    named = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            named += [f"{path.relative_to(ROOT)}: {m}" for m in modules if m.split(".")[0] == "softrl_bench"]
+    assert named == []
+    assert not (ROOT / "bench").exists()

@@ -19,7 +19,7 @@ SCRIPT = r"""
 import json, sys
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from softrl.bench.systems import peak_rss_mib, reset_peak_rss, rss_mib
+from softrl_bench.systems import peak_rss_mib, reset_peak_rss, rss_mib
 from softrl.config import load_config
 from softrl.models.wrappers import PolicyModel, ReferenceModel
 from softrl.training.batch import make_batch
@@ -66,7 +66,7 @@ def step_peak(rows: int, algorithm: str) -> float:
 
 @pytest.mark.parametrize("algorithm", ["spo", "agro-off"])
 def test_learner_step_memory_grows_much_slower_than_the_full_distribution(algorithm):
-    from softrl.bench.systems import reset_peak_rss
+    from softrl_bench.systems import reset_peak_rss
 
     if not reset_peak_rss():
         pytest.skip("needs Linux /proc/self/clear_refs to reset the peak resident size")

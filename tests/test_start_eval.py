@@ -6,8 +6,8 @@ import json
 import pytest
 
 from softrl.assemble import Run
-from softrl.bench.learning import run_all
-from softrl.bench.start_eval import SharedStartEval, start_key
+from softrl_bench.learning import run_all
+from softrl_bench.start_eval import SharedStartEval, start_key
 from softrl.config import config_from
 
 

@@ -8,7 +8,7 @@ import subprocess
 import torch
 import transformers
 
-from softrl.bench.systems import matmul_peak_flops, memory_bandwidth
+from softrl_bench.systems import matmul_peak_flops, memory_bandwidth
 
 
 def version(module: str) -> str | None:

@@ -59,7 +59,7 @@ def learner_figures(systems: dict) -> dict:
 
 def trl_figures(systems: dict, step: str) -> dict:
     """softrl's fastest mode over TRL's fastest setting, samples/s pair by pair over each side's clock."""
-    from softrl.bench.end_to_end import against_trl
+    from softrl_bench.end_to_end import against_trl
 
     rounds = systems.get("rounds") or {}
     compared = against_trl(rounds)

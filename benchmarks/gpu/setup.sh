@@ -32,6 +32,7 @@ for d in .whl/core .whl/gym; do
   if [ -d "$d" ]; then pip_install "$d"/*.whl || echo "setup: installing $d failed"; fi
 done
 pip_install --no-build-isolation -e . || echo "setup: installing softrl failed"
+pip_install --no-build-isolation -e benchmarks || echo "setup: installing softrl-bench (softrl bench) failed"
 if ls .whl/gym/pycosat-*.tar.gz >/dev/null 2>&1 && ! "$PYTHON" -c "import pycosat" 2>/dev/null; then
   # C source: built here, against this Python (the gym task imports it, through reasoning_gym)
   pip_install --no-build-isolation .whl/gym/pycosat-*.tar.gz || echo "setup: building pycosat failed: the gym task cannot load"

@@ -60,7 +60,7 @@ cp "$smollm2"/{config.json,generation_config.json,tokenizer.json,tokenizer_confi
 xz -9e "$OUT/base/tokenizer.json"  # 3.4 MiB to 0.4: a call's 64 MiB are nearly all taken (setup.sh unpacks it)
 # the frontier's kept reference (bootstrap training differs across machines: bench/reference.py), installed
 # in this machine's cache first, so that a later frontier run here finds that one there too
-reference=$(.venv/bin/python -c "from pathlib import Path; from softrl.bench.reference import install
+reference=$(.venv/bin/python -c "from pathlib import Path; from softrl_bench.reference import install
 print(install('countdown', Path('docs/bench/frontier-reference')))")
 cp -r "$reference" "$OUT/cache/bootstrap/"
 du -sh "$OUT"/* 2>/dev/null

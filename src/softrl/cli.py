@@ -282,11 +282,25 @@ app.command("demo")(demo)
 app.command("plot")(plot)
 app.command("eval")(eval_command)
 
-from softrl.cli_bench import bench_app  # noqa: E402
-from softrl import cli_frontier  # noqa: E402, F401  (registers bench frontier and bench staleness)
-from softrl import cli_bench_store  # noqa: E402, F401  (registers bench store)
 
-app.add_typer(bench_app, name="bench")
+
+def add_installed_groups(target: typer.Typer) -> None:
+    """Command groups other installed packages add under the `softrl.commands` entry point group (the
+    benchmarks' `softrl bench`, from benchmarks/pyproject.toml): the library imports none of them. A
+    group that fails to load is left out with one line on stderr, and the rest of the CLI still works."""
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group="softrl.commands"):
+        try:
+            group = point.load()
+        except Exception as e:  # noqa: BLE001 - whatever a plug-in raises, softrl's own commands go on
+            err.print(f"note: command group '{point.name}' ({point.value}) did not load: {one_line(e)}",
+                      highlight=False)
+            continue
+        target.add_typer(group, name=point.name)
+
+
+add_installed_groups(app)
 
 
 def command_line():

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from softrl.bench.learning import base_overrides, final, generated_prompts, judged, mean_over_training, slug, with_base
+from softrl_bench.learning import base_overrides, final, generated_prompts, judged, mean_over_training, slug, with_base
 from softrl.config import RunConfig, config_from
 
 HALF = {"online": 0.5, "offline": 0.5}

@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from softrl.bench.learning import base_overrides, curves, final, generated_prompts, judged, mean_over_training, with_base
+from softrl_bench.learning import base_overrides, curves, final, generated_prompts, judged, mean_over_training, with_base
 from softrl.config import RunConfig, config_from
 
 ROLES = ("A", "baseline", "B", "C", "B-only", "C-only")
@@ -105,7 +105,7 @@ def plan(lineages: int, runs: Path, steps: int, later_steps: int, lr: float, row
 
 def run_lineages(configs: list[RunConfig], runs: Path, on_step=None, log=lambda m: None) -> None:
     """`plan`'s runs in turn; finished runs are kept, an unfinished one gets a fresh copy of its store."""
-    from softrl.bench.learning import run_all
+    from softrl_bench.learning import run_all
 
     def fresh_store(config: RunConfig) -> None:
         where = Path(config.data.store)

@@ -1,18 +1,27 @@
-"""`softrl bench learning`, `softrl bench anydata`, `softrl bench study` and `softrl bench systems`."""
+"""`softrl bench`: the benchmark package's command group, which softrl's CLI adds through the
+`softrl.commands` entry point (benchmarks/pyproject.toml). learning (the papers' claims), anydata
+(stale, mixed and fixed data), study, systems (speed, memory), frontier and staleness (stale and
+foreign data compared fairly; SPO where the truth is known) and store (the experience store at
+growing sizes)."""
 
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
+import sys
 import time
 from itertools import accumulate
 from pathlib import Path
 
 import typer
 
-from softrl.bench.learning import METHODS
 from softrl.cli_common import BASE_OPT, DEVICE_OPT, err, fail, one_line_errors, progress_bar
+from softrl_bench.learning import METHODS
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the papers' claims), anydata (stale, mixed and fixed data) and systems (speed, memory).")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the papers' claims), anydata (stale, mixed "
+                        "and fixed data), study, systems (speed, memory), frontier and staleness (stale and foreign "
+                        "data, compared fairly), store (the experience store at growing sizes).")
 
 
 # the options both learning benchmarks take
@@ -53,8 +62,8 @@ def learning(
     as_json: bool = typer.Option(False, "--json", help="print the claims as JSON"),
 ) -> None:
     """Every method from the same reference at equal batch and budget, N seeds: curves, table, claims."""
-    from softrl.bench.learning import aggregate, check_claims, collect, method_config, run_all, slug
-    from softrl.bench.report import markdown, plot_learning
+    from softrl_bench.learning import aggregate, check_claims, collect, method_config, run_all, slug
+    from softrl_bench.report import markdown, plot_learning
     from softrl.config import ConfigError, read_settings
 
     chosen = _csv(methods)
@@ -103,9 +112,9 @@ def anydata(
 ) -> None:
     """Learning from stale, mixed and fixed data: SPO and AGRO against GRPO with and without TIS, CISPO,
     TOPR and KL-PG, N seeds, from the same reference at the same batch and steps."""
-    from softrl.bench.anydata import SETTINGS, comparisons, plan, prepare_pool
-    from softrl.bench.learning import aggregate, collect, run_all, slug
-    from softrl.bench.report import markdown, plot_intervals, plot_learning
+    from softrl_bench.anydata import SETTINGS, comparisons, plan, prepare_pool
+    from softrl_bench.learning import aggregate, collect, run_all, slug
+    from softrl_bench.report import markdown, plot_intervals, plot_learning
     from softrl.config import ConfigError, read_settings
 
     try:
@@ -172,9 +181,9 @@ def study(
 ) -> None:
     """One of the papers' claims `bench learning` leaves out: SPO's loss, reverse-Q and MC-target ablations,
     code, on-policy AGRO's working region, experience that grows across runs."""
-    from softrl.bench.learning import aggregate, collect, run_all
-    from softrl.bench.report import markdown, plot_learning
-    from softrl.bench.studies import STUDIES, check_claims, plan, prepare
+    from softrl_bench.learning import aggregate, collect, run_all
+    from softrl_bench.report import markdown, plot_learning
+    from softrl_bench.studies import STUDIES, check_claims, plan, prepare
     from softrl.config import ConfigError, read_settings
 
     if name == "grow":
@@ -219,7 +228,7 @@ def run_stage(s, configs: list, jobs: int, update, what: str, prepare) -> None:
     """One stage's runs still to train under the progress bar (learner steps, or runs when several run at
     once), each on its own copy of the pool: `prepare(update)` makes the pool first, once, and returns
     its rows per source. `s`: the benchmark's settings (`bench.frontier.Settings` or the code study's)."""
-    from softrl.bench import frontier as fr
+    from softrl_bench import frontier as fr
 
     configs = fr.pending(s, configs)
     if not configs:
@@ -244,9 +253,9 @@ def run_stage(s, configs: list, jobs: int, update, what: str, prepare) -> None:
 def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | None, eval_every: int | None,
           jobs: int, kept: Path | None, base: Path | None, runs: Path, report: Path) -> None:
     """SPO vs PPO vs GRPO on tinycode-loops: every arm's learning rate tuned, then the report seeds."""
-    from softrl.bench import code_study as cs
-    from softrl.bench.learning import aggregate
-    from softrl.bench.report import code_markdown, plot_learning
+    from softrl_bench import code_study as cs
+    from softrl_bench.learning import aggregate
+    from softrl_bench.report import code_markdown, plot_learning
     from softrl.config import ConfigError, read_settings
 
     try:
@@ -282,7 +291,7 @@ def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | No
 
 def _agro_toy(seeds: int, report: Path) -> None:
     """The tabular sweep of on-policy AGRO and RLOO over beta, group size and lr."""
-    from softrl.bench import agro_sweep
+    from softrl_bench import agro_sweep
 
     with progress_bar("toy sweep") as update:
         rows = agro_sweep.sweep(seeds, progress=lambda done, total: update(done, total))
@@ -299,9 +308,9 @@ def _agro_toy(seeds: int, report: Path) -> None:
 
 def _grow(lineages: int, steps: int, later_steps: int, lr: float, rows: int, eval_size: int, eval_every: int,
           base: Path | None, runs: Path, report: Path) -> None:
-    from softrl.bench import grow
-    from softrl.bench.learning import aggregate
-    from softrl.bench.report import grow_markdown, plot_learning
+    from softrl_bench import grow
+    from softrl_bench.learning import aggregate
+    from softrl_bench.report import grow_markdown, plot_learning
     from softrl.config import ConfigError, read_settings
 
     try:
@@ -357,13 +366,13 @@ def systems(
 ) -> None:
     """Learner step time, memory, split and FLOP/s of SPO vs PPO vs GRPO; samples/s of sync vs async vs
     TRL's GRPOTrainer on the same work, alternately; Ray interval 1 vs 10; weight sync, object store vs broadcast."""
-    from softrl.bench.report import systems_markdown
-    from softrl.bench.systems import run_systems
+    from softrl_bench.report import systems_markdown
+    from softrl_bench.systems import run_systems
     from softrl.config import ConfigError
     from softrl.models.device import resolve_device
     from softrl.models.loading import ModelLoadError
 
-    from softrl.bench.end_to_end import TRL_GENERATION
+    from softrl_bench.end_to_end import TRL_GENERATION
 
     settings = _choices("--trl-generation", "setting", trl_generation, TRL_GENERATION)
     chosen_modes = _choices("--modes", "mode", modes, ("sync", "async"), at_least_one=True)
@@ -401,3 +410,201 @@ def systems(
     (report / "systems.md").write_text(table)
     write_json(result)
     typer.echo(json.dumps(result, default=str) if as_json else table)
+
+
+# frontier and staleness
+
+FRONTIER_QUICK = {"regimes": "lag1,lag16,human", "methods": "spo,oapl,grpo-tis,topr", "seeds": 1, "tune_seeds": 1,
+         "steps": 30, "lrs": "1e-4,1e-3", "extend": 0, "eval_size": 20, "eval_every": 30, "earlier_steps": 20}
+FRONTIER_QUICK_TASK = {"task.size": 200, "q0.k": 16}  # Q0 of 1,000 prompts x 32 samples alone would take minutes
+FRONTIER_FULL = {"regimes": "lag1,lag4,lag16,lag64,lag256,half,offline,human", "methods": None, "seeds": 4, "tune_seeds": 1,
+        "steps": 300, "lrs": "3e-5,1e-4,3e-4", "extend": 1,
+        "eval_size": 50, "eval_every": 100, "earlier_steps": 100}
+
+
+def _floats(option: str, text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in _csv(text))
+    except ValueError:
+        fail(f"{option}: {text!r} is not a comma-separated list of numbers (e.g. 1e-4,3e-4,1e-3)")
+    if not values or any(not v > 0 or v != v or v == float("inf") for v in values):
+        fail(f"{option}: {text!r} must list numbers > 0")
+    return values
+
+
+@bench_app.command("frontier")
+def frontier(
+    task: str = TASK_OPT,
+    regimes: str = typer.Option(None, help="comma-separated: lag1, lag4, lag16, lag64, lag256, half, offline, human "
+                                "(default: all; --quick: lag1,lag16,human)"),
+    methods: str = typer.Option(None, help="only these methods (default: every one a regime can use)"),
+    seeds: int = typer.Option(None, min=1, help="report seeds 0..N-1 (default 4; --quick 1)"),
+    tune_seeds: int = typer.Option(None, min=1, help="tuning seeds 100..100+N-1 (default 1)"),
+    steps: int = typer.Option(None, min=1, help="learner steps of every run (default 300; --quick 30)"),
+    lrs: str = typer.Option(None, help="the learning-rate grid (default 3e-5,1e-4,3e-4; --quick 1e-4,1e-3)"),
+    extend: int = typer.Option(None, min=0, help="learning rates a method's grid may grow past the edge its best "
+                               "point lies on, each way, one step of the 1-3-10 ladder each (default 1; --quick 0)"),
+    prompts: int = typer.Option(8, min=1, help="prompts per step (x 4 samples = the batch)"),
+    eval_size: int = typer.Option(None, min=1, help="held-out prompts per evaluation (default 50; --quick 20)"),
+    eval_every: int = typer.Option(None, min=1, help="learner steps between evaluations (default 100)"),
+    earlier_steps: int = typer.Option(None, min=1, help="steps of the earlier run whose rollouts are the other "
+                                      "policy's data (default 100)"),
+    quick: bool = typer.Option(False, "--quick", help="a few minutes: 3 regimes, 4 methods, 2 learning rates, 30 steps, "
+                               "200 training prompts"),
+    jobs: int = typer.Option(1, min=1, max=8, help="runs at once, each with its share of the CPU threads"),
+    report_only: bool = typer.Option(False, "--report-only", help="train nothing: report the runs finished so far "
+                                     "(a benchmark run in chunks)"),
+    base: Path = BASE_OPT,
+    runs: Path = typer.Option(Path("runs/frontier"), help="where the runs go; finished runs are reused"),
+    report: Path = typer.Option(Path("runs/frontier/report"), help="where frontier-REGIME.{md,json,png} go"),
+    kept: Path = typer.Option(None, help="the finished runs' outcomes, one JSON line each: a run found there is not "
+                              "trained again, and the reports need nothing else (default: REPORT/frontier-runs.jsonl)"),
+) -> None:
+    """Each method tuned on its own grid (learning rate x strength) on tuning seeds, then reported on other
+    seeds at its best point and at a KL common to all: pass@1-KL frontiers, pass@k at matched KL, per regime
+    (policy lag 1..256, half online, offline from another policy, offline from known solutions)."""
+    from softrl_bench import frontier as fr
+    from softrl_bench.frontier_report import lag_results, lags_markdown, markdown, plot, plot_lags
+    from softrl_bench.learning import slug
+    from softrl.config import ConfigError, read_settings
+
+    preset = FRONTIER_QUICK if quick else FRONTIER_FULL
+    given = {"regimes": regimes, "methods": methods, "seeds": seeds, "tune_seeds": tune_seeds, "steps": steps,
+             "lrs": lrs, "extend": extend, "eval_size": eval_size, "eval_every": eval_every, "earlier_steps": earlier_steps}
+    o = {k: preset[k] if v is None else v for k, v in given.items()}
+    chosen = _choices("--regimes", "regime", o["regimes"], fr.REGIMES, at_least_one=True)
+    only = _choices("--methods", "method", o["methods"], fr.METHODS, at_least_one=True) if o["methods"] else None
+    try:
+        extra = {**(FRONTIER_QUICK_TASK if quick else {}), **(read_settings(base) if base is not None else {})}
+        stem = f"frontier-{slug(task)}" if task != "countdown" else "frontier"
+        s = fr.Settings(runs, task, o["steps"], prompts, 4, o["eval_size"], o["eval_every"], o["earlier_steps"],
+                        _floats("--lrs", o["lrs"]), o["extend"], extra, kept or report / f"{stem}-runs.jsonl")
+        fr.check_names(chosen, only)
+        fr.install_reference(s)  # before any kept outcome is read: they name its weights
+    except (ValueError, ConfigError) as e:
+        fail(str(e))
+    if not report_only:
+        def pool(update) -> dict:  # the earlier run first (the other policy's data), then the pool, once
+            return fr.prepare(s, on_step=lambda _, __, r: update(r["step"], total=s.earlier_steps,
+                                                                 description="earlier run (the other policy's data)"))
+
+        with progress_bar("setup", total=None) as update, one_line_errors():
+            for _ in range(fr.tuning_rounds(s)):  # a grid whose best lies on an edge grows there, round by round
+                run_stage(s, fr.tuning_plan(s, chosen, only, o["tune_seeds"]), jobs, update, "tuning", pool)
+            for name in chosen:
+                lrs = fr.regime_lrs(s, fr.REGIMES[name], only, o["tune_seeds"])
+                picks = fr.choose(fr.grid_points(s, fr.REGIMES[name], lrs, o["tune_seeds"]))
+                run_stage(s, fr.report_plan(s, fr.REGIMES[name], {m: [picks["best"][m], picks["matched"][m]]
+                                                                  for m in picks["best"]}, o["seeds"]),
+                          jobs, update, f"{name}: report seeds", pool)
+    report.mkdir(parents=True, exist_ok=True)
+    for name in chosen:
+        with one_line_errors():
+            result = fr.regime_result(s, fr.REGIMES[name], only, o["tune_seeds"], o["seeds"])
+        table = markdown(result)
+        path = report / f"{stem}-{name}"
+        path.with_suffix(".md").write_text(table)
+        path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
+        plot(result, path.with_suffix(".png"), list(fr.METHODS))
+        typer.echo(table)
+    # this run's lags and those reported before with the same settings: the picture of staleness
+    by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, o["tune_seeds"], o["seeds"]))
+    for path in others:
+        typer.echo(f"{stem}-lags: {path.name} left out (made with other settings)")
+    if len(by_lag) > 1:
+        (report / f"{stem}-lags.md").write_text(lags_markdown(by_lag))
+        plot_lags(by_lag, report / f"{stem}-lags.png", list(fr.METHODS))
+    typer.echo(f"reports: {report}/frontier-*")
+
+
+@bench_app.command("staleness")
+def staleness(
+    seeds: int = typer.Option(3, min=1, help="seeds per setting"),
+    steps: int = typer.Option(400, min=10, help="Adam steps of every run"),
+    lrs: str = typer.Option("0.01,0.03,0.1", help="learning rates"),
+    lags: str = typer.Option("0,1,4,16,64", help="lags of the data, in learner steps"),
+    report: Path = typer.Option(Path("runs/staleness"), help="where staleness-tabular.{md,json,png} go"),
+) -> None:
+    """SPO on stale data where the truth is known: a tabular policy that cannot represent pi*, trained on its
+    own samples of L steps before, for each candidate cause (BCE clip, loss, Q0, gradient clipping, learning
+    rate) and the anchor refresh; no model, about 5 minutes."""
+    from softrl_bench.staleness import markdown, plot
+    from softrl.tabular.staleness import VARIANTS, sweep
+
+    learning_rates = _floats("--lrs", lrs)
+    try:
+        lag_list = tuple(int(v) for v in _csv(lags))
+    except ValueError:
+        fail(f"--lags: {lags!r} is not a comma-separated list of whole numbers")
+    if not lag_list or min(lag_list) < 0:
+        fail(f"--lags: {lags!r} must list whole numbers >= 0")
+    total = len(VARIANTS) * len(learning_rates) * len(lag_list)
+    with progress_bar("tabular runs", total=total) as update:
+        done = [0]
+
+        def tick() -> None:
+            done[0] += 1
+            update(done[0])
+
+        rows = sweep(learning_rates, lag_list, seeds, steps=steps, on_run=tick)
+    report.mkdir(parents=True, exist_ok=True)
+    table = markdown(rows)
+    (report / "staleness-tabular.md").write_text(table)
+    (report / "staleness-tabular.json").write_text(json.dumps(rows, indent=1))
+    plot(rows, report / "staleness-tabular.png")
+    typer.echo(table)
+
+
+# store
+
+STORE_FULL = {"sizes": "1e4,1e5,1e6,1e7", "s3_sizes": "1e4,1e5", "writer_rows": 5_000}
+STORE_QUICK = {"sizes": "2e3,2e4", "s3_sizes": "2e3", "writer_rows": 500}
+
+
+def _sizes(option: str, text: str) -> list[int]:
+    try:
+        sizes = [int(float(v)) for v in _csv(text)]
+    except ValueError:
+        fail(f"{option}: {text!r} is not a comma-separated list of row counts (e.g. 1e4,1e5)")
+    if not sizes or any(n < 1 for n in sizes) or sizes != sorted(sizes):
+        fail(f"{option}: {text!r} must list row counts >= 1, smallest first")
+    return sizes
+
+
+@bench_app.command("store")
+def store(
+    sizes: str = typer.Option(STORE_FULL["sizes"], help="rows of the local table, smallest first"),
+    s3_sizes: str = typer.Option(STORE_FULL["s3_sizes"], help="rows of the table on a loopback S3 server (none: '')"),
+    writers: int = typer.Option(4, min=1, help="writer processes appending at once"),
+    writer_rows: int = typer.Option(STORE_FULL["writer_rows"], min=1, help="rows each writer appends"),
+    runs: Path = typer.Option(Path("runs/store-bench"), help="where the local tables go (kept: a size reached is reused)"),
+    report: Path = typer.Option(Path("docs/bench"), help="where store.md, store.json and store.png go"),
+    quick: bool = typer.Option(False, "--quick", help="small sizes, in place of the options above (a test's run)"),
+    clean: bool = typer.Option(False, "--clean", help="remove the tables when done (they are large)"),
+) -> None:
+    """The store at growing sizes, locally and on S3: pool build, a sample of 64, Q0 lookup, stats and
+    dedupe, their peak memory, and N writers at once, against issue 34's targets."""
+    from softrl_bench import store as bench
+
+    if quick:
+        sizes, s3_sizes, writer_rows = STORE_QUICK["sizes"], STORE_QUICK["s3_sizes"], STORE_QUICK["writer_rows"]
+    local, remote = _sizes("--sizes", sizes), _sizes("--s3-sizes", s3_sizes) if s3_sizes.strip() else []
+    if remote:
+        try:
+            import moto  # noqa: F401
+        except ImportError:
+            fail("--s3-sizes: the loopback S3 server needs moto (pip install 'moto[server]'), or pass --s3-sizes ''")
+    runs.mkdir(parents=True, exist_ok=True)
+    with progress_bar("store", total=local[-1]) as update, one_line_errors():
+        results = bench.run(runs, local, remote, writers, writer_rows,
+                            lambda backend, n, size: update(n, size, f"{backend}: writing to {size:,} rows"))
+    command = "softrl bench store " + shlex.join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "store"] else "softrl bench store"
+    report.mkdir(parents=True, exist_ok=True)
+    text = bench.markdown(results, command.strip())
+    (report / "store.md").write_text(text)
+    (report / "store.json").write_text(json.dumps(results, indent=1))
+    bench.plot(results, report / "store.png")
+    if clean:
+        shutil.rmtree(runs, ignore_errors=True)
+    typer.echo(text)
+    err.print(f"report: {report}/store.md")

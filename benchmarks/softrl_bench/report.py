@@ -58,7 +58,7 @@ def code_markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int, tu
     """`markdown`'s table and claims for the code study, then diversity (`diversity`: arm -> measure ->
     its final value per seed), each arm's learning-rate grid on the tuning seed and the reference's
     held-out numbers from its card."""
-    from softrl.bench.learning import mean_sd
+    from softrl_bench.learning import mean_sd
 
     measures = list(next(iter(diversity.values()), {}))
     lines = ["", "Diversity at the end (distinct correct programs, mean ± sd over seeds):", "",
@@ -143,7 +143,7 @@ def _split(split: dict[str, float]) -> str:
 
 def systems_markdown(result: dict) -> str:
     """The systems numbers as markdown tables, with the ratios (`result["ratios"]`)."""
-    from softrl.bench.end_to_end import median_speed
+    from softrl_bench.end_to_end import median_speed
 
     fixed = " (fixed work: EOS ignored, every sample that long)" if result.get("fixed_work") else ""
     lines = [f"Model `{result['model']}`, task {result['task']}, batch {result['batch']}, "

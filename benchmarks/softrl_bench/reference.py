@@ -30,7 +30,7 @@ def install(task: str, kept: Path | None, outcomes: Path | None = None) -> Path:
     nothing is kept yet, built (or found in the cache) and copied there. Refuses a kept reference of
     another recipe than today's, a different model already in the cache (one line naming both), and kept
     `outcomes` (a file with lines) with no reference beside them: a new build would not be theirs."""
-    from softrl.bench.learning import weights_digest
+    from softrl_bench.learning import weights_digest
     from softrl.bootstrap import TASK_DEFAULTS, BootstrapConfig, bootstrap
     from softrl.models.loading import built_once
 

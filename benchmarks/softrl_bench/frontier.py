@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from softrl.algorithms.common import SPO_BETA
-from softrl.bench import reference
-from softrl.bench.anydata import POOL_SOURCES, prepare_pool
-from softrl.bench.frontier_runs import EVAL_SAMPLES, average, keep, mean, outcome
-from softrl.bench.learning import base_overrides, grown_lrs, run_all, slug, with_base
-from softrl.bench.start_eval import SharedStartEval
+from softrl_bench import reference
+from softrl_bench.anydata import POOL_SOURCES, prepare_pool
+from softrl_bench.frontier_runs import EVAL_SAMPLES, average, keep, mean, outcome
+from softrl_bench.learning import base_overrides, grown_lrs, run_all, slug, with_base
+from softrl_bench.start_eval import SharedStartEval
 from softrl.config import RunConfig, config_from
 
 LRS = (3e-5, 1e-4, 3e-4)  # 3e-5: the baselines' grids reach no KL as low as SPO's without it; 1e-3 is reached by

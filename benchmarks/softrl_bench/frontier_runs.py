@@ -14,7 +14,7 @@ import math
 import statistics
 from pathlib import Path
 
-from softrl.bench.learning import check_same_settings, curves, difference, settings_of
+from softrl_bench.learning import check_same_settings, curves, difference, settings_of
 from softrl.config import ConfigError, RunConfig
 
 EVAL_SAMPLES = 20  # per held-out prompt: pass@k for k = 1..20

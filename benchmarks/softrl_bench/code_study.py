@@ -24,9 +24,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from softrl.bench import reference
-from softrl.bench.frontier_runs import outcome
-from softrl.bench.learning import base_overrides, best_lr, final, judged, grown_lrs, settings_of, slug, with_base
+from softrl_bench import reference
+from softrl_bench.frontier_runs import outcome
+from softrl_bench.learning import base_overrides, best_lr, final, judged, grown_lrs, settings_of, slug, with_base
 from softrl.config import ConfigError, RunConfig, config_from
 
 TASK = "tinycode-loops"

@@ -32,8 +32,8 @@ from statistics import median
 import torch
 
 import softrl.objectives as registry
-from softrl.bench.end_to_end import against_trl, alternate, end_to_end, pair_ratios, runtime_settings, trl_grpo
-from softrl.bench.sync import sync_part, update_seconds
+from softrl_bench.end_to_end import against_trl, alternate, end_to_end, pair_ratios, runtime_settings, trl_grpo
+from softrl_bench.sync import sync_part, update_seconds
 
 STEP_METHODS = ("spo", "ppo", "grpo")
 
@@ -240,7 +240,7 @@ def release_device_memory() -> None:
 def in_fresh_process(function: str, **kwargs) -> dict | None:
     """`function(**kwargs)` (one of FRESH_PROCESS) in a fresh Python, so that each side's peak memory,
     allocator policy (`Placement.host_allocator`) and caches are its own."""
-    out = subprocess.run([sys.executable, "-m", "softrl.bench.systems", function, json.dumps(kwargs, default=str)],
+    out = subprocess.run([sys.executable, "-m", "softrl_bench.systems", function, json.dumps(kwargs, default=str)],
                          capture_output=True, text=True, check=False, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if out.returncode != 0:
         raise RuntimeError(f"{function} failed: {failure(out.stderr)}")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from softrl.bench.learning import settings_of
+from softrl_bench.learning import settings_of
 from softrl.config import RunConfig
 
 TRAINING_ONLY = ("name", "out_dir", "beta", "data.", "q0.", "optim.", "log.", "eval.every", "sampling.prompts_per_step",
