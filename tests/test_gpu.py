@@ -125,7 +125,7 @@ def test_a_run_trains_on_cuda(tiny, tmp_path, mode):
 def test_out_of_memory_on_cuda_is_one_line(capsys):
     import typer
 
-    from softrl.cli_common import one_line_errors
+    from softrl.cli.common import one_line_errors
 
     with pytest.raises(typer.Exit), one_line_errors():
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda")

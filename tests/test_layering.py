@@ -20,7 +20,7 @@ LAYERS = [
     {"bootstrap", "assemble", "toy"},
     {"runtime"},
     {"api"},
-    {"cli", "cli_common", "cli_data", "cli_annotate", "cli_train"},
+    {"cli"},
     {"command", "__main__"},
 ]
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
@@ -94,3 +94,17 @@ def test_the_library_imports_nothing_of_the_benchmarks():
             named += [f"{path.relative_to(ROOT)}: {m}" for m in modules if m.split(".")[0] == "softrl_bench"]
     assert named == []
     assert not (ROOT / "bench").exists()
+
+
+def test_the_command_line_is_one_package_of_side_by_side_modules():
+    """softrl/cli/ builds the app from its MODULES; none imports another's private helpers, and no
+    cli_*.py module is left beside the package."""
+    from softrl import cli
+
+    assert sorted(p.name for p in ROOT.glob("cli*.py")) == []
+    files = {p.stem for p in (ROOT / "cli").glob("*.py")} - {"__init__", "common"}
+    assert {m.__name__.split(".")[-1] for m in cli.MODULES} == files
+    private = [f"{p.name}: {node.module}.{a.name}" for p in (ROOT / "cli").glob("*.py")
+               for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ImportFrom)
+               and (node.module or "").startswith("softrl.cli") for a in node.names if a.name.startswith("_")]
+    assert private == []

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 from typer.testing import CliRunner
 
-from softrl.cli_data import data_app
+from softrl.cli.data import data_app
 from softrl.data import ExperienceStore, Trajectory
 from softrl.data.io import export, read_trajectories
 from softrl.models.generation import Sample

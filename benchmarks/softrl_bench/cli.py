@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from softrl.cli_common import BASE_OPT, DEVICE_OPT, err, fail, one_line_errors, progress_bar
+from softrl.cli.common import BASE_OPT, DEVICE_OPT, err, fail, one_line_errors, progress_bar
 from softrl_bench.learning import METHODS
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: learning (the papers' claims), anydata (stale, mixed "

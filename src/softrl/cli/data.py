@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from softrl.cli_common import JSON_OPT, STORE_OPT, default_store, err, fail, one_line, out as stdout
+from softrl.cli.common import JSON_OPT, STORE_OPT, default_store, err, fail, one_line, out as stdout
 
 data_app = typer.Typer(no_args_is_help=True, help="The experience store: import, export, stats, q0, dedupe, migrate, tag, compact.")
 
@@ -305,3 +305,7 @@ def data_compact(
     for name, version in held.items():
         err.print(f"kept: trajectories version {version}, held by a run that reads it until it finishes ({name}; "
                   f"a run that will not be resumed: softrl data tag {name} --delete)", highlight=False, soft_wrap=True)
+
+
+COMMANDS: dict = {}
+GROUPS = {"data": data_app}

@@ -1,4 +1,4 @@
-"""`softrl train`, `softrl demo` and `softrl plot`."""
+"""`softrl train`, `softrl demo`, `softrl plot` and `softrl eval`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from softrl.cli_annotate import SEED_OPT, TASK_OPTION_OPT
-from softrl.cli_common import DEVICE_OPT, JSON_OPT, err, fail, one_line_errors, out as stdout
+from softrl.cli.annotate import SEED_OPT, TASK_OPTION_OPT
+from softrl.cli.common import DEVICE_OPT, JSON_OPT, err, fail, one_line_errors, out as stdout
 from softrl.limits import MAX_PROMPTS, MAX_SEED
 
 # the demo's embedded defaults: SPO with the terminal Q-loss (the paper's main variant), half online
@@ -36,7 +36,7 @@ def run_training(config, resume: bool, quiet: bool = False, again: list[str] | N
     import shlex
 
     from softrl.api import run_with_progress
-    from softrl.cli_common import DEBUG_ENV
+    from softrl.cli.common import DEBUG_ENV
     from softrl.runtime.faults import DiskFullError
     from softrl.runtime.stop import RunStopped
 
@@ -152,7 +152,7 @@ def eval_command(
 ) -> None:
     """pass@1 and pass@10 (unbiased), per-sample success, distinct correct answers, token entropy, KL to a reference."""
     from softrl.api import evaluate
-    from softrl.cli_annotate import task_options
+    from softrl.cli.annotate import task_options
 
     if temperature <= 0 or not 0 < top_p <= 1:
         fail(f"--temperature must be > 0 and --top-p in (0, 1], got {temperature} and {top_p}")
@@ -171,3 +171,7 @@ def eval_command(
         if isinstance(value, float):
             table.add_row(key, f"{value:.4f}")
     stdout.print(table)
+
+
+COMMANDS = {"train": train_command, "demo": demo, "plot": plot, "eval": eval_command}
+GROUPS: dict[str, typer.Typer] = {}

@@ -6,9 +6,9 @@ import json
 
 import typer
 
-from softrl.cli_common import DEVICE_OPT, JSON_OPT, STORE_OPT, err, fail, one_line_errors, progress_bar
+from softrl.cli.common import DEVICE_OPT, JSON_OPT, STORE_OPT, err, fail, one_line_errors, progress_bar
 from softrl.limits import MAX_PROMPTS, MAX_SEED
-from softrl.cli_data import open_store, store_errors
+from softrl.cli.data import open_store, store_errors
 
 
 def task_options(pairs: list[str] | None) -> dict:
@@ -127,3 +127,7 @@ def pts(
         typer.echo(render(result) + "\n")
     typer.echo(f"annotated {summary['annotated']} trajectories: {summary['pivotal_tokens']} pivotal tokens, "
                f"{summary['rollouts']} rollouts stored, {summary['mean_prefixes_evaluated']:.1f} prefixes evaluated each")
+
+
+COMMANDS = {"q0": q0, "pts": pts}
+GROUPS: dict[str, typer.Typer] = {}

@@ -1,0 +1,84 @@
+"""`softrl toy`: every registered objective on the exact tabular problem (no model, no data)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from softrl.cli.common import err, fail, out as stdout
+from softrl.limits import MAX_SEED, MAX_TOY_SEQUENCES
+
+
+def toy(
+    steps: int = typer.Option(600, min=1, help="optimizer steps per method"),
+    lr: float = typer.Option(0.3, min=0.0, help="Adam learning rate (cosine-decayed to 1%)"),
+    samples: int = typer.Option(0, min=0, max=2**20, help="sequences sampled per step; 0 = exact expectations"),
+    max_grad_norm: float = typer.Option(0.0, min=0.0, help="clip the gradient norm to this; 0 = no clipping"),
+    vocab: int = typer.Option(2, min=2, help="vocabulary size V"),
+    length: int = typer.Option(5, min=1, help="sequence length L (V**L sequences)"),
+    success_rate: float = typer.Option(0.25, help="success rate of the reference policy"),
+    beta: float = typer.Option(0.0, help="regularisation strength; 0 = the SPO paper's 1/ln(1e5)"),
+    methods: str = typer.Option("all", help="comma-separated method names, or 'all'"),
+    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="seed of the problem and of the sampling"),
+    workers: int = typer.Option(0, min=0, max=256, help="processes; 0 = one per CPU core"),
+    out: Path = typer.Option(Path("runs/toy"), help="directory for the plot and results.json"),
+    as_json: bool = typer.Option(False, "--json", help="print the table as JSON on stdout"),
+) -> None:
+    """Train every loss on an exact tabular problem and report KL(pi || pi*) (no model, no data)."""
+    from softrl.tabular import SPO_BETA, TabularProblem
+    from softrl.toy import METHODS, plot_runs, run_all
+
+    if length * math.log(vocab) > math.log(MAX_TOY_SEQUENCES):  # every sequence is enumerated
+        fail(f"--vocab {vocab} --length {length} make {vocab}**{length} sequences, over the "
+             f"{MAX_TOY_SEQUENCES:,} the exact problem enumerates: lower --vocab or --length")
+    names = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown or not names:
+        fail(f"unknown method {unknown[0] if unknown else methods!r} in --methods; choose from {', '.join(METHODS)}")
+    try:
+        problem = TabularProblem.make(vocab=vocab, length=length, success_rate=success_rate,
+                                      beta=beta or SPO_BETA, seed=seed)
+        total = sum(len(METHODS[n].data) for n in names)
+        started = time.time()
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=err, transient=True) as bar:
+            task = bar.add_task("toy", total=total)
+
+            def advance(label: str) -> None:
+                bar.update(task, description=f"done: {label}", advance=1)
+
+            runs = run_all(problem, names, steps=steps, lr=lr, samples=samples or None, seed=seed,
+                           max_grad_norm=max_grad_norm or None, workers=workers or os.cpu_count() or 1,
+                           progress=advance)
+    except ValueError as e:
+        fail(str(e))
+    mode = f"{samples} samples/step" if samples else "exact expectations"
+    mode += f", grad norm <= {max_grad_norm:g}" if max_grad_norm else ""
+    title = (f"V={vocab}, L={length}, beta={problem.beta:.4g}, reference success {problem.success_rate:.2f}, "
+             f"{mode}, {steps} steps, lr {lr}")
+    rows = [{"method": r.method, "data": r.data, "final_kl": r.final_kl} for r in runs]
+    out.mkdir(parents=True, exist_ok=True)
+    plot_runs(runs, str(out / "kl.png"), title)
+    (out / "results.json").write_text(json.dumps({"setting": title, "rows": rows,
+                                                  "curves": {f"{r.method}/{r.data}": r.kl for r in runs}}))
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    table = Table(title=f"KL(pi || pi*) after training: {title}")
+    for col in ("method", "data", "final KL"):
+        table.add_column(col, justify="right" if col == "final KL" else "left")
+    for row in rows:
+        table.add_row(row["method"], row["data"], f"{row['final_kl']:.3g}")
+    stdout.print(table)
+    err.print(f"plot: {out / 'kl.png'}   results: {out / 'results.json'}   ({time.time() - started:.0f} s)")
+
+
+COMMANDS = {"toy": toy}
+GROUPS: dict[str, typer.Typer] = {}
