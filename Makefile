@@ -37,7 +37,7 @@ test: install
 # The CUDA-only tests (marked gpu) on a GPU machine, with that machine's own CUDA build of PyTorch
 # (`install` pins the CPU wheel) and softrl's other dependencies importable (docs/USAGE.md).
 test-gpu:
-	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest -q -m gpu
+	PYTHONPATH=src:benchmarks$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest -q -m gpu
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

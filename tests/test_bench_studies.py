@@ -192,7 +192,7 @@ def test_bench_study_mc_end_to_end_on_the_bootstrap(tmp_path):
     assert "| mc-targets | " in (report / "study-mc.md").read_text() and (report / "study-mc.png").is_file()
 
 
-# --- the code study (bench.code_study) -----------------------------------------------------------------
+# --- the code study (softrl_bench.code_study) -----------------------------------------------------------------
 def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkeypatch):
     """Bootstrap training is not bit-identical across machines: a study resumed on another machine must not
     mix outcomes of two references. The first build is kept beside the kept outcomes; a fresh machine

@@ -102,3 +102,10 @@ def test_gpu_record_merges_leases_and_judges_targets_only_on_enough_pairs(tmp_pa
     assert out["demo_gain_gpu"] == pytest.approx(0.25) and out["demo_gain_cpu"] == pytest.approx(0.2)
     assert out["targets"]["demo_gain_gap"]["met"] is False  # 0.05 apart
     assert json.loads(into.read_text()) == out
+    # a third lease: a comparison on the smaller model keeps the larger one's; its log has warnings
+    # around env.py's indented JSON
+    env = "UserWarning: something\n" + json.dumps({"gpu": "H100", "bf16_matmul_peak_flops": 8e14}, indent=1) + "\nbye\n"
+    third = _lease(tmp_path / "three", **{"env.log": env, "e2e-small/systems.json": e2e})
+    out = record(third, into, "ccc", "2026-12-02")
+    assert out["softrl_over_trl"]["step"] == "e2e-mid" and out["measured"]["softrl_over_trl"]["commit"] == "bbb"
+    assert out["bf16_matmul_peak_tflops"] == pytest.approx(800) and out["device"] == "H100"

@@ -1,4 +1,4 @@
-"""A benchmark's runs that start alike share their evaluation before training (bench/start_eval.py): the
+"""A benchmark's runs that start alike share their evaluation before training (softrl_bench/start_eval.py): the
 first evaluates, the rest read its result, and a run that read it trains exactly like one that did not."""
 
 import json

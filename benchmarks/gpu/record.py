@@ -1,7 +1,7 @@
 """Write the figures of a GPU lease into docs/bench/gpu.json, from the results measure.sh brought back.
 
     mkdir -p /tmp/gpu && tar xzf <files_at>/results.tgz -C /tmp/gpu
-    python3 benchmarks/gpu/record.py /tmp/gpu --commit <the commit that ran> [--demo-cpu demo-cpu.json]
+    .venv/bin/python benchmarks/gpu/record.py /tmp/gpu --commit <the commit that ran> [--demo-cpu demo-cpu.json]
 
 Reads what the steps wrote (env.log, learner/systems.json, e2e-*/systems.json, demo.log) and merges the
 figures it finds into the file: a figure this lease measured replaces the old one, a figure it did not
@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from statistics import median
 
+E2E_STEPS = ("e2e-big", "e2e-mid", "e2e-small")  # largest model first
 # the issue's targets; softrl against TRL counts only as the median of at least MIN_PAIRS pairs
 MIN_PAIRS = 3
 TARGETS = {"softrl_over_trl": (">=", 2.0), "learner_peak_fraction": (">=", 0.40),
@@ -27,14 +28,15 @@ def read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
     text = path.read_text()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        for line in reversed(text.splitlines()):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
+    decoder = json.JSONDecoder()
+    # the last object that parses, from any line that opens one (env.py prints one indented object;
+    # a log may hold warnings before and after it)
+    starts = [i for i in range(len(text)) if text[i] == "{" and (i == 0 or text[i - 1] == "\n")]
+    for start in reversed(starts):
+        try:
+            return decoder.raw_decode(text, start)[0]
+        except json.JSONDecodeError:
+            continue
     return None
 
 
@@ -86,7 +88,7 @@ def lease_figures(results: Path, demo_cpu: Path | None) -> tuple[dict, str | Non
     learner = read_json(results / "learner" / "systems.json")
     if learner:
         figures.update(learner_figures(learner))
-    for step in ("e2e-big", "e2e-mid", "e2e-small"):  # the largest model that compared both sides
+    for step in E2E_STEPS:  # the largest model that compared both sides
         systems = read_json(results / step / "systems.json")
         if systems and (found := trl_figures(systems, step)):
             figures.update(found)
@@ -95,8 +97,10 @@ def lease_figures(results: Path, demo_cpu: Path | None) -> tuple[dict, str | Non
     if gpu is not None:
         figures["demo_gain_gpu"] = gpu
         cpu = demo_gain(read_json(demo_cpu)) if demo_cpu else None
-        if cpu is not None:
-            figures["demo_gain_cpu"] = cpu
+        if demo_cpu and cpu is None:
+            raise SystemExit(f"record: {demo_cpu} holds no `softrl demo --json` result")
+        if cpu is not None:  # the gap only of the same lease's two demos, never of another lease's CPU run
+            figures.update(demo_gain_cpu=cpu, demo_gain_gap=abs(gpu - cpu))
     if env.get("bf16_matmul_peak_flops"):
         figures["bf16_matmul_peak_tflops"] = env["bf16_matmul_peak_flops"] / 1e12
     return figures, env.get("gpu")
@@ -107,19 +111,28 @@ def headline(value) -> float | None:
     return value.get("median") if isinstance(value, dict) else value
 
 
+def smaller_model(new: dict, old: dict | None) -> bool:
+    return old is not None and E2E_STEPS.index(new["step"]) > E2E_STEPS.index(old["step"])
+
+
 def record(results: Path, into: Path, commit: str, date: str, demo_cpu: Path | None = None) -> dict:
     figures, device = lease_figures(results, demo_cpu)
     old = json.loads(into.read_text()) if into.is_file() else {}
     out = {k: v for k, v in old.items() if k not in ("targets",)}
     lease = {"commit": commit, "date": date, "device": device}
     out.setdefault("measured", {})
+    if "demo_gain_gpu" in figures and "demo_gain_gap" not in figures:
+        for stale in ("demo_gain_cpu", "demo_gain_gap"):  # a CPU demo of another lease is no pair for this one
+            out.pop(stale, None)
+            out["measured"].pop(stale, None)
     for name, value in figures.items():
+        if name == "softrl_over_trl" and smaller_model(value, out.get(name)):
+            continue  # a comparison on a smaller model does not replace one on a larger
         out[name] = value
         out["measured"][name] = lease
-    out["device"] = device or old.get("device")
-    out["commit"], out["date"] = commit, date
-    if "demo_gain_gpu" in out and "demo_gain_cpu" in out:
-        out["demo_gain_gap"] = abs(out["demo_gain_gpu"] - out["demo_gain_cpu"])
+    if figures:
+        out["device"] = device or old.get("device")
+        out["commit"], out["date"] = commit, date
     out["targets"] = {}
     for name, (sense, bound) in TARGETS.items():
         value = headline(out.get(name))

@@ -58,7 +58,7 @@ in_halves "$OUT/pylance.tar.xz" "$OUT/lance-1" "$OUT/lance-2"
 smollm2=$(.venv/bin/softrl model prepare smollm2-135m)
 cp "$smollm2"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} "$OUT/base/"
 xz -9e "$OUT/base/tokenizer.json"  # 3.4 MiB to 0.4: a call's 64 MiB are nearly all taken (setup.sh unpacks it)
-# the frontier's kept reference (bootstrap training differs across machines: bench/reference.py), installed
+# the frontier's kept reference (bootstrap training differs across machines: softrl_bench/reference.py), installed
 # in this machine's cache first, so that a later frontier run here finds that one there too
 reference=$(.venv/bin/python -c "from pathlib import Path; from softrl_bench.reference import install
 print(install('countdown', Path('docs/bench/frontier-reference')))")

@@ -106,7 +106,7 @@ def build_pool(earlier: RunConfig, pool_dir: Path) -> dict:
 
 def comparisons(setting: Setting, runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
     """SPO and off-policy AGRO against every other method of the setting (and interval) that ran: final
-    pass@1 and pass@10, paired over seeds; the claims' table format of `bench.report.markdown`."""
+    pass@1 and pass@10, paired over seeds; the claims' table format of `softrl_bench.report.markdown`."""
     out = []
     for interval in setting.intervals:
         for ours in ("spo", "agro-off"):
@@ -143,7 +143,7 @@ def prepare_pool(task: str, root: Path, steps: int, lr: float, prompts: int, sam
                  extra: dict | None = None, on_step=None, log=lambda m: None) -> dict:
     """The earlier run (resumed if killed) and the pool built from it, once; returns rows per source. The
     pool's marker names the reference's weights: a pool made with another build of the reference is
-    refused, not reused (`bench.reference`; so is a finished earlier run, by `run_all`)."""
+    refused, not reused (`softrl_bench.reference`; so is a finished earlier run, by `run_all`)."""
     pool_dir = root / slug(task) / "pool"
     marker = pool_dir / "pool.json"
     earlier = earlier_config(root, task, steps, lr, prompts, samples_per_prompt, extra)

@@ -227,7 +227,7 @@ def study(
 def run_stage(s, configs: list, jobs: int, update, what: str, prepare) -> None:
     """One stage's runs still to train under the progress bar (learner steps, or runs when several run at
     once), each on its own copy of the pool: `prepare(update)` makes the pool first, once, and returns
-    its rows per source. `s`: the benchmark's settings (`bench.frontier.Settings` or the code study's)."""
+    its rows per source. `s`: the benchmark's settings (`softrl_bench.frontier.Settings` or the code study's)."""
     from softrl_bench import frontier as fr
 
     configs = fr.pending(s, configs)

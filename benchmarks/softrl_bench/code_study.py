@@ -13,7 +13,7 @@ Each arm's learning rate is tuned on a tuning seed (the best final pass@1 over `
 `extend` points of the 1-3-10 ladder past an edge where the best lies) and reported on seeds 0..N-1. The
 study's pool (a store with the training prompts' Q0 from the reference's samples, and the known
 solutions as rows of source "human") is made once; every run trains on its own copy of it
-(`bench.frontier.run`: several at once with `jobs`), and its outcome with every evaluation is kept as one
+(`softrl_bench.frontier.run`: several at once with `jobs`), and its outcome with every evaluation is kept as one
 JSON line in `kept` (`bench.frontier_runs`), so a study resumes on any machine from that file.
 """
 
@@ -96,7 +96,7 @@ def kept_reference(s: Settings) -> Path | None:
 
 def install_reference(s: Settings) -> Path:
     """The runs' reference in the cache (`reference_dir()`), the one kept beside the kept outcomes
-    (`bench.reference.install`)."""
+    (`softrl_bench.reference.install`)."""
     return reference.install(TASK, kept_reference(s), s.kept)
 
 

@@ -1,5 +1,5 @@
 """End to end: samples/s of softrl's local runtime and of TRL's GRPOTrainer on the same work, run
-alternately round by round (`softrl bench systems --parts e2e,trl`, bench/systems.py).
+alternately round by round (`softrl bench systems --parts e2e,trl`, softrl_bench/systems.py).
 
 samples/s are over each side's whole training clock (setup left out) and, as `steady_samples_per_s`,
 over the steps after the first, without one-off costs (compiling softrl's decode step, first

@@ -125,7 +125,7 @@ def kept_reference(s: Settings) -> Path | None:
 
 
 def install_reference(s: Settings) -> None:
-    """The runs' bootstrap reference, the one kept beside the kept outcomes (`bench.reference.install`),
+    """The runs' bootstrap reference, the one kept beside the kept outcomes (`softrl_bench.reference.install`),
     before any outcome is read: they name its weights. Nothing for a model that is not a bootstrap reference."""
     from softrl.assemble import bootstrap_task
 

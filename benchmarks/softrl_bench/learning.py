@@ -154,7 +154,7 @@ def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], 
             after: Callable[[RunConfig], None] | None = None, shared=None) -> None:
     """Train each config in turn; a run with a summary.json is done and kept (a killed benchmark
     resumes where it stopped), a run without one starts over, after `before(config)` (e.g. its store);
-    `after(config)` once it has finished. `shared`: a `bench.start_eval.SharedStartEval`, where runs
+    `after(config)` once it has finished. `shared`: a `softrl_bench.start_eval.SharedStartEval`, where runs
     that start alike share their evaluation before training."""
     from softrl.runtime.local import train
 
@@ -341,7 +341,7 @@ CLAIMS = [
 
 def judged(runs: dict[str, dict[int, list[dict]]], claim: str, paper: str, a: str, b: str, compared: str,
            value: Callable[[list[dict]], float], expected: str, margin: float = 0.0) -> dict:
-    """`paired(runs, a, b, value, margin)` as a row of the claims table (`bench.report.markdown`): reproduced
+    """`paired(runs, a, b, value, margin)` as a row of the claims table (`softrl_bench.report.markdown`): reproduced
     when the verdict is one of `expected` ("|"-separated), None where a side did not run."""
     result = paired(runs, a, b, value, margin)
     holds = None if result["verdict"] == "not run" else result["verdict"] in expected.split("|")

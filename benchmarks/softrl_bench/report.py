@@ -1,6 +1,6 @@
 """The benchmarks' outputs. Learning: a markdown table of final numbers, the claims, and one PNG of
 pass@1 / pass@10 against samples generated and wall time plus reward against KL(pi || pi0).
-Systems: `systems_markdown`, the tables of `bench.systems.run_systems`' result."""
+Systems: `systems_markdown`, the tables of `softrl_bench.systems.run_systems`' result."""
 
 from __future__ import annotations
 
@@ -254,7 +254,7 @@ def _store_sources(census: dict | None) -> str:
 
 
 def grow_markdown(result: dict) -> str:
-    """`bench.grow.report`'s result: per lineage, each run's store at its start, the samples it generated
+    """`softrl_bench.grow.report`'s result: per lineage, each run's store at its start, the samples it generated
     before reaching A's final pass@1 and pass@10, its final numbers; then the paired comparisons."""
     lines = ["| lineage | run | store at its start (trajectories: by source) | samples to A's pass@1 "
              "| samples to A's pass@10 | samples generated | final pass@1 | final pass@10 |",

@@ -7,10 +7,10 @@
 - mc (figure 2c): a quarter of the batch from PTS-annotated trajectories with Monte-Carlo targets
   against the same quarter of PTS's plain rollouts under the terminal loss; the paper: MC targets
   help, the rollouts alone do not.
-- code (SPO's domain) has its own module, `bench.code_study` (tuned learning rates, more arms).
+- code (SPO's domain) has its own module, `softrl_bench.code_study` (tuned learning rates, more arms).
 - agro (AGRO): on-policy AGRO against RLOO at the beta and group sizes the toy sweep
   (`bench.agro_sweep`) says it learns at.
-- grow: experience that grows across runs, `bench.grow`.
+- grow: experience that grows across runs, `softrl_bench.grow`.
 
 The SPO ablations run in the paper's ablation setting, half online: half of every batch generated,
 half the reference's passed samples from the store. Every study's runs share one store (Q0 once) and
@@ -144,7 +144,7 @@ def plan(study: Study, seeds: int, runs: Path, steps: int, lr: float, rows: int,
 
 
 def check_claims(study: Study, runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
-    """Each claim as a paired difference over seeds, in `bench.report.markdown`'s format."""
+    """Each claim as a paired difference over seeds, in `softrl_bench.report.markdown`'s format."""
     return [judged(runs, c.text, c.paper, c.a, c.b, c.compared, c.value, c.expected) for c in study.claims]
 
 

@@ -10,9 +10,9 @@
   round against TRL's fastest setting. Fixed work (the default): EOS is never drawn on either side,
   so every sample is `max_new_tokens` long;
 - training wall time of the Ray runtime with `model_update_interval` 1 vs 10;
-- weight sync (bench/sync.py): seconds per update to the Ray workers, object store vs broadcast.
+- weight sync (softrl_bench/sync.py): seconds per update to the Ray workers, object store vs broadcast.
 
-The end-to-end sides (softrl's local runtime, TRL) and their round-by-round ratios: bench/end_to_end.py.
+The end-to-end sides (softrl's local runtime, TRL) and their round-by-round ratios: softrl_bench/end_to_end.py.
 
 `systems.json` holds everything and a `ratios` object: softrl_over_trl (and _steady), async_over_sync,
 spo_over_ppo_time, spo_over_ppo_memory, learner_of_peak (and ray_interval10_over_1_time,

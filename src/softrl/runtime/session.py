@@ -38,7 +38,7 @@ class Session:
         stands in for the run's learner; `tasks`: (training, evaluation) Tasks made in Python instead
         of config.task's; `on_eval`: called with every evaluation's record (step and `eval/...`);
         `start_eval(evaluate)`: the evaluation before training, given the function that makes it (a
-        benchmark shares one among runs that start alike: bench/start_eval.py)."""
+        benchmark shares one among runs that start alike: softrl_bench/start_eval.py)."""
         self.log = log
         self.lock = RunLock(config.run_dir).acquire()  # before anything in it is read or removed
         try:
