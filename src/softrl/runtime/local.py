@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from softrl.assemble import resolve_model
 from softrl.config import RunConfig
 from softrl.runtime.group import LearnerGroup, follow, torchrun_rank
 from softrl.runtime.faults import disk_full_reported
@@ -153,6 +154,9 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
             generation, group, ok = None, None, False
             try:
                 group = LearnerGroup(config) if config.runtime.learners > 1 or rank is not None else None
+                # a first run builds the task's reference model (minutes): said, not silent
+                resolve_model(config, progress=lambda stage, done, total, loss: phase(
+                    f"building the {config.task.name} reference model: {stage}", done, total))
                 session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total),
                                   group=group, tasks=tasks, on_eval=on_eval, start_eval=start_eval)
                 rc = config.runtime
