@@ -107,3 +107,27 @@ def test_the_example_config_is_the_demo_and_trains(tmp_path):
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["steps"] == 2
+    # no terminal here: no bar, but a timed line at each phase (and about every 10 s within one)
+    phases = re.findall(r"^\d\d:\d\d:\d\d (.+?) \d+/\d+", done.stderr, re.M)
+    assert {"q0", "train"} <= set(phases), done.stderr[-3000:]
+
+
+def test_progress_lines_come_at_each_phase_and_then_every_ten_seconds(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from softrl.api import ProgressLines
+
+    console = Console(file=io.StringIO(), width=200)
+    lines = ProgressLines(console, enabled=True, every=10.0)
+    clock = iter([0.0, 1.0, 2.0, 12.5, 13.0])
+    monkeypatch.setattr("softrl.api.time.monotonic", lambda: next(clock))
+    for phase, done in (("q0", 1), ("q0", 2), ("train", 1), ("train", 2), ("train", 3)):
+        lines.say(phase, done, 3)
+    monkeypatch.undo()
+    said = [line.split(" ", 1)[1] for line in console.file.getvalue().splitlines()]
+    assert said == ["q0 1/3", "train 1/3", "train 2/3"]  # a new phase at once; within one, after 10 s
+    quiet = ProgressLines(Console(file=io.StringIO()), enabled=False)
+    quiet.say("q0", 1, 3)
+    assert quiet.console.file.getvalue() == ""
