@@ -103,7 +103,7 @@ class DataConfig(Section):
                                               "(PTS's rollouts)")
     objectives: dict[str, ObjectiveConfig] = Field(
         default_factory=dict, description="per-source loss; a source not named uses `objective`")
-    objective: ObjectiveConfig = Field(default_factory=registry.get("spo").options,
+    objective: ObjectiveConfig = Field(default_factory=registry.get(registry.DEFAULT_ALGORITHM).options,
                                        description="the default loss (its `algorithm` picks the options)")
     offline_sources: list[str] = Field(["reference"], description="store sources that make the offline pool")
     offline_passed_only: bool = Field(True, description="offline pool holds passed trajectories only (SPO)")

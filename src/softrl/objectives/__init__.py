@@ -4,6 +4,6 @@
 # each module registers its entries; SPO first, the default
 from softrl.objectives import spo  # noqa: F401, I001
 from softrl.objectives import agro, baselines, offpolicy  # noqa: F401
-from softrl.objectives.base import REGISTRY, LossInputs, Objective, Options, get, objective_loss, options_union, register
+from softrl.objectives.base import DEFAULT_ALGORITHM, REGISTRY, LossInputs, Objective, Options, get, objective_loss, options_union, register
 
-__all__ = ["REGISTRY", "LossInputs", "Objective", "Options", "get", "objective_loss", "options_union", "register"]
+__all__ = ["DEFAULT_ALGORITHM", "REGISTRY", "LossInputs", "Objective", "Options", "get", "objective_loss", "options_union", "register"]

@@ -90,6 +90,7 @@ class Objective:
 
 
 REGISTRY: dict[str, Objective] = {}
+DEFAULT_ALGORITHM = "spo"  # the loss of a config that names none: its one home
 
 
 def register(objective: Objective) -> Objective:
@@ -116,7 +117,7 @@ def objective_loss(options: Options, inputs: LossInputs) -> tuple[Tensor, dict[s
 
 def _algorithm_of(value: Any) -> str | None:
     """The union's tag; options that name no algorithm are SPO's (the default loss)."""
-    return value.get("algorithm", "spo") if isinstance(value, dict) else getattr(value, "algorithm", None)
+    return value.get("algorithm", DEFAULT_ALGORITHM) if isinstance(value, dict) else getattr(value, "algorithm", None)
 
 
 def options_union():
