@@ -97,8 +97,8 @@ def test_the_library_imports_nothing_of_the_benchmarks():
 
 
 def test_the_command_line_is_one_package_of_side_by_side_modules():
-    """softrl/cli/ builds the app from its MODULES; none imports another's private helpers, and no
-    cli_*.py module is left beside the package."""
+    """softrl/cli/ builds the app from its MODULES, side by side: none imports another (what several
+    share is in common) or a private helper, and no cli_*.py module is left beside the package."""
     from softrl import cli
 
     assert sorted(p.name for p in ROOT.glob("cli*.py")) == []
@@ -108,3 +108,8 @@ def test_the_command_line_is_one_package_of_side_by_side_modules():
                for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ImportFrom)
                and (node.module or "").startswith("softrl.cli") for a in node.names if a.name.startswith("_")]
     assert private == []
+    # side by side: a command module imports only common, never another command module
+    sideways = [f"{p.name}: {node.module}" for p in (ROOT / "cli").glob("*.py") if p.stem in files
+                for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("softrl.cli.") and node.module != "softrl.cli.common"]
+    assert sideways == []

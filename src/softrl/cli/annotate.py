@@ -6,23 +6,9 @@ import json
 
 import typer
 
-from softrl.cli.common import DEVICE_OPT, JSON_OPT, STORE_OPT, err, fail, one_line_errors, progress_bar
+from softrl.cli.common import (DEVICE_OPT, JSON_OPT, SEED_OPT, STORE_OPT, TASK_OPTION_OPT, err, fail, one_line_errors,
+                               open_store, progress_bar, store_errors, task_options)
 from softrl.limits import MAX_PROMPTS, MAX_SEED
-from softrl.cli.data import open_store, store_errors
-
-
-def task_options(pairs: list[str] | None) -> dict:
-    """`--task-option KEY=VALUE` pairs as the task's keyword options (each value read as YAML, as a
-    config override's is)."""
-    from softrl.config import ConfigError, parse_override
-
-    options = {}
-    for pair in pairs or []:
-        try:
-            _, options[pair.partition("=")[0].strip()] = parse_override(pair)
-        except ConfigError as e:
-            fail(f"--task-option {e}")
-    return options
 
 
 def reference_sampler(task: str, model: str, size: int, seed: int, max_new_tokens: int, temperature: float,
@@ -45,11 +31,8 @@ def reference_sampler(task: str, model: str, size: int, seed: int, max_new_token
 MODEL_OPT = typer.Option("bootstrap", "--model", help="reference model directory; 'bootstrap' = the task's built-in one")
 SIZE_OPT = typer.Option(0, "--size", min=0, max=MAX_PROMPTS, help="number of prompts of the task; 0 = its default")
 TASK_SEED_OPT = typer.Option(0, "--task-seed", min=0, max=MAX_SEED, help="seed of the task's problems; 0 = its default")
-SEED_OPT = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="sampling seed")
 TOKENS_OPT = typer.Option(0, "--max-new-tokens", min=0, help="0 = the task's default")
 DTYPE_OPT = typer.Option("float32", "--dtype", help="float32 or bfloat16")
-TASK_OPTION_OPT = typer.Option(None, "--task-option", help="a task keyword option KEY=VALUE (repeatable), as "
-                               "task.options in a config, e.g. prompts=prompts.jsonl for a module:function reward")
 
 
 def q0(

@@ -1,4 +1,5 @@
-"""What every `softrl` subcommand shares: one-line errors, the stdout and stderr consoles, progress bars.
+"""What every `softrl` subcommand shares: one-line errors, the stdout and stderr consoles, progress bars,
+and the options and store helpers several command groups use (the sampling seed, task options, the store).
 
 A command's result (a table, a report, a path, with `--json` one JSON document) goes to stdout, through
 `out` or `typer.echo`; messages, warnings and progress go to stderr, through `err`."""
@@ -11,6 +12,8 @@ from contextlib import contextmanager
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from softrl.limits import MAX_SEED
 
 out = Console()  # results: tables (plain text when stdout is not a terminal)
 err = Console(stderr=True)  # messages and progress
@@ -119,3 +122,41 @@ def one_line_errors():
         fail(str(e))
     except torch.OutOfMemoryError as e:
         fail(out_of_memory_advice(e))
+
+
+# shared by the store's commands (data, annotate) and the task options of q0, pts and eval
+SEED_OPT = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="sampling seed")
+TASK_OPTION_OPT = typer.Option(None, "--task-option", help="a task keyword option KEY=VALUE (repeatable), as "
+                               "task.options in a config, e.g. prompts=prompts.jsonl for a module:function reward")
+
+
+@contextmanager
+def store_errors():
+    """A store that cannot be opened, read or written (no server, credentials, format) as one line."""
+    from softrl.data.store import StoreError
+
+    try:
+        yield
+    except StoreError as e:
+        fail(str(e))
+
+
+def open_store(where: str | None, create: bool = True):
+    from softrl.data.store import ExperienceStore
+
+    with store_errors():
+        return ExperienceStore(where or default_store(), create=create)
+
+
+def task_options(pairs: list[str] | None) -> dict:
+    """`--task-option KEY=VALUE` pairs as the task's keyword options (each value read as YAML, as a
+    config override's is)."""
+    from softrl.config import ConfigError, parse_override
+
+    options = {}
+    for pair in pairs or []:
+        try:
+            _, options[pair.partition("=")[0].strip()] = parse_override(pair)
+        except ConfigError as e:
+            fail(f"--task-option {e}")
+    return options

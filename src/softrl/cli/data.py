@@ -4,33 +4,14 @@ stdout (with `--json`, one JSON document), messages to stderr."""
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from softrl.cli.common import JSON_OPT, STORE_OPT, default_store, err, fail, one_line, out as stdout
+from softrl.cli.common import JSON_OPT, STORE_OPT, err, fail, one_line, open_store, out as stdout, store_errors
 
 data_app = typer.Typer(no_args_is_help=True, help="The experience store: import, export, stats, q0, dedupe, migrate, tag, compact.")
-
-
-@contextmanager
-def store_errors():
-    """A store that cannot be opened, read or written (no server, credentials, format) as one line."""
-    from softrl.data.store import StoreError
-
-    try:
-        yield
-    except StoreError as e:
-        fail(str(e))
-
-
-def open_store(where: str | None, create: bool = True):
-    from softrl.data.store import ExperienceStore
-
-    with store_errors():
-        return ExperienceStore(where or default_store(), create=create)
 
 
 @data_app.command("import")

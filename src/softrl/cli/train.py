@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from softrl.cli.annotate import SEED_OPT, TASK_OPTION_OPT
-from softrl.cli.common import DEVICE_OPT, JSON_OPT, err, fail, one_line_errors, out as stdout
+from softrl.cli.common import (DEVICE_OPT, JSON_OPT, SEED_OPT, TASK_OPTION_OPT, err, fail, one_line_errors,
+                               out as stdout, task_options)
 from softrl.limits import MAX_PROMPTS, MAX_SEED
 
 # the demo's embedded defaults: SPO with the terminal Q-loss (the paper's main variant), half online
@@ -152,7 +152,6 @@ def eval_command(
 ) -> None:
     """pass@1 and pass@10 (unbiased), per-sample success, distinct correct answers, token entropy, KL to a reference."""
     from softrl.api import evaluate
-    from softrl.cli.annotate import task_options
 
     if temperature <= 0 or not 0 < top_p <= 1:
         fail(f"--temperature must be > 0 and --top-p in (0, 1], got {temperature} and {top_p}")
