@@ -33,7 +33,7 @@ def held_mib(learner):
     return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
 def rank_main(rank, world, init, rows_file, model, steps, out):
-    from softrl.assemble import Run
+    from softrl.assemble import RunParts
     from softrl_bench.systems import peak_rss_mib, reset_peak_rss, rss_mib
     from softrl.config import config_from
     from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
@@ -48,7 +48,7 @@ def rank_main(rank, world, init, rows_file, model, steps, out):
     config = config_from({"data.objective.algorithm": "spo", "data.mix": {"online": 1.0}, "model.path": model,
                           "data.store": rows_file + ".store", "sampling.samples_per_prompt": 4, "optim.warmup_steps": 0,
                           "model.device": "cpu", "runtime.learners": world})
-    run = Run(config, rank=rank)
+    run = RunParts(config, rank=rank)
     tok = run.tokenizer
     batch = make_batch(rows, tokenizer_fingerprint(tok), tok.pad_token_id, lambda t: encode_prompt(tok, t),
                        lambda t: encode_response(tok, t), {r["prompt_id"]: 0.5 for r in rows})

@@ -103,11 +103,11 @@ def test_device_settings_are_checked_at_the_door(monkeypatch, tiny, tmp_path):
     with pytest.raises(ConfigError, match="model.autocast"):
         load_config(None, ["model.autocast=fp16"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    from softrl.assemble import Run
+    from softrl.assemble import RunParts
 
     config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"model.device": "cuda"}))
     with pytest.raises(ConfigError, match="model.device: device 'cuda': this PyTorch sees no CUDA device"):
-        Run(config)
+        RunParts(config)
 
 
 def test_token_budget_micro_batches_keep_groups_whole_within_the_budget(tiny):
@@ -217,10 +217,10 @@ def test_static_backend_trains_with_a_token_budget_and_checkpointing(tiny, tmp_p
 def test_a_run_makes_one_generator_per_model_for_all_its_evaluations(tiny, tmp_path):
     """Q0, rollouts and every evaluation of a model share its generator: the static backend's KV caches
     (and, on CUDA, its compiled decode step) are made once per model and shape, not once per evaluation."""
-    from softrl.assemble import Run
+    from softrl.assemble import RunParts
 
     seed_store(tmp_path)
-    run = Run(load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"sampling.backend": "static"})))
+    run = RunParts(load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"sampling.backend": "static"})))
     first = run.evaluate(run.policy.model)
     decoder = run.generator(run.policy.model).decoder
     caches = {rows: id(cache) for rows, (cache, _) in decoder._caches.items()}

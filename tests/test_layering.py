@@ -113,3 +113,10 @@ def test_the_command_line_is_one_package_of_side_by_side_modules():
                 for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ImportFrom)
                 and (node.module or "").startswith("softrl.cli.") and node.module != "softrl.cli.common"]
     assert sideways == []
+
+
+def test_one_class_per_name_for_the_central_concepts():
+    """`Run` is the finished run softrl.train returns (api.py); the run's assembled pieces are RunParts."""
+    classes = [f"{p.relative_to(ROOT)}" for p in ROOT.rglob("*.py")
+               for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ClassDef) and node.name == "Run"]
+    assert classes == ["api.py"]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from softrl.assemble import Run
+from softrl.assemble import RunParts
 from softrl_bench.learning import run_all
 from softrl_bench.start_eval import SharedStartEval, start_key
 from softrl.config import config_from
@@ -27,8 +27,8 @@ def evals(c):
 
 def test_runs_that_start_alike_evaluate_once_and_train_as_if_each_had(tiny, tmp_path, monkeypatch):
     calls = []
-    evaluate = Run.evaluate
-    monkeypatch.setattr(Run, "evaluate", lambda self, model: calls.append(self.config.name) or evaluate(self, model))
+    evaluate = RunParts.evaluate
+    monkeypatch.setattr(RunParts, "evaluate", lambda self, model: calls.append(self.config.name) or evaluate(self, model))
     alone = config(tiny, tmp_path, "alone")
     run_all([alone])
     shared = [config(tiny, tmp_path, "a"), config(tiny, tmp_path, "b", **{"optim.lr": 3e-3, "beta": 0.2}),

@@ -144,13 +144,13 @@ def test_local_runtime_runs_and_logs(tiny, tmp_path, mode):
 def test_online_rows_reach_the_store_in_a_commit_every_ten_steps(tiny, tmp_path, mode):
     """A run makes about steps / 10 commits of its online rows, not one per step, and no row is lost:
     every step's samples are in the store when the run ends (async: those sampled ahead too)."""
-    from softrl.assemble import Run
+    from softrl.assemble import RunParts
     from softrl.runtime.local import train
 
     seed_store(tmp_path)
     config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
         "runtime.mode": mode, "optim.steps": 20, "log.checkpoint_every": 20, "eval.samples": 1}))
-    Run(config).q0()  # its commit before the run's
+    RunParts(config).q0()  # its commit before the run's
     store = ExperienceStore(tmp_path / "store")
     before = store.snapshot().versions["trajectories"]
     train(config, log=lambda m: None)
@@ -188,20 +188,20 @@ def test_a_pinned_run_reads_q0_at_its_version(tiny, tmp_path, monkeypatch):
     """`data.store_version` reproduces the data a run saw, Q0 included: the prompts' Q0 replaced after
     the tag (another sampler's, `data q0 --force`), a run pinned to the tag trains on the Q0 of then,
     an unpinned one on today's."""
-    from softrl.assemble import Run
+    from softrl.assemble import RunParts
     from softrl.data.versions import tag
     from softrl.runtime.local import train
 
     seed_store(tmp_path)
     overrides = tiny_overrides(str(tiny[0]), str(tmp_path), **{"optim.steps": 1, "eval.samples": 1})
-    then = Run(load_config(None, overrides)).q0()
+    then = RunParts(load_config(None, overrides)).q0()
     store = ExperienceStore(tmp_path / "store")
     tag(store, "then")
     rows = store.prompts()
     store.put_prompts([{**row, "q0_rewards": [1.0] * len(row["q0_rewards"])} for row in rows.values()])
     used = []
-    q0 = Run.q0
-    monkeypatch.setattr(Run, "q0", lambda self, *a, **k: used.append(q0(self, *a, **k)) or used[-1])
+    q0 = RunParts.q0
+    monkeypatch.setattr(RunParts, "q0", lambda self, *a, **k: used.append(q0(self, *a, **k)) or used[-1])
     for name, pin in (("pinned", ["data.store_version=then"]), ("newest", [])):
         train(load_config(None, [*overrides, f"name={name}", *pin]), log=lambda m: None)
     assert used[0] == then and used[1] == pytest.approx({pid: 1.0 for pid in then}) != then

@@ -228,7 +228,7 @@ def prepare_pool(s: Settings, progress=None) -> dict:
     from the reference's samples, and the known solutions of those prompts as source "human" (each
     checked against its tests), `progress(done, prompts)` while the reference samples. Returns rows per
     source. The reference is installed first (`install_reference`: the CLI does it before anything else)."""
-    from softrl.assemble import Run, load_tasks
+    from softrl.assemble import RunParts, load_tasks
     from softrl.data import ExperienceStore
     from softrl.data.io import task_solutions
 
@@ -246,7 +246,7 @@ def prepare_pool(s: Settings, progress=None) -> dict:
         return made["rows"]
     shutil.rmtree(s.pool, ignore_errors=True)  # one half made when killed
     config = first.model_copy(update={"data": first.data.model_copy(update={"store": str(s.pool)})})
-    Run(config).q0(progress=progress)
+    RunParts(config).q0(progress=progress)
     human = task_solutions(load_tasks(config)[0], "human")
     wrong = [r for r in human if not r.passed]
     if wrong:

@@ -55,13 +55,13 @@ def base_store(runs: Path) -> Path:
 
 def prepare_base(config: RunConfig, runs: Path, log: Callable[[str], None] = lambda m: None) -> Path:
     """The store every lineage starts from: Q0 and the reference's samples of the training prompts."""
-    from softrl.assemble import Run
+    from softrl.assemble import RunParts
 
     target = base_store(runs)
     marker = target / "q0.done"
     if not marker.is_file():
         shutil.rmtree(target, ignore_errors=True)
-        Run(config.model_copy(update={"data": config.data.model_copy(update={"store": str(target)})})).q0()
+        RunParts(config.model_copy(update={"data": config.data.model_copy(update={"store": str(target)})})).q0()
         marker.write_text("")
         log(f"base store: {target}")
     return target

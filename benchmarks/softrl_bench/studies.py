@@ -154,9 +154,9 @@ PTS_LIMIT, PTS_K = 300, 10  # trajectories annotated for the mc study, rollouts 
 def ensure_q0(config: RunConfig) -> None:
     """Q0 of the training prompts in the run's store (what the first run would do), so that a study's
     preparation (PTS) finds the reference's samples there."""
-    from softrl.assemble import Run
+    from softrl.assemble import RunParts
 
-    Run(config).q0()
+    RunParts(config).q0()
 
 
 def prepare(study: Study, config: RunConfig, progress: Callable[[int, int], None] | None = None) -> dict:

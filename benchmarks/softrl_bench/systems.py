@@ -154,7 +154,7 @@ def learner_setup(method: str, model_path: str, rows: list[dict], samples_per_pr
                   device: str = "auto", checkpointing: bool = False, micro_batch_tokens: int = 0):
     """(run, batch): a run of `method` online on `rows`, every prompt's Q0 0.5, and its batch of them;
     `micro_batch_tokens` as `optim.micro_batch_tokens` (0: the whole batch in one pass)."""
-    from softrl.assemble import Run
+    from softrl.assemble import RunParts
     from softrl.config import config_from
     from softrl.runtime.feed import DataFeed
 
@@ -163,7 +163,7 @@ def learner_setup(method: str, model_path: str, rows: list[dict], samples_per_pr
                           "optim.warmup_steps": 0, "model.device": device,
                           "optim.gradient_checkpointing": checkpointing,
                           "optim.micro_batch_tokens": micro_batch_tokens})
-    run = Run(config)
+    run = RunParts(config)
     feed = DataFeed(config, run.store, run.train_task, {r["prompt_id"]: 0.5 for r in rows}, run.tokenizer)
     return run, feed.batch(rows)
 

@@ -1,7 +1,7 @@
 """RunConfig -> the pieces of a run: models, tokenizer, tasks, rollout specs, store and learner.
 
 Everything that loads a model, picks a task or builds a sampler does it here: the local and Ray
-runtimes (`Run`, `rollout_worker`), `softrl eval`, `softrl q0` and `softrl pts` and the benchmarks
+runtimes (`RunParts`, `rollout_worker`), `softrl eval`, `softrl q0` and `softrl pts` and the benchmarks
 (`Sampler`). Nothing here writes a file but the store's folder and, on first use, a built or
 prepared model in the cache.
 """
@@ -163,7 +163,7 @@ def model_id(directory: str) -> str:
     return str(Path(directory).resolve()) if Path(directory).exists() else directory
 
 
-class Run:
+class RunParts:
     """The pieces of one training run, built completely from its config: policy, frozen reference,
     the value model where an objective needs one, tokenizer, tasks, store and learner. `rank`: the
     learner's place in a group of `runtime.learners` (runtime/group.py); only rank 0 opens the store."""
@@ -196,7 +196,7 @@ class Run:
                 self.value.checkpoint_activations()
         self.store = ExperienceStore(config.data.store) if rank == 0 else None
         self.online_rows = BatchedAppender(self.store) if rank == 0 else None  # commits every few steps
-        self.generators: dict[int, object] = {}  # id(model) -> its generator (`Run.generator`)
+        self.generators: dict[int, object] = {}  # id(model) -> its generator (`RunParts.generator`)
         self.learner = Learner(self.policy, self.reference, config, self.value, self.placement, rank,
                                config.runtime.learners)
 

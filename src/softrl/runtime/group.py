@@ -63,12 +63,12 @@ def _exchange(message=None):
 
 def follow(config: RunConfig, rank: int, world: int, init_method: str | None = None) -> dict:
     """A rank other than 0: its replica of the learner, stepping on what rank 0 hands it until told to stop."""
-    from softrl.assemble import Run
+    from softrl.assemble import RunParts
 
     _join(config, rank, world, init_method)
     try:
         dist.barrier()  # rank 0 has resolved (built, prepared) the model: no two ranks build it at once
-        learner = Run(config, rank=rank).learner
+        learner = RunParts(config, rank=rank).learner
         while (message := _exchange()) is not None:
             kind, payload = message
             if kind == "step":

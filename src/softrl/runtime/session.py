@@ -1,4 +1,4 @@
-"""A training session: the run's pieces (`assemble.Run`), its data feed and its run log, put
+"""A training session: the run's pieces (`assemble.RunParts`), its data feed and its run log, put
 together the same way for every runtime, and the three phases every runtime drives: the
 constructor (Q0, then resume or the evaluation before training), `learn` per step, `finish`.
 A runtime (local.py, ray_runtime.py) only decides where generation and learning run and how they
@@ -13,7 +13,7 @@ from functools import partial
 
 import torch
 
-from softrl.assemble import Run
+from softrl.assemble import RunParts
 from softrl.config import RunConfig
 from softrl.data import StoreError
 from softrl.data.versions import hold_name, release
@@ -59,7 +59,7 @@ class Session:
         optional_sinks(config)
         self.config = config
         self.on_eval = on_eval or (lambda record: None)
-        self.run = Run(config, tasks=tasks)
+        self.run = RunParts(config, tasks=tasks)
         if group is not None:
             group.lead(self.run.learner)
             self.run.learner = group
