@@ -10,7 +10,6 @@ import json
 import shlex
 import shutil
 import sys
-import time
 from itertools import accumulate
 from pathlib import Path
 
@@ -389,11 +388,14 @@ def systems(
     def write_json(result: dict) -> None:  # as it goes too: a benchmark cut off keeps what it finished
         (report / "systems.json").write_text(json.dumps(result, indent=1, default=str))
 
+    from softrl.api import ProgressLines
+
+    # a log gets no status line: a timed line at each phase says where the time went
+    lines = ProgressLines(err, enabled=not err.is_terminal)
     with err.status("benchmarking") as status, one_line_errors():
         def phase(name: str) -> None:
             status.update(name)
-            if not err.is_terminal:  # no status line is drawn into a log: a timed line says where the time went
-                err.print(f"{time.strftime('%H:%M:%S')} {name}", highlight=False)
+            lines.say(name)
 
         try:
             result = run_systems(model, task, runs, chosen, prompts, samples_per_prompt, max_new_tokens,

@@ -133,12 +133,13 @@ class ProgressLines:
         self.console, self.enabled, self.every = console, enabled, every
         self.last_time, self.last_phase = float("-inf"), None
 
-    def say(self, phase: str, done: int, total: int, info: str = "") -> None:
+    def say(self, phase: str, done: int | None = None, total: int | None = None, info: str = "") -> None:
         now = time.monotonic()
         if not self.enabled or (phase == self.last_phase and now - self.last_time < self.every):
             return
         self.last_time, self.last_phase = now, phase
-        self.console.print(f"{time.strftime('%H:%M:%S')} {phase} {done}/{total} {info}".rstrip(), highlight=False,
+        count = "" if done is None else f" {done}/{total}"
+        self.console.print(f"{time.strftime('%H:%M:%S')} {phase}{count} {info}".rstrip(), highlight=False,
                            markup=False)
 
 

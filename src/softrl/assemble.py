@@ -23,10 +23,11 @@ from softrl.tasks.base import Task
 from softrl.training.learner import Learner
 
 
-def model_directory(path: str, task: str, progress=None) -> str:
+def model_directory(path: str, task: str, on_phase=None) -> str:
     """The model directory: as given (or a hub id), the task's bootstrap reference ('bootstrap', or
     'bootstrap:TASK' for another task's; built once, then cached), or a pretrained model `softrl
-    model prepare` knows. `progress(stage, done, total, loss)`: the bootstrap's build, when it runs."""
+    model prepare` knows. `on_phase(name, done, total)`, a runtime's progress: told of the bootstrap's
+    build when it runs (minutes, on a first run: said, not silent)."""
     from softrl.bootstrap import TASKS, bootstrap
     from softrl.models.prepare import known_models, prepare_model
 
@@ -42,6 +43,8 @@ def model_directory(path: str, task: str, progress=None) -> str:
     if task not in TASKS:
         raise ConfigError(f"model.path: no bootstrap model for task {task!r} (there is one for "
                           f"{', '.join(TASKS)}: bootstrap:TASK); give a model directory or hub id")
+    progress = None if on_phase is None else (
+        lambda stage, done, total, loss: on_phase(f"building the {task} reference model: {stage}", done, total))
     return str(bootstrap(task, progress=progress))
 
 
@@ -65,8 +68,8 @@ def model_folder(path: str, task: str) -> str:
     return str(bootstrap_dir(BootstrapConfig(task=named, **TASK_DEFAULTS.get(named, {}))))
 
 
-def resolve_model(config: RunConfig, progress=None) -> str:
-    return model_directory(config.model.path, config.task.name, progress)
+def resolve_model(config: RunConfig, on_phase=None) -> str:
+    return model_directory(config.model.path, config.task.name, on_phase)
 
 
 def load_tasks(config: RunConfig) -> tuple[Task, Task]:

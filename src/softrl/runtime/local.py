@@ -154,9 +154,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
             generation, group, ok = None, None, False
             try:
                 group = LearnerGroup(config) if config.runtime.learners > 1 or rank is not None else None
-                # a first run builds the task's reference model (minutes): said, not silent
-                resolve_model(config, progress=lambda stage, done, total, loss: phase(
-                    f"building the {config.task.name} reference model: {stage}", done, total))
+                resolve_model(config, phase)  # a first run builds the task's reference model here
                 session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total),
                                   group=group, tasks=tasks, on_eval=on_eval, start_eval=start_eval)
                 rc = config.runtime

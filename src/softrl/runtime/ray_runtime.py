@@ -247,7 +247,7 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log:
     from softrl.assemble import resolve_model
 
     phase = on_phase or (lambda name, done, total: None)
-    resolve_model(config)  # fail fast (and build the bootstrap once) before starting Ray
+    resolve_model(config, phase)  # fail fast (and build the bootstrap once, saying so) before starting Ray
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address=rc.ray_address, include_dashboard=False, log_to_driver=False,
