@@ -158,7 +158,7 @@ def new_grow(root: str, staged: Path, commit_rows: int) -> dict:
         rows += len(table)
     for path in sorted((staged / "prompts").iterdir()):
         store.tables["prompts"].append(pq.read_table(path).cast(PROMPT_SCHEMA))
-    fragments = len(store.tables["trajectories"].at(store.tables["trajectories"].latest()).get_fragments())
+    fragments = store.tables["trajectories"].parts(store.tables["trajectories"].latest())
     return {"write_rows_s": rows / (time.perf_counter() - started), "part_files": fragments}
 
 

@@ -14,6 +14,7 @@ import statistics
 import time
 
 import boto3
+import lance
 import numpy as np
 import pyarrow as pa
 
@@ -30,9 +31,9 @@ def main() -> None:
         bench.grow(root, args.rows, lambda n: None)
         store = ExperienceStore(root)
         table = store.tables["trajectories"]
-        dataset = table.at(table.latest())
+        dataset = lance.dataset(table.uri, storage_options=table.options)  # Lance's own reads, measured
         pool, rng = store.pool(task="task0"), random.Random(0)
-        chosen = pa.array(np.sort(pool.addresses[[rng.randrange(len(pool)) for _ in range(64)]]), pa.uint64())
+        chosen = pa.array(np.sort(pool.handles[[rng.randrange(len(pool)) for _ in range(64)]]), pa.uint64())
         print(f"| columns taken ({args.rows:,} rows, {len(dataset.get_fragments())} fragments) | seconds |\n|---|---|")
         for columns in (None, ["id"], ["reward", "passed"], ["prompt_tokens"], ["response_tokens"]):
             started = time.perf_counter()

@@ -120,3 +120,39 @@ def test_one_class_per_name_for_the_central_concepts():
     classes = [f"{p.relative_to(ROOT)}" for p in ROOT.rglob("*.py")
                for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ClassDef) and node.name == "Run"]
     assert classes == ["api.py"]
+
+
+def test_lance_is_seen_only_by_the_storage_implementation():
+    """data/storage.py is the interface; data/lance_table.py its one implementation, the only module
+    that imports Lance or names a row address. Everything else holds opaque row handles and staged
+    writes."""
+    importers, leaks = [], []
+    for path in ROOT.rglob("*.py"):
+        name = str(path.relative_to(ROOT))
+        if name == "data/lance_table.py":
+            continue
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            importers += [f"{name}: {m}" for m in modules if m.split(".")[0] == "lance"]
+        leaks += [f"{name}: {word}" for word in ("_rowaddr", "_take_rows", "read_lance", "LanceDataset",
+                                                 "get_fragments", "write_fragments") if word in text]
+    assert importers == [] and leaks == []
+
+
+def test_the_storage_interface_is_complete():
+    """Every public method of the Lance table is in the interface (nothing reaches past it), and the
+    interface names nothing Lance lacks."""
+    import inspect
+
+    from softrl.data.lance_table import LanceTable
+    from softrl.data.storage import Table
+
+    def public(cls) -> set[str]:
+        return {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+
+    assert public(LanceTable) == public(Table)
+    for name in public(Table):
+        assert list(inspect.signature(getattr(Table, name)).parameters) == \
+            list(inspect.signature(getattr(LanceTable, name)).parameters), name

@@ -713,9 +713,9 @@ def test_a_full_disk_is_one_line_and_what_was_written_before_stays(tmp_path, tin
         monkeypatch.setattr(runlog.os, "write", os_write)
         said = f"disk full while writing metrics step 3 to {run / 'metrics.jsonl'}: earlier checkpoints (in"
     else:
-        from softrl.data import tables
+        from softrl.data import lance_table
 
-        write_fragments = tables.lance.fragment.write_fragments  # how a run's online rows are written
+        write_fragments = lance_table.lance.fragment.write_fragments  # how a run's online rows are written
 
         def lance_write(table, uri, *a, **k):
             if "policy_version" in table.column_names and table.num_rows and \
@@ -724,7 +724,7 @@ def test_a_full_disk_is_one_line_and_what_was_written_before_stays(tmp_path, tin
                 raise OSError(errno.ENOSPC, "LanceError(IO): No space left on device (os error 28)")
             return write_fragments(table, uri, *a, **k)
 
-        monkeypatch.setattr(tables.lance.fragment, "write_fragments", lance_write)
+        monkeypatch.setattr(lance_table.lance.fragment, "write_fragments", lance_write)
         said = f"disk full while writing online samples (store rows) in {store}: earlier checkpoints (in"
     with pytest.raises(DiskFullError) as caught:
         train(config, log=lambda m: None)

@@ -24,6 +24,7 @@ import pytest
 from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, StoreError, Trajectory, TrajectoryPool, replay
 from softrl.data.samplers import split_counts
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA
+from softrl.data.storage import HANDLE
 
 WRITER = """
 import sys
@@ -124,7 +125,7 @@ def test_a_lost_commit_race_is_retried_however_lance_raises_it():
     both are tried again; any other error, or a conflict Lance says retrying cannot solve, is not."""
     from lance.commit import CommitConflictError
 
-    from softrl.data.tables import with_retries
+    from softrl.data.lance_table import with_retries
 
     def failing(*errors):
         left = list(errors)
@@ -266,7 +267,7 @@ def test_a_reader_keeps_its_snapshot_whatever_dedupe_and_writers_do(root):
     version = table.latest()
     d = full_trajectory(response_tokens=[9])
     store.append([d])
-    table.delete(version, table.read(version, row_address=True)["_rowaddr"].to_numpy()[1:])
+    table.delete(version, table.read(version, handles=True)[HANDLE].to_numpy()[1:])
     assert store.trajectories(unique=False)["id"].to_pylist() == [a.id, d.id]
     assert store.trajectories(snapshot, unique=False).num_rows == 3  # still
 
@@ -424,9 +425,9 @@ def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version
     newest annotation joined, a prompt and an MC-target filter) is the one an in-memory pool of the
     same read gives, and it keeps drawing its version's rows after appends and a dedupe. Scans of 7
     rows a batch, so keys and annotations are matched across batches."""
-    from softrl.data import tables
+    from softrl.data import lance_table
 
-    monkeypatch.setattr(tables, "BATCH_ROWS", 7)
+    monkeypatch.setattr(lance_table, "BATCH_ROWS", 7)
     store = ExperienceStore(root)
     rows = [full_trajectory(prompt_id=f"p{i % 5}", response_tokens=[i], task="t" if i % 4 else "u", mc_targets=[],
                             passed=i % 3 == 0) for i in range(120)]
@@ -558,17 +559,17 @@ def has_ray() -> bool:
 
 
 def test_batched_appender_commits_every_nth_call_and_on_flush(root):
-    """A run's rows, and the fragments its workers wrote elsewhere, reach readers in one commit per
+    """A run's rows, and the rows its workers staged elsewhere, reach readers in one commit per
     `every` calls (and on flush), never before; nothing is lost or written twice."""
-    from softrl.data.batched import BatchedAppender, FragmentWriter
+    from softrl.data.batched import BatchedAppender, StagedWriter
 
     store = ExperienceStore(root)
     table, rows = store.tables["trajectories"], [full_trajectory(response_tokens=[i]) for i in range(8)]
-    batched, worker, start = BatchedAppender(store, every=3), FragmentWriter(ExperienceStore(root)), table.latest()
+    batched, worker, start = BatchedAppender(store, every=3), StagedWriter(ExperienceStore(root)), table.latest()
     assert [batched.append([rows[i]]) for i in range(2)] == [0, 0]
     assert worker.append([rows[2], rows[3]]) == 2 and worker.append([rows[4]]) == 1
     assert len(store) == 0 and table.latest() == start  # written by the worker, seen by nobody yet
-    assert batched.add_fragments(worker.take()) == 2 and worker.take() == [] and table.latest() == start + 1
+    assert batched.add_staged(worker.take()) == 2 and worker.take() == [] and table.latest() == start + 1
     assert store.trajectories()["id"].to_pylist() == [rows[i].id for i in (2, 3, 4, 0, 1)]
     assert [batched.append([rows[i]]) for i in (5, 6, 7)] == [0, 0, 3] and table.latest() == start + 2
     assert batched.flush() == 0 and table.latest() == start + 2 and batched.commits == 2
@@ -581,14 +582,14 @@ def test_batched_appender_commits_every_nth_call_and_on_flush(root):
 
 def test_a_commit_whose_answer_was_lost_is_not_made_twice(root, monkeypatch):
     """An object store can land a commit and still answer with a conflict (a repeated conditional put):
-    the retry finds the fragments already committed and does not append them again."""
+    the retry finds the staged rows already committed and does not append them again."""
     from lance.commit import CommitConflictError
 
-    from softrl.data import tables
+    from softrl.data import lance_table
 
     store = ExperienceStore(root)
-    fragments = store.write_fragments([full_trajectory(response_tokens=[i]) for i in range(3)])
-    real, calls = tables.lance.LanceDataset.commit, []
+    staged = store.stage([full_trajectory(response_tokens=[i]) for i in range(3)])
+    real, calls = lance_table.lance.LanceDataset.commit, []
 
     def landed_but_lost(*args, **kwargs):
         calls.append(1)
@@ -597,8 +598,8 @@ def test_a_commit_whose_answer_was_lost_is_not_made_twice(root, monkeypatch):
             raise CommitConflictError("the answer was lost")
         return out
 
-    monkeypatch.setattr(tables.lance.LanceDataset, "commit", landed_but_lost)
-    store.commit_fragments(fragments)
+    monkeypatch.setattr(lance_table.lance.LanceDataset, "commit", landed_but_lost)
+    store.commit_staged(staged)
     assert len(calls) == 1 and store.trajectories(unique=False).num_rows == 3
 
 

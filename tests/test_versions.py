@@ -87,7 +87,7 @@ def test_compact_keeps_rows_order_and_sampling_and_tagged_versions(root):
     report = compact(store, keep=1)
     assert report["trajectories"]["rewritten"] == 1 and report["trajectories"]["versions_removed"] > 0
     store = ExperienceStore(root)
-    assert store.tables["trajectories"].at(store.snapshot().versions["trajectories"]).get_fragments().__len__() == 1
+    assert store.tables["trajectories"].parts(store.snapshot().versions["trajectories"]) == 1
     assert store.trajectories().equals(before) and store.trajectories(unique=False).equals(raw)
     assert draw(store.trajectories()) == draw(before)
     assert store.trajectories(pinned(store, "kept")).num_rows == 60 and pinned(store, "kept") == tagged

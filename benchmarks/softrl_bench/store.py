@@ -77,7 +77,7 @@ def chunk(start: int, n: int, columns: dict[str, pa.Array]) -> pa.Table:
 def grow(root: str, rows: int, progress: Callable[[int], None]) -> float:
     """Append synthetic rows (and their prompts, with a Q0) until the store holds `rows`; rows/s written."""
     store = ExperienceStore(root)
-    have = store.tables["trajectories"].at(store.tables["trajectories"].latest()).count_rows()
+    have = store.tables["trajectories"].count(store.tables["trajectories"].latest())
     columns, started, written = payload(min(CHUNK, rows)), time.perf_counter(), 0
     while have < rows:
         n = min(CHUNK, rows - have)
@@ -119,7 +119,7 @@ def measure_reads(root: str) -> dict[str, float]:
         rows = pool.draw(SAMPLE, rng)
         draws.append(time.perf_counter() - started)
     assert len(rows) == SAMPLE
-    prompts = store.tables["prompts"].at(snapshot.versions["prompts"]).count_rows()
+    prompts = store.tables["prompts"].count(snapshot.versions["prompts"])
     lookups = []
     for _ in range(REPEATS):
         ids = [f"bench-{rng.randrange(prompts)}" for _ in range(LOOKUP)]

@@ -269,7 +269,7 @@ def data_compact(
     store: str = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Rewrite each table into one fragment (rows and their order unchanged) and remove old versions
+    """Rewrite each table into one piece (rows and their order unchanged) and remove old versions
     but the newest --keep-versions and tagged ones (a running run's snapshot is tagged: kept); a finished
     run pinned to a removed version (data.store_version) can no longer read it."""
     from softrl.data.versions import compact, holds

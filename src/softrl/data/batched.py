@@ -1,7 +1,7 @@
 """Batched commits: a run's online rows reach the store every few learner steps in one commit, not one
 commit per step (each commit is a table version; thousands of them slow every reader and writer).
-Rollout workers elsewhere (Ray) write their rows as uncommitted fragments (`FragmentWriter`) and the
-run's one committer commits them with its own (`BatchedAppender.add_fragments`)."""
+Rollout workers elsewhere (Ray) stage their rows, written but uncommitted (`StagedWriter`), and the
+run's one committer commits them with its own (`BatchedAppender.add_staged`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from softrl.data.schema import Trajectory
+from softrl.data.storage import Staged
 
 COMMIT_EVERY = 10  # learner steps' worth of rows per commit: a run makes about steps / 10 commits
 
@@ -24,8 +25,8 @@ class BatchedAppender:
             raise ValueError(f"every must be >= 1, got {every}")
         self.store, self.every = store, every
         self._rows: list[Trajectory | dict[str, Any]] = []
-        self._fragments: list[dict] = []
-        self._own = 0  # rows of the kept fragments that this appender wrote (not the workers')
+        self._staged: list[Staged] = []
+        self._own = 0  # rows of the kept staged writes that this appender wrote (not the workers')
         self._calls, self.commits = 0, 0
         self._lock = threading.Lock()
 
@@ -34,10 +35,10 @@ class BatchedAppender:
             self._rows.extend(rows)
         return self._counted()
 
-    def add_fragments(self, fragments: Iterable[dict]) -> int:
-        """Keep fragments written by workers (`FragmentWriter`) for the next commit; one call per step."""
+    def add_staged(self, staged: Iterable[Staged]) -> int:
+        """Keep rows staged by workers (`StagedWriter`) for the next commit; one call per step."""
         with self._lock:
-            self._fragments.extend(fragments)
+            self._staged.extend(staged)
         return self._counted()
 
     def _counted(self) -> int:
@@ -47,33 +48,33 @@ class BatchedAppender:
         return self.flush() if due else 0
 
     def flush(self) -> int:
-        """Commit the rows and fragments kept so far, in one commit (none: no commit); returns the rows
-        written here (workers' fragments not counted). What a failure leaves is kept for the next flush."""
+        """Commit the rows and staged writes kept so far, in one commit (none: no commit); returns the rows
+        written here (workers' staged rows not counted). What a failure leaves is kept for the next flush."""
         with self._lock:
-            if not self._rows and not self._fragments:
+            if not self._rows and not self._staged:
                 return 0
-            if self._rows:  # kept as written fragments, so a commit that fails is tried again at the next flush
-                written = self.store.write_fragments(self._rows)
-                self._rows, self._own = [], self._own + sum(f["physical_rows"] for f in written)
-                self._fragments += written
-            self.store.commit_fragments(self._fragments)
-            self._fragments, own, self._own = [], self._own, 0
+            if self._rows:  # kept staged, so a commit that fails is tried again at the next flush
+                written = self.store.stage(self._rows)
+                self._rows, self._own = [], self._own + sum(s.rows for s in written)
+                self._staged += written
+            self.store.commit_staged(self._staged)
+            self._staged, own, self._own = [], self._own, 0
             self.commits += 1
             return own
 
 
-class FragmentWriter:
-    """A rollout worker's store: `append` writes rows as uncommitted fragments, `take` hands their
-    metadata over (to travel with the rows to the run's committer)."""
+class StagedWriter:
+    """A rollout worker's store: `append` stages rows (written, uncommitted), `take` hands the staged
+    writes over (to travel with the rows to the run's committer)."""
 
     def __init__(self, store):
-        self.store, self._fragments = store, []
+        self.store, self._staged = store, []
 
     def append(self, rows: Iterable[Trajectory | dict[str, Any]]) -> int:
-        written = self.store.write_fragments(rows)
-        self._fragments += written
-        return sum(f["physical_rows"] for f in written)
+        written = self.store.stage(rows)
+        self._staged += written
+        return sum(s.rows for s in written)
 
-    def take(self) -> list[dict]:
-        fragments, self._fragments = self._fragments, []
-        return fragments
+    def take(self) -> list[Staged]:
+        staged, self._staged = self._staged, []
+        return staged

@@ -1,6 +1,6 @@
 """The store's statistics and the per-prompt rewards that Q0 is made of, on Ray Data, for a store that
-outgrows one machine: the cluster's workers each read some of the table's fragments
-(`ray.data.read_lance` at the snapshot's version), and the first copy of each id is found by a
+outgrows one machine: the cluster's workers each read some of the table's pieces (the storage's
+`distributed` reader at the snapshot's version), and the first copy of each id is found by a
 distributed group-by, not in one process's memory. The same answers as `ExperienceStore.stats` and
 `ExperienceStore.rewards_by_prompt` (tests/test_store.py checks each pair on one store)."""
 
@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from softrl.data.pool import id_keys
-from softrl.data.store import ADDRESS, PROMPT_REWARDS, ExperienceStore, Snapshot, StoreError, TargetIndex
+from softrl.data.storage import HANDLE, Table
+from softrl.data.store import PROMPT_REWARDS, ExperienceStore, Snapshot, StoreError, TargetIndex
 
 COLUMNS = ["id", "source", "prompt_id", "passed", "reward", "mc_targets"]
 MAX_PARTITIONS = 64
@@ -41,18 +42,18 @@ def connected():
 
 
 def first_copy(group: pa.Table) -> pa.Table:
-    """The row of a group of one id's copies committed first (the lowest row address)."""
-    return group.take([int(np.argmin(group[ADDRESS].to_numpy()))])
+    """The row of a group of one id's copies committed first (the lowest row handle)."""
+    return group.take([int(np.argmin(group[HANDLE].to_numpy()))])
 
 
-def partitions(version) -> int:
-    return min(MAX_PARTITIONS, max(1, len(version.get_fragments())))  # Ray's default 200: minutes of tasks
+def partitions(table: Table, version: int) -> int:
+    return min(MAX_PARTITIONS, max(1, table.parts(version)))  # Ray's default 200: minutes of tasks
 
 
 def stats_on_ray(store: ExperienceStore, snapshot: Snapshot | None = None) -> dict[str, Any]:
     """`store.stats(snapshot)`, computed by Ray Data on the Ray cluster this process is connected to
     (a local one is started when none is; `RAY_ADDRESS` names a cluster)."""
-    ray = connected()
+    connected()
     from ray.data.aggregate import Count, Sum
 
     snapshot = snapshot or store.snapshot()
@@ -61,21 +62,20 @@ def stats_on_ray(store: ExperienceStore, snapshot: Snapshot | None = None) -> di
     table = store.tables["trajectories"]
 
     def flags(batch: pa.Table) -> pa.Table:
-        """Per row: its id, address, source, prompt, passed and reward as numbers, whether it has MC targets."""
+        """Per row: its id, handle, source, prompt, passed and reward as numbers, whether it has MC targets."""
         keys = id_keys(batch["id"])
         known = {f"{k}_known": pc.cast(pc.is_valid(batch[k]), pa.int64()) for k in ("passed", "reward")}
-        return pa.table({"id": batch["id"], ADDRESS: batch[ADDRESS], "source": batch["source"],
+        return pa.table({"id": batch["id"], HANDLE: batch[HANDLE], "source": batch["source"],
                          "prompt_id": batch["prompt_id"], "passed": pc.cast(batch["passed"], pa.int64()),
                          "reward": batch["reward"], **known,  # a null is left out of the means, as locally
                          "targets": pa.array(targets.of(keys, batch["mc_targets"]).astype(np.int64))})
 
-    version = table.at(snapshot.versions["trajectories"])
-    stored = version.count_rows()
+    version = snapshot.versions["trajectories"]
+    stored = table.count(version)
     if not stored:
         return store.summary(snapshot, {}, 0, 0)
-    parts = partitions(version)
-    rows = ray.data.read_lance(table.uri, version=snapshot.versions["trajectories"], columns=COLUMNS,
-                               storage_options=table.options, scanner_options={"with_row_address": True})
+    parts = partitions(table, version)
+    rows = table.distributed(version, COLUMNS)
     kept = rows.map_batches(flags, batch_format="pyarrow").groupby("id", num_partitions=parts) \
         .map_groups(first_copy, batch_format="pyarrow")
     # one row per (source, prompt): small enough to finish here
@@ -94,28 +94,25 @@ def stats_on_ray(store: ExperienceStore, snapshot: Snapshot | None = None) -> di
 
 
 def rewards_on_ray(store: ExperienceStore, source: str, snapshot: Snapshot | None = None) -> pa.Table:
-    """`store.rewards_by_prompt(source, snapshot)` on Ray Data: the source's rows read by fragment with the
+    """`store.rewards_by_prompt(source, snapshot)` on Ray Data: the source's rows read in pieces with the
     filter pushed down (four small columns), first copies by a group-by on the id, then one row per
     prompt with its rewards in commit order; the prompts' texts are taken here, one row each."""
-    ray = connected()
+    connected()
     snapshot = snapshot or store.snapshot()
     table = store.tables["trajectories"]
-    version = table.at(snapshot.versions["trajectories"])
-    where = f"source = '{source.replace(chr(39), chr(39) * 2)}'"
-    if not version.count_rows(filter=where):
+    version = snapshot.versions["trajectories"]
+    if not table.count(version, pc.field("source") == source):
         return PROMPT_REWARDS.empty_table()
 
     def per_prompt(group: pa.Table) -> pa.Table:
-        group = group.sort_by(ADDRESS)
-        return pa.table({"prompt_id": group["prompt_id"][:1], ADDRESS: group[ADDRESS][:1],
+        group = group.sort_by(HANDLE)
+        return pa.table({"prompt_id": group["prompt_id"][:1], HANDLE: group[HANDLE][:1],
                          "rewards": [group["reward"].to_pylist()], "passed": [group["passed"].to_pylist()]})
 
-    parts = partitions(version)
-    rows = ray.data.read_lance(table.uri, version=snapshot.versions["trajectories"],
-                               columns=["id", "prompt_id", "reward", "passed"], filter=where,
-                               storage_options=table.options, scanner_options={"with_row_address": True})
+    parts = partitions(table, version)
+    rows = table.distributed(version, ["id", "prompt_id", "reward", "passed"], {"source": source})
     firsts = rows.groupby("id", num_partitions=parts).map_groups(first_copy, batch_format="pyarrow")
     found = pa.Table.from_pylist(firsts.groupby("prompt_id", num_partitions=parts).map_groups(
         per_prompt, batch_format="pyarrow").take_all())
-    return store.prompt_rewards(snapshot, found["prompt_id"].to_pylist(), found[ADDRESS].to_numpy(),
+    return store.prompt_rewards(snapshot, found["prompt_id"].to_pylist(), found[HANDLE].to_numpy(),
                                 found["rewards"].to_pylist(), found["passed"].to_pylist())

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from softrl.data import legacy
 from softrl.data.store import KEYS, TABLES, ExperienceStore, location
-from softrl.data.tables import StoreError
+from softrl.data.storage import StoreError
 
 
 def content_hash(table: pa.Table) -> str:
@@ -35,7 +35,7 @@ def migrate(old: str | Path, new: str | Path) -> dict[str, dict[str, Any]]:
     if not legacy.is_legacy(old):
         raise StoreError(f"{old} is not an old-format store (no {legacy.MARKER} there)")
     target = ExperienceStore(new)
-    if any(table.at(table.latest()).count_rows() for table in target.tables.values()):
+    if any(table.count(table.latest()) for table in target.tables.values()):
         raise StoreError(f"{new} already holds rows (an earlier migrate stopped halfway?): give a new location")
     report = {}
     for name, schema in TABLES.items():

@@ -1,7 +1,7 @@
 """Pools: the rows a source of the training mix draws from. `Pool` holds, per row, only the index of its
 prompt; the rows themselves come from `fetch`. `TrajectoryPool` keeps rows in memory (a run's online
-buffer, tests); `StoredPool` keeps the row addresses of one store version and fetches a draw's rows
-with Lance's `take`, so its memory is about 12 bytes a row whatever the rows hold (a store of 1e7
+buffer, tests); `StoredPool` keeps the row handles of one store version and fetches a draw's rows
+with the storage's `take`, so its memory is about 12 bytes a row whatever the rows hold (a store of 1e7
 rows of 500 tokens is a 120 MB pool, not tens of gigabytes of Python objects)."""
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ def first_copies(keys: np.ndarray) -> np.ndarray:
     return np.sort(np.concatenate([order[starts & ~shared], grouped[new]]))
 
 
-def first_by_address(address: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Positions of each id's first committed copy (the lowest row address), in commit order."""
-    order = np.argsort(address, kind="stable")
+def first_by_handle(handle: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Positions of each id's first committed copy (the lowest row handle), in commit order."""
+    order = np.argsort(handle, kind="stable")
     return order[first_copies(keys[order])] if len(order) else order
 
 
@@ -131,19 +131,19 @@ class TrajectoryPool(Pool):
 
 
 class StoredPool(Pool):
-    """Rows of one version of a store's trajectory table, held as row addresses (`[N]` uint64) and
-    fetched by `take(addresses) -> pa.Table` (with the run's joins, e.g. MC-target annotations)."""
+    """Rows of one version of a store's trajectory table, held as row handles (`[N]` uint64) and
+    fetched by `take(handles) -> pa.Table` (with the run's joins, e.g. MC-target annotations)."""
 
-    def __init__(self, addresses: np.ndarray, prompt_index: np.ndarray, prompt_names: Sequence[str],
+    def __init__(self, handles: np.ndarray, prompt_index: np.ndarray, prompt_names: Sequence[str],
                  take: Callable[[np.ndarray], pa.Table]):
-        self.addresses, self.take = addresses, take
+        self.handles, self.take = handles, take
 
         def fetch(positions: list[int]) -> Rows:
             if not positions:
                 return []
             wanted = np.asarray(positions, dtype=np.int64)
-            unique, back = np.unique(self.addresses[wanted], return_inverse=True)
-            rows = take(unique).to_pylist()  # in address order
+            unique, back = np.unique(self.handles[wanted], return_inverse=True)
+            rows = take(unique).to_pylist()  # in handle order
             return [rows[k] for k in back]
 
         super().__init__(prompt_index, prompt_names, fetch)
@@ -151,4 +151,4 @@ class StoredPool(Pool):
     def tables(self, rows: int = 10_000) -> Iterator[pa.Table]:
         """Every row in commit order, `rows` at a time (what an export streams)."""
         for start in range(0, len(self), rows):
-            yield self.take(self.addresses[start:start + rows])
+            yield self.take(self.handles[start:start + rows])

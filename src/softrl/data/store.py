@@ -1,14 +1,15 @@
-"""ExperienceStore: every trajectory of every run, in three Lance tables under one root, a local
-directory or an s3://bucket/prefix URI (data/tables.py).
+"""ExperienceStore: every trajectory of every run, in three tables under one root, a local
+directory or an s3://bucket/prefix URI, each behind the storage interface (data/storage.py).
 
-    ROOT/trajectories.lance   Trajectory rows (schema.TRAJECTORY_SCHEMA), appended
-    ROOT/prompts.lance        prompt rows, upserted on prompt_id
-    ROOT/annotations.lance    MC targets, upserted on trajectory_id; joined onto their trajectory when read
+    trajectories   Trajectory rows (schema.TRAJECTORY_SCHEMA), appended
+    prompts        prompt rows, upserted on prompt_id
+    annotations    MC targets, upserted on trajectory_id; joined onto their trajectory when read
+
+(on Lance: ROOT/trajectories.lance and so on).
 
 A `Snapshot` is the version of each table at one moment; every read at a snapshot sees exactly
 those versions, whatever is appended or deduplicated meanwhile. Where rows share a key, "first"
-and "newest" are by commit order (Lance's row addresses grow with each commit), never by a
-writer's clock.
+and "newest" are by commit order (row handles grow with each commit), never by a writer's clock.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from softrl.data import legacy
-from softrl.data.pool import KeySet, StoredPool, encode, first_by_address, first_copies, id_keys
+from softrl.data.pool import KeySet, StoredPool, encode, first_by_handle, first_copies, id_keys
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
-from softrl.data.tables import MissingTable, StoreError, Table, with_retries
+from softrl.data.lance_table import LanceTable, table_file
+from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, Table
 from softrl.tasks.base import check_reward
 
 __all__ = ["ExperienceStore", "Snapshot", "StoreError"]
@@ -34,7 +36,6 @@ __all__ = ["ExperienceStore", "Snapshot", "StoreError"]
 TABLES = {"trajectories": TRAJECTORY_SCHEMA, "prompts": PROMPT_SCHEMA, "annotations": ANNOTATION_SCHEMA}
 KEYS = {"prompts": "prompt_id", "annotations": "trajectory_id"}
 FILTERABLE = ("task", "source", "run_id", "passed", "policy_version", "tokenizer", "prompt_id")
-ADDRESS = "_rowaddr"
 # `rewards_by_prompt`: one row per prompt, its first copies' rewards and pass flags in commit order
 PROMPT_REWARDS = pa.schema([("prompt_id", pa.string()), ("task", pa.string()), ("text", pa.string()),
                             ("rewards", pa.list_(pa.float64())), ("passed", pa.list_(pa.bool_()))])
@@ -66,8 +67,8 @@ def both(a: pc.Expression | None, b: pc.Expression | None) -> pc.Expression | No
 
 
 def in_commit_order(table: pa.Table) -> pa.Table:
-    """Rows sorted by row address (commit order), the address column dropped."""
-    return table.take(pc.sort_indices(table[ADDRESS])).drop_columns([ADDRESS])
+    """Rows sorted by row handle (commit order), the handle column dropped."""
+    return table.take(pc.sort_indices(table[HANDLE])).drop_columns([HANDLE])
 
 
 def newest(table: pa.Table, key: str) -> dict[str, dict[str, Any]]:
@@ -95,7 +96,7 @@ class TargetIndex:
 
 
 def location(root: str | Path) -> str:
-    """A root as Lance takes it: an s3:// URI as given (less a trailing slash), a path as a path."""
+    """A root as the storage takes it: an s3:// URI as given (less a trailing slash), a path as a path."""
     text = str(root)
     return text.rstrip("/") if text.startswith("s3://") else str(Path(text))
 
@@ -121,14 +122,16 @@ class ExperienceStore:
         local = None if self.root.startswith("s3://") else Path(self.root)
         if local is not None and local.exists() and not local.is_dir():
             raise StoreError(f"{self.root} is a file, not a store directory")
-        if create and local is not None and local.exists() and not (local / "trajectories.lance").exists() \
-                and any(p.name not in {f"{t}.lance" for t in TABLES} for p in local.iterdir()):
+        if create and local is not None and local.exists() and not (local / table_file("trajectories")).exists() \
+                and any(p.name not in {table_file(t) for t in TABLES} for p in local.iterdir()):
             raise StoreError(f"{self.root} holds other files; give an empty or new directory for a store")
         try:
-            self.tables = {name: Table(f"{self.root}/{name}.lance", schema, create) for name, schema in TABLES.items()}
+            # the one place that picks the storage implementation (data/storage.py)
+            self.tables: dict[str, Table] = {name: LanceTable(self.root, name, schema, create)
+                                             for name, schema in TABLES.items()}
         except MissingTable:
-            raise StoreError(f"{self.root} is not an experience store (no trajectories.lance); create one with any "
-                             "write") from None
+            raise StoreError(f"{self.root} is not an experience store (no {table_file('trajectories')}); create one "
+                             "with any write") from None
 
     # --- writing ------------------------------------------------------------------------------
     def append(self, trajectories: Iterable[Trajectory | dict[str, Any]]) -> int:
@@ -139,18 +142,18 @@ class ExperienceStore:
             self.tables["trajectories"].append(rows)
         return rows.num_rows
 
-    def write_fragments(self, trajectories: Iterable[Trajectory | dict[str, Any]]) -> list[dict]:
+    def stage(self, trajectories: Iterable[Trajectory | dict[str, Any]]) -> list[Staged]:
         """Write trajectories (checked as `append` checks them) without committing them: a rollout
-        worker on any node writes, one committer commits many workers' fragments at once
-        (`commit_fragments`); until then no reader sees them, and a worker killed meanwhile leaves
+        worker on any node writes, one committer commits many workers' staged rows at once
+        (`commit_staged`); until then no reader sees them, and a worker killed meanwhile leaves
         only files that no version names."""
         rows = checked_rows(trajectories)
-        return self.tables["trajectories"].write_fragments(rows) if rows.num_rows else []
+        return [self.tables["trajectories"].stage(rows)] if rows.num_rows else []
 
-    def commit_fragments(self, fragments: Sequence[dict]) -> None:
-        """One commit of every fragment `write_fragments` wrote (in the order given)."""
-        if fragments:
-            self.tables["trajectories"].commit_fragments(list(fragments))
+    def commit_staged(self, staged: Sequence[Staged]) -> None:
+        """One commit of every write `stage` staged (in the order given)."""
+        if staged:
+            self.tables["trajectories"].commit_staged(list(staged))
 
     def _upsert(self, name: str, rows: list[dict[str, Any]]) -> int:
         unique = {row[KEYS[name]]: row for row in rows}  # within one call, the later row wins
@@ -187,7 +190,7 @@ class ExperienceStore:
         if columns is not None:
             columns = list(dict.fromkeys(["id", *columns]))
         table = in_commit_order(self.tables["trajectories"].read(snapshot.versions["trajectories"], columns, where,
-                                                                  row_address=True))
+                                                                  handles=True))
         if unique and table.num_rows:
             table = table.take(first_copies(id_keys(table["id"])))
         if (columns is None or "mc_targets" in columns) and table.num_rows:
@@ -198,7 +201,7 @@ class ExperienceStore:
         """trajectory id -> its newest MC targets (of `ids` only, read by filter, when given)."""
         where = None if ids is None else pc.field("trajectory_id").isin(list(ids))
         notes = self.tables["annotations"].read(snapshot.versions["annotations"], ["trajectory_id", "mc_targets"],
-                                                where, row_address=True)
+                                                where, handles=True)
         return {k: row["mc_targets"] for k, row in newest(notes, "trajectory_id").items()}
 
     def _join_annotations(self, table: pa.Table, snapshot: Snapshot, by_filter: bool = False) -> pa.Table:
@@ -216,37 +219,37 @@ class ExperienceStore:
              **filters: Any) -> StoredPool:
         """The rows `trajectories(snapshot, **filters)` gives (of `prompt_ids` only, and only those with MC
         targets when `annotated`) as a StoredPool: one scan of their ids and prompt ids, the filters
-        pushed down to Lance; each draw takes its rows by address."""
+        pushed down to the storage; each draw takes its rows by handle."""
         snapshot = snapshot or self.snapshot()
         version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
         where = both(filter_expression(filters), None if prompt_ids is None else pc.field("prompt_id").isin(list(prompt_ids)))
         targets = TargetIndex(self.annotations(snapshot)) if annotated else None
         names: dict[str, int] = {}
-        addresses, keys, codes, keeps = [], [], [], []
+        handles, keys, codes, keeps = [], [], [], []
         for batch in table.batches(version, ["id", "prompt_id"] + (["mc_targets"] if annotated else []), where, True):
             batch_keys = id_keys(batch["id"])
             keeps.append(targets.of(batch_keys, batch["mc_targets"]) if targets else np.ones(batch.num_rows, dtype=bool))
-            addresses.append(batch[ADDRESS].to_numpy())
+            handles.append(batch[HANDLE].to_numpy())
             keys.append(batch_keys)
             codes.append(encode(batch["prompt_id"], names))
-        address = np.concatenate(addresses) if addresses else np.empty(0, dtype=np.uint64)
-        first = first_by_address(address, np.concatenate(keys) if keys else np.empty((0, 2), dtype=np.uint64))
+        handle = np.concatenate(handles) if handles else np.empty(0, dtype=np.uint64)
+        first = first_by_handle(handle, np.concatenate(keys) if keys else np.empty((0, 2), dtype=np.uint64))
         if len(first):
             first = first[np.concatenate(keeps)[first]]  # the first copy decides, as `trajectories` does
-        address = address[first]
+        handle = handle[first]
         code = np.concatenate(codes)[first] if len(first) else np.empty(0, dtype=np.int64)
 
         def take(wanted: np.ndarray) -> pa.Table:
             rows = table.take(version, wanted)
             return self._join_annotations(rows, snapshot, by_filter=True) if rows.num_rows else rows
 
-        return StoredPool(address, code, list(names), take)
+        return StoredPool(handle, code, list(names), take)
 
     def prompts(self, snapshot: Snapshot | None = None, ids: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         """prompt_id -> its last committed row (meta decoded); of `ids` only (read by filter) when given."""
         snapshot = snapshot or self.snapshot()
         where = None if ids is None else pc.field("prompt_id").isin(list(ids))
-        out = newest(self.tables["prompts"].read(snapshot.versions["prompts"], where=where, row_address=True), "prompt_id")
+        out = newest(self.tables["prompts"].read(snapshot.versions["prompts"], where=where, handles=True), "prompt_id")
         for row in out.values():
             row["meta"] = json.loads(row["meta"]) if row["meta"] else {}
         return out
@@ -261,22 +264,22 @@ class ExperienceStore:
         snapshot = snapshot or self.snapshot()
         targets = TargetIndex(self.annotations(snapshot))
         names: dict[str, dict[str, int]] = {"source": {}, "prompt_id": {}}
-        columns: dict[str, list[np.ndarray]] = {k: [] for k in ("address", "key", "source", "prompt", "passed",
+        columns: dict[str, list[np.ndarray]] = {k: [] for k in ("handle", "key", "source", "prompt", "passed",
                                                                 "reward", "targets")}
         for batch in self.tables["trajectories"].batches(snapshot.versions["trajectories"], ["id", "source", "prompt_id",
-                                                         "passed", "reward", "mc_targets"], row_address=True):
+                                                         "passed", "reward", "mc_targets"], handles=True):
             keys = id_keys(batch["id"])
             columns["source"].append(encode(batch["source"], names["source"]))
             columns["prompt"].append(encode(batch["prompt_id"], names["prompt_id"]))
-            columns["address"].append(batch[ADDRESS].to_numpy())
+            columns["handle"].append(batch[HANDLE].to_numpy())
             columns["key"].append(keys)
             # as floats, a null as NaN: left out of the means, as pyarrow's mean leaves it out
             columns["passed"].append(pc.cast(batch["passed"], pa.float64()).to_numpy(zero_copy_only=False))
             columns["reward"].append(batch["reward"].to_numpy(zero_copy_only=False))
             columns["targets"].append(targets.of(keys, batch["mc_targets"]))
         rows = {k: np.concatenate(v) if v else np.empty(0) for k, v in columns.items()}
-        first = first_by_address(rows["address"], rows["key"])
-        kept = {k: v[first] for k, v in rows.items() if k not in ("address", "key")}
+        first = first_by_handle(rows["handle"], rows["key"])
+        kept = {k: v[first] for k, v in rows.items() if k not in ("handle", "key")}
         per_source = {}
         for source, code in sorted(names["source"].items()):
             part = kept["source"] == code
@@ -285,7 +288,7 @@ class ExperienceStore:
                     "trajectories": int(part.sum()), "prompts": len(np.unique(kept["prompt"][part])),
                     "pass_rate": nan_mean(kept["passed"][part]), "mean_reward": nan_mean(kept["reward"][part]),
                     "with_mc_targets": int(kept["targets"][part].sum())}
-        return self.summary(snapshot, per_source, len(rows["address"]), len(np.unique(kept["prompt"])))
+        return self.summary(snapshot, per_source, len(rows["handle"]), len(np.unique(kept["prompt"])))
 
     def rewards_by_prompt(self, source: str, snapshot: Snapshot | None = None) -> pa.Table:
         """One row per prompt with rows of `source` (`PROMPT_REWARDS`): its task, text, and the rewards and
@@ -294,10 +297,10 @@ class ExperienceStore:
         snapshot = snapshot or self.snapshot()
         version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
         names: dict[str, int] = {}
-        columns: dict[str, list[np.ndarray]] = {k: [] for k in ("address", "key", "prompt", "reward", "passed")}
+        columns: dict[str, list[np.ndarray]] = {k: [] for k in ("handle", "key", "prompt", "reward", "passed")}
         for batch in table.batches(version, ["id", "prompt_id", "reward", "passed"], pc.field("source") == source,
-                                   row_address=True):
-            columns["address"].append(batch[ADDRESS].to_numpy())
+                                   handles=True):
+            columns["handle"].append(batch[HANDLE].to_numpy())
             columns["key"].append(id_keys(batch["id"]))
             columns["prompt"].append(encode(batch["prompt_id"], names))
             columns["reward"].append(batch["reward"].to_numpy(zero_copy_only=False))
@@ -305,18 +308,18 @@ class ExperienceStore:
         if not names:
             return PROMPT_REWARDS.empty_table()
         rows = {k: np.concatenate(v) for k, v in columns.items()}
-        first = first_by_address(rows["address"], rows["key"])  # in commit order
+        first = first_by_handle(rows["handle"], rows["key"])  # in commit order
         order = first[np.argsort(rows["prompt"][first], kind="stable")]
         prompt, starts = np.unique(rows["prompt"][order], return_index=True)
         ids = list(names)
-        return self.prompt_rewards(snapshot, [ids[c] for c in prompt], rows["address"][order[starts]],
+        return self.prompt_rewards(snapshot, [ids[c] for c in prompt], rows["handle"][order[starts]],
                                    [r.tolist() for r in np.split(rows["reward"][order], starts[1:])],
                                    [p.tolist() for p in np.split(rows["passed"][order], starts[1:])])
 
     def prompt_rewards(self, snapshot: Snapshot, prompt_ids: list[str], first: np.ndarray, rewards: list[list],
                        passed: list[list]) -> pa.Table:
         """`rewards_by_prompt`'s table from its per-prompt lists, with each prompt's task and text taken by
-        the address of its `first` row (not a scan of every row's text)."""
+        the handle of its `first` row (not a scan of every row's text)."""
         texts = self.tables["trajectories"].take(snapshot.versions["trajectories"], first, ["task", "prompt_text"])
         return pa.table({"prompt_id": prompt_ids, "task": texts["task"], "text": texts["prompt_text"],
                          "rewards": rewards, "passed": passed}, schema=PROMPT_REWARDS).sort_by("prompt_id")
@@ -324,7 +327,7 @@ class ExperienceStore:
     def summary(self, snapshot: Snapshot, per_source: dict[str, dict], rows: int, prompts: int) -> dict[str, Any]:
         """`stats`' answer from the per-source figures (of first copies), the rows counted with their
         repeats and the distinct prompts; prompts with a Q0 read from the prompts table."""
-        table = self.tables["prompts"].read(snapshot.versions["prompts"], ["prompt_id", "q0_hat"], row_address=True)
+        table = self.tables["prompts"].read(snapshot.versions["prompts"], ["prompt_id", "q0_hat"], handles=True)
         trajectories = sum(s["trajectories"] for s in per_source.values())
         return {"trajectories": trajectories, "duplicates": rows - trajectories, "prompts": prompts,
                 "prompts_with_q0": sum(1 for p in newest(table, "prompt_id").values() if p["q0_hat"] is not None),
@@ -333,21 +336,21 @@ class ExperienceStore:
     def dedupe(self) -> tuple[int, int]:
         """Delete, in one commit, every later copy of a trajectory id in the latest version (the first
         committed copy stays and no row moves); returns (rows before, rows after). Reads the ids and
-        row addresses only. Rows appended meanwhile stay, a reader of an older version reads it to the
+        row handles only. Rows appended meanwhile stay, a reader of an older version reads it to the
         end, and a concurrent dedupe or compaction makes this one start over."""
         table = self.tables["trajectories"]
 
         def attempt() -> tuple[int, int]:
-            version, addresses, keys = table.latest(), [], []
-            for batch in table.batches(version, ["id"], row_address=True):
-                addresses.append(batch[ADDRESS].to_numpy())
+            version, handles, keys = table.latest(), [], []
+            for batch in table.batches(version, ["id"], handles=True):
+                handles.append(batch[HANDLE].to_numpy())
                 keys.append(id_keys(batch["id"]))
-            if not addresses:
+            if not handles:
                 return 0, 0
-            address = np.concatenate(addresses)
-            first = np.zeros(len(address), dtype=bool)
-            first[first_by_address(address, np.concatenate(keys))] = True
-            table.delete(version, address[~first])
-            return len(address), int(first.sum())
+            handle = np.concatenate(handles)
+            first = np.zeros(len(handle), dtype=bool)
+            first[first_by_handle(handle, np.concatenate(keys))] = True
+            table.delete(version, handle[~first])
+            return len(handle), int(first.sum())
 
-        return with_retries(attempt, table.uri)
+        return table.retried(attempt)

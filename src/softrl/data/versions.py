@@ -111,7 +111,7 @@ def holds(store: ExperienceStore) -> dict[str, int]:
 
 
 def compact(store: ExperienceStore, keep: int) -> dict[str, dict[str, int]]:
-    """Every table's rows rewritten into one fragment in commit order, then all versions but the newest
+    """Every table's rows rewritten into one piece in commit order, then all versions but the newest
     `keep` and the tagged ones removed: per table, whether it was rewritten and versions removed."""
     if keep < 1:
         raise StoreError(f"keep-versions must be at least 1, got {keep}")

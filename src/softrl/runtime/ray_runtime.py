@@ -1,8 +1,8 @@
 """The Ray runtime: N rollout-worker actors and a learner actor (rank 0 of a learner group of
 `runtime.learners` actors), on a local Ray or a cluster.
 
-The driver picks prompts, has the workers sample them (each writes its trajectories as fragments
-that the learner commits, every few steps, in one commit), hands the rows to the learner, and
+The driver picks prompts, has the workers sample them (each stages its trajectories, written but
+uncommitted, and the learner commits them, every few steps, in one commit), hands the rows to the learner, and
 every `model_update_interval` learner steps sends the learner's weights to the workers: over
 torch.distributed channels (runtime/weights.py), or through the object store
 (`runtime.weight_sync: object_store`). Generation of the next batch is issued before the learner
@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from softrl.config import ConfigError, RunConfig
+from softrl.data.storage import Staged
 from softrl.runtime.ray_weights import Channels, ObjectStore
 
 
@@ -123,13 +125,13 @@ class _Learner(WeightSource):
     def next_prompt_ids(self) -> list[str]:
         return [p.id for p in self.session.feed.next_prompts()]
 
-    def step(self, online: list[dict], fragments: list[dict], elapsed: float, timings: dict[str, float]) -> dict:
-        self.session.run.online_rows.add_fragments(fragments)  # committed every few steps, with the checkpoints
+    def step(self, online: list[dict], staged: list[Staged], elapsed: float, timings: dict[str, float]) -> dict:
+        self.session.run.online_rows.add_staged(staged)  # committed every few steps, with the checkpoints
         return self.session.learn(online, elapsed, timings)
 
-    def keep(self, fragments: list[dict]) -> None:
-        """Commit the fragments of rows sampled for a step the run stops before (every sample is kept)."""
-        self.session.run.online_rows.add_fragments(fragments)
+    def keep(self, staged: list[Staged]) -> None:
+        """Commit the rows sampled for a step the run stops before (every sample is kept)."""
+        self.session.run.online_rows.add_staged(staged)
         self.session.commit_online()
 
     def checkpoint(self) -> None:
@@ -158,7 +160,7 @@ class Worker:
 
         from softrl.assemble import load_tasks, placement, rollout_worker
         from softrl.data import ExperienceStore
-        from softrl.data.batched import FragmentWriter
+        from softrl.data.batched import StagedWriter
         from softrl.models.loading import load_causal_lm
 
         torch.set_num_threads(1)
@@ -170,9 +172,9 @@ class Worker:
         self.receiver = None
         task, _ = load_tasks(cfg)
         self.prompts = {p.id: p for p in task.prompts()}
-        # its rows are written as fragments here and committed by the run's one committer (the learner)
-        self.fragments = FragmentWriter(ExperienceStore(cfg.data.store))
-        self.worker = rollout_worker(cfg, task, self.model, tokenizer, self.fragments)
+        # its rows are staged here and committed by the run's one committer (the learner)
+        self.staged = StagedWriter(ExperienceStore(cfg.data.store))
+        self.worker = rollout_worker(cfg, task, self.model, tokenizer, self.staged)
 
     def pid(self) -> int:
         return os.getpid()
@@ -203,12 +205,11 @@ class Worker:
         self.version = version
         return version
 
-    def collect(self, prompt_ids: list[str], n: int, seed: int) -> tuple[int, list[dict], list[dict]]:
-        """(the weights' version, the rows, the fragments they were written to): a restarted worker
-        answers with version -1."""
+    def collect(self, prompt_ids: list[str], n: int, seed: int) -> tuple[int, list[dict], list[Staged]]:
+        """(the weights' version, the rows, their staged writes): a restarted worker answers with version -1."""
         self.model.eval()
         rows = self.worker.collect([self.prompts[i] for i in prompt_ids], n, self.version, seed)
-        return self.version, [{**r.to_row(), "mix_source": "online"} for r in rows], self.fragments.take()
+        return self.version, [{**r.to_row(), "mix_source": "online"} for r in rows], self.staged.take()
 
 
 PYTHON_TASKS_REFUSED = ("runtime.kind: ray builds its tasks in its actors from task.name: put the reward function "
@@ -242,8 +243,6 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
 def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log: Callable[[str], None]) -> dict:
     rc = config.runtime
     ray = _ray(local=rc.ray_address is None)
-    from ray.exceptions import ActorUnavailableError, RayActorError, RayError
-
     from softrl.assemble import resolve_model
 
     phase = on_phase or (lambda name, done, total: None)
@@ -261,110 +260,9 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log:
         init_method = ray.get(learner.rendezvous.remote(rc.ray_address is None)) if rc.learners > 1 else None
         members = [ray.remote(num_cpus=0)(_GroupMember).remote() for _ in range(1, rc.learners)]
         member_runs = [m.run.remote(data, rank, rc.learners, init_method) for rank, m in enumerate(members, 1)]
-        setting_up, finished = learner.setup.remote(init_method), False
-        while not finished:  # Q0's progress and the session's lines, as the local runtime shows them
-            finished = bool(ray.wait([setting_up], timeout=1.0)[0])
-            (done, total), said = ray.get(learner.setup_progress.options(concurrency_group="progress").remote())
-            for line in said:
-                log(line)
-            if total:
-                phase("q0", done, total)
-        info = ray.get(setting_up)
-
-        def evaluations() -> None:
-            for record in ray.get(learner.new_evaluations.remote()) if on_eval is not None else []:
-                on_eval(record)
-
-        evaluations()
-        actor = ray.remote(num_cpus=0, max_restarts=-1)(Worker)
-        workers = [actor.remote(data, info["model_path"]) for _ in range(rc.workers)]
-        version, step = info["version"], info["step"]
-        sync = (Channels(ray, learner, workers, local=rc.ray_address is None) if rc.weight_sync == "broadcast"
-                else ObjectStore(ray, learner, workers))
-        sync.deliver(range(len(workers)), version)
-        pids = ray.get([w.pid.remote() for w in workers])
-        restarts = 0
-        n = config.sampling.samples_per_prompt
-
-        def issue(at_step: int) -> list:
-            if not config.generates:
-                return []
-            ids = ray.get(learner.next_prompt_ids.remote())
-            shares = [ids[i :: len(workers)] for i in range(len(workers))]
-            return [(i, share, ask(i, share, at_step), version) for i, share in enumerate(shares) if share]
-
-        def ask(i: int, share: list[str], at_step: int):
-            return workers[i].collect.remote(share, n, config.seed * 1_000_003 + at_step * 101 + i)
-
-        def gather(pending: list, at_step: int) -> tuple[list[dict], list[dict]]:
-            """Every share's rows, and the fragments every answer wrote (stored, trained on or not). A worker
-            that died (Ray restarts it) or answered with other weights than it was asked with (a restart
-            lost them) gets the current ones and the request again."""
-            nonlocal restarts
-            rows, fragments = [], []
-            for i, share, ref, expected in pending:
-                for attempt in range(MAX_RECOVERY_TRIES):
-                    try:
-                        got_version, got, written = ray.get(ref)
-                        fragments += written
-                        if got_version == expected:
-                            rows += got
-                            break
-                    except (RayActorError, ActorUnavailableError):
-                        time.sleep(1.0)
-                    restarts += attempt == 0
-                    try:
-                        sync.reopen(i)  # a restarted worker (a new channel), then the current weights
-                        sync.deliver([i], version)
-                        pids[i] = ray.get(workers[i].pid.remote())
-                    except (RayActorError, ActorUnavailableError):
-                        pass  # still restarting: the next request fails the same way and waits
-                    ref, expected = ask(i, share, at_step), version
-                else:
-                    raise RuntimeError(f"rollout worker {i} did not come back after {MAX_RECOVERY_TRIES} tries")
-            return rows, fragments
-
-        def written(pending: list) -> list[dict]:
-            """The fragments the requests in flight wrote (a worker that failed wrote none that count)."""
-            out = []
-            for _, _, ref, _ in pending:
-                try:
-                    out += ray.get(ref)[2]
-                except RayError:
-                    pass
-            return out
-
-        started = time.time()
-        earlier = info["seconds"]
-        pending = issue(step)
-        stop.stepping = True  # a first signal now waits for the step in progress
-        while step < config.optim.steps:
-            waiting = time.time()
-            online, fragments = gather(pending, step)
-            timings = {"time/wait": time.time() - waiting}  # for the workers' rows: generation not overlapped
-            # generation of the next batch overlaps this learner step
-            pending = issue(step + 1) if step + 1 < config.optim.steps else []
-            record = ray.get(learner.step.remote(online, fragments, earlier + time.time() - started, timings))
-            step = record["step"]
-            if step % rc.model_update_interval == 0:
-                version = step
-                sync.deliver(range(len(workers)), version)
-            record = {**record, "worker_restarts": restarts, "worker_pids": list(pids)}
-            if on_step is not None:
-                on_step(record)
-            if any(k.startswith("eval/") for k in record):
-                evaluations()
-            if stop.requested:  # asked to stop during this step: keep it, then the next batch's samples, then stop
-                with stop.held():
-                    ray.get(learner.checkpoint.remote())
-                issued = written(pending)  # a second signal while the workers finish it stops at once
-                with stop.held():
-                    ray.get(learner.keep.remote(issued))
-                stop.interrupt()
-        stop.stepping = False
-        phase("evaluate (after)", 0, 1)
-        summary = {**ray.get(learner.finish.remote()), "worker_restarts": restarts}
-        evaluations()
+        info = _set_up(ray, learner, init_method, phase, log)
+        driver = Driver(ray, config, learner, Rollouts(ray, config, learner, info), info, stop, on_step, on_eval)
+        summary = driver.run(phase)
         ray.get(member_runs)
         members = []
         return summary
@@ -373,3 +271,162 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log:
             ray.kill(m)
         if started_ray:
             ray.shutdown()
+
+
+def _set_up(ray, learner, init_method: str | None, phase, log: Callable[[str], None]) -> dict:
+    """The learner's Session built, with Q0's progress and the session's lines shown as the local
+    runtime shows them; returns where the run starts (`_Learner.setup`)."""
+    setting_up, finished = learner.setup.remote(init_method), False
+    while not finished:
+        finished = bool(ray.wait([setting_up], timeout=1.0)[0])
+        (done, total), said = ray.get(learner.setup_progress.options(concurrency_group="progress").remote())
+        for line in said:
+            log(line)
+        if total:
+            phase("q0", done, total)
+    return ray.get(setting_up)
+
+
+class Request(NamedTuple):
+    """One worker's share of a step's prompts, in flight, and the weights' version it was asked with."""
+
+    worker: int
+    share: list[str]
+    answer: Any  # a Ray object ref: (version, rows, staged writes)
+    version: int
+
+
+class Rollouts:
+    """The rollout-worker actors as the driver drives them: each step's prompts shared among them, their
+    answers gathered, and a worker that died (Ray restarts it) or answered with other weights than it
+    was asked with (a restart lost them) given the current weights and asked again."""
+
+    def __init__(self, ray, config: RunConfig, learner, info: dict):
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        self.ray, self.config, self.learner = ray, config, learner
+        self.down = (RayActorError, ActorUnavailableError)  # a worker Ray is restarting
+        actor = ray.remote(num_cpus=0, max_restarts=-1)(Worker)
+        data = config.model_dump(mode="json")
+        self.workers = [actor.remote(data, info["model_path"]) for _ in range(config.runtime.workers)]
+        self.sync = (Channels(ray, learner, self.workers, local=config.runtime.ray_address is None)
+                     if config.runtime.weight_sync == "broadcast" else ObjectStore(ray, learner, self.workers))
+        self.version = info["version"]
+        self.sync.deliver(range(len(self.workers)), self.version)
+        self.pids = ray.get([w.pid.remote() for w in self.workers])
+        self.restarts = 0
+
+    def update(self, version: int) -> None:
+        """Every worker gets the learner's weights, now of `version`."""
+        self.version = version
+        self.sync.deliver(range(len(self.workers)), version)
+
+    def issue(self, at_step: int) -> list[Request]:
+        """The learner's next prompts, shared among the workers and asked of them (nothing where the
+        run does not generate)."""
+        if not self.config.generates:
+            return []
+        ids = self.ray.get(self.learner.next_prompt_ids.remote())
+        shares = [ids[i :: len(self.workers)] for i in range(len(self.workers))]
+        return [self._ask(i, share, at_step) for i, share in enumerate(shares) if share]
+
+    def _ask(self, i: int, share: list[str], at_step: int) -> Request:
+        seed = self.config.seed * 1_000_003 + at_step * 101 + i
+        return Request(i, share, self.workers[i].collect.remote(share, self.config.sampling.samples_per_prompt, seed),
+                       self.version)
+
+    def gather(self, pending: list[Request], at_step: int) -> tuple[list[dict], list[Staged]]:
+        """Every share's rows, and the writes every answer staged (stored, trained on or not)."""
+        rows, staged = [], []
+        for request in pending:
+            for attempt in range(MAX_RECOVERY_TRIES):
+                try:
+                    got_version, got, written = self.ray.get(request.answer)
+                    staged += written
+                    if got_version == request.version:
+                        rows += got
+                        break
+                except self.down:
+                    time.sleep(1.0)
+                self.restarts += attempt == 0
+                self._revive(request.worker)
+                request = self._ask(request.worker, request.share, at_step)
+            else:
+                raise RuntimeError(f"rollout worker {request.worker} did not come back after {MAX_RECOVERY_TRIES} tries")
+        return rows, staged
+
+    def _revive(self, i: int) -> None:
+        """A restarted worker's new channel, then the current weights (still restarting: the next
+        request fails the same way and waits)."""
+        try:
+            self.sync.reopen(i)
+            self.sync.deliver([i], self.version)
+            self.pids[i] = self.ray.get(self.workers[i].pid.remote())
+        except self.down:
+            pass
+
+    def staged(self, pending: list[Request]) -> list[Staged]:
+        """The writes the requests in flight staged (a worker that failed staged none that count)."""
+        from ray.exceptions import RayError
+
+        out = []
+        for request in pending:
+            try:
+                out += self.ray.get(request.answer)[2]
+            except RayError:
+                pass
+        return out
+
+
+class Driver:
+    """The training loop on the driver: the workers sample the next step's batch while the learner steps
+    on this one, weights reach the workers every `model_update_interval` steps, and a stop request
+    keeps the step in progress and the samples already asked for."""
+
+    def __init__(self, ray, config: RunConfig, learner, rollouts: Rollouts, info: dict, stop, on_step, on_eval):
+        self.ray, self.config, self.learner, self.rollouts, self.stop = ray, config, learner, rollouts, stop
+        self.on_step, self.on_eval = on_step, on_eval
+        self.step, self.earlier = info["step"], info["seconds"]
+        self.evaluations()
+
+    def evaluations(self) -> None:
+        """The learner's evaluations made since the last call, to `on_eval`."""
+        for record in self.ray.get(self.learner.new_evaluations.remote()) if self.on_eval is not None else []:
+            self.on_eval(record)
+
+    def run(self, phase) -> dict:
+        ray, rollouts, steps = self.ray, self.rollouts, self.config.optim.steps
+        started = time.time()
+        pending = rollouts.issue(self.step)
+        self.stop.stepping = True  # a first signal now waits for the step in progress
+        while self.step < steps:
+            waiting = time.time()
+            online, staged = rollouts.gather(pending, self.step)
+            timings = {"time/wait": time.time() - waiting}  # for the workers' rows: generation not overlapped
+            # generation of the next batch overlaps this learner step
+            pending = rollouts.issue(self.step + 1) if self.step + 1 < steps else []
+            record = ray.get(self.learner.step.remote(online, staged, self.earlier + time.time() - started, timings))
+            self.step = record["step"]
+            if self.step % self.config.runtime.model_update_interval == 0:
+                rollouts.update(self.step)
+            record = {**record, "worker_restarts": rollouts.restarts, "worker_pids": list(rollouts.pids)}
+            if self.on_step is not None:
+                self.on_step(record)
+            if any(k.startswith("eval/") for k in record):
+                self.evaluations()
+            if self.stop.requested:
+                self.stop_now(pending)
+        self.stop.stepping = False
+        phase("evaluate (after)", 0, 1)
+        summary = {**ray.get(self.learner.finish.remote()), "worker_restarts": rollouts.restarts}
+        self.evaluations()
+        return summary
+
+    def stop_now(self, pending: list[Request]) -> None:
+        """Asked to stop during a step: keep it (a checkpoint), then the next batch's samples, then stop."""
+        with self.stop.held():
+            self.ray.get(self.learner.checkpoint.remote())
+        issued = self.rollouts.staged(pending)  # a second signal while the workers finish it stops at once
+        with self.stop.held():
+            self.ray.get(self.learner.keep.remote(issued))
+        self.stop.interrupt()

@@ -1,5 +1,6 @@
-"""One table of the experience store as a Lance dataset, at a local path or an s3:// URI: the
-store's only storage backend (docs/DATA.md, "The store").
+"""The storage interface (data/storage.py) on Lance: one table of the experience store as a Lance
+dataset, at a local path or an s3:// URI (docs/DATA.md, "The store"). The only module that imports
+Lance: a row handle is Lance's row address, a staged write is fragments' metadata.
 
 Every write is one Lance commit, so a reader at a version never sees a torn write, and a writer
 killed before its commit leaves only unreferenced data files behind. Lance itself rebases an append
@@ -16,9 +17,9 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import lance
 import numpy as np
@@ -29,19 +30,14 @@ from lance.commit import CommitConflictError
 from lance.fragment import FragmentMetadata
 from lance.optimize import Compaction, CompactionOptions
 
+from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError
+
 FORMAT = 2  # 1: Parquet part files (data/legacy.py); 2: Lance tables
 FORMAT_KEY = "softrl.store_format"
 RETRIES = 8
 BATCH_ROWS = 65_536  # rows a scan holds at once
+ADDRESS = "_rowaddr"  # Lance's row address: fragment id << 32 | row in fragment, so it grows with commit order
 T = TypeVar("T")
-
-
-class StoreError(ValueError):
-    """The store cannot be used (one line, naming the path or URI)."""
-
-
-class MissingTable(StoreError):
-    """No table at the URI, and none to be created."""
 
 
 def storage_options(uri: str) -> dict[str, str] | None:
@@ -107,10 +103,30 @@ def with_retries(attempt: Callable[[], T], uri: str) -> T:
     raise AssertionError("unreachable")
 
 
-class Table:
-    """A Lance dataset holding rows of `schema`; the schema's metadata records the store format."""
+def renamed(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch | pa.Table:
+    """Lance's row-address column under the interface's name for a row handle (no copy)."""
+    return batch.rename_columns([HANDLE if name == ADDRESS else name for name in batch.schema.names])
 
-    def __init__(self, uri: str, schema: pa.Schema, create: bool):
+
+def sql_equal(equal: dict[str, Any]) -> str:
+    """{"source": "online"} -> "source = 'online'": Lance's filter text (Ray Data's reader takes no expression)."""
+    def literal(value: Any) -> str:
+        return "'" + value.replace("'", "''") + "'" if isinstance(value, str) else repr(value)
+    return " AND ".join(f"{column} = {literal(value)}" for column, value in equal.items())
+
+
+def table_file(name: str) -> str:
+    """The directory that holds table `name` under a store's root."""
+    return f"{name}.lance"
+
+
+class LanceTable:
+    """Table `name` under `root` (a local directory or an s3:// URI) as a Lance dataset of rows of `schema`
+    (data/storage.py's `Table`), created empty when it is missing and `create` (else MissingTable); the
+    schema's metadata records the store format."""
+
+    def __init__(self, root: str, name: str, schema: pa.Schema, create: bool):
+        uri = f"{root}/{table_file(name)}"
         self.uri, self.schema, self.options = uri, schema, storage_options(uri)
         self.dataset = with_retries(lambda: self._open(create), uri)
         found = int((self.dataset.schema.metadata or {}).get(FORMAT_KEY.encode(), b"0"))
@@ -122,7 +138,7 @@ class Table:
 
     def _open(self, create: bool) -> lance.LanceDataset:
         try:
-            return lance.dataset(self.uri, storage_options=self.options)
+            return self._newest()
         except ValueError as e:
             if "was not found" not in str(e):
                 raise
@@ -135,50 +151,77 @@ class Table:
         except OSError as e:
             if "already exists" not in str(e):  # another process created it first: use theirs
                 raise
+        return self._newest()
+
+    def _newest(self) -> lance.LanceDataset:
         return lance.dataset(self.uri, storage_options=self.options)
 
+    def _at(self, version: int) -> lance.LanceDataset:
+        return with_retries(lambda: self.dataset.checkout_version(version), self.uri)
+
+    def retried(self, attempt: Callable[[], T]) -> T:
+        return with_retries(attempt, self.uri)
+
+    # --- reading at a version --------------------------------------------------------------------
     def latest(self) -> int:
         return with_retries(lambda: self.dataset.latest_version, self.uri)
 
-    def at(self, version: int) -> lance.LanceDataset:
-        return with_retries(lambda: self.dataset.checkout_version(version), self.uri)
+    def count(self, version: int, where: pc.Expression | None = None) -> int:
+        dataset = self._at(version)
+        return with_retries(lambda: dataset.count_rows(filter=where), self.uri)
 
     def read(self, version: int, columns: list[str] | None = None, where: pc.Expression | None = None,
-             row_address: bool = False) -> pa.Table:
-        """Rows of `version` (with `_rowaddr`, whose order is commit order, when asked)."""
-        dataset = self.at(version)
-        return with_retries(lambda: dataset.to_table(columns=columns, filter=where, with_row_address=row_address),
-                            self.uri)
+             handles: bool = False) -> pa.Table:
+        dataset = self._at(version)
+        return renamed(with_retries(lambda: dataset.to_table(columns=columns, filter=where, with_row_address=handles),
+                                    self.uri))
 
     def batches(self, version: int, columns: list[str], where: pc.Expression | None = None,
-                row_address: bool = False) -> Iterator[pa.RecordBatch]:
-        """Rows of `version` a batch at a time, in row-address order (memory bounded by a batch)."""
-        dataset = self.at(version)
+                handles: bool = False) -> Iterator[pa.RecordBatch]:
+        dataset = self._at(version)
         try:
-            yield from dataset.to_batches(columns=columns, filter=where, with_row_address=row_address,
-                                          batch_size=BATCH_ROWS, scan_in_order=True)
+            for batch in dataset.to_batches(columns=columns, filter=where, with_row_address=handles,
+                                            batch_size=BATCH_ROWS, scan_in_order=True):
+                yield renamed(batch)
         except (OSError, ValueError) as e:
             raise StoreError(explain(e, self.uri)) from None
 
-    def take(self, version: int, addresses: np.ndarray, columns: list[str] | None = None) -> pa.Table:
-        """The rows of `version` at `addresses` (uint64 row addresses, as `read(row_address=True)` gives
-        them), in that order; the pinned Lance's `_take_rows` is its take by address."""
-        dataset = self.at(version)
-        return with_retries(lambda: dataset._take_rows(pa.array(addresses, pa.uint64()), columns), self.uri)
+    def take(self, version: int, handles: np.ndarray, columns: list[str] | None = None) -> pa.Table:
+        # Lance's public `take` takes row offsets, not addresses: 1.33-1.93x slower than the private
+        # `_take_rows` for 64 rows of a 1e6-row table with a deletion file (four A/B pairs,
+        # benchmarks/store_take.py, 2026-11-28), and an offset cannot name a row to `delete`. So the
+        # address it is, and pylance stays pinned exactly (pyproject.toml) for this private method.
+        dataset = self._at(version)
+        return with_retries(lambda: dataset._take_rows(pa.array(handles, pa.uint64()), columns), self.uri)
 
+    def parts(self, version: int) -> int:
+        return len(self._at(version).get_fragments())
+
+    def distributed(self, version: int, columns: list[str], equal: dict[str, Any] | None = None):
+        import ray.data
+
+        rows = ray.data.read_lance(self.uri, version=version, columns=columns, filter=sql_equal(equal) if equal else None,
+                                   storage_options=self.options, scanner_options={"with_row_address": True})
+        # a map, not Ray's rename_columns: that one projects onto the whole table's schema, not the
+        # columns read, and fails (Ray 2.60); a map fuses with the caller's first map
+        return rows.map_batches(renamed, batch_format="pyarrow")
+
+    # --- writing ---------------------------------------------------------------------------------
     def append(self, rows: pa.Table) -> None:
         with_retries(lambda: lance.write_dataset(rows, self.uri, mode="append", storage_options=self.options),
                      self.uri)
 
-    def write_fragments(self, rows: pa.Table) -> list[dict]:
-        """Write `rows` as data files that no version names yet (any process, any node); their
-        fragments' metadata (JSON-able dicts) go to one committer's `commit_fragments`."""
-        return with_retries(lambda: [f.to_json() for f in lance.fragment.write_fragments(
+    def stage(self, rows: pa.Table) -> Staged:
+        """Data files that no version names yet; the Staged carries their fragments' metadata."""
+        fragments = with_retries(lambda: [f.to_json() for f in lance.fragment.write_fragments(
             rows, self.uri, schema=self.schema, storage_options=self.options)], self.uri)
+        return Staged(sum(f["physical_rows"] for f in fragments), tuple(fragments))
 
-    def commit_fragments(self, fragments: list[dict]) -> None:
-        """One commit appending every fragment written by `write_fragments` (Lance rebases an append
-        over commits made meanwhile; a lost race is retried)."""
+    def commit_staged(self, staged: Sequence[Staged]) -> None:
+        """Lance rebases an append over commits made meanwhile; a lost race is retried."""
+        fragments = [f for s in staged for f in s.detail]
+        if not fragments:
+            return
         metadata = [FragmentMetadata.from_json(json.dumps(f)) for f in fragments]
         tried = []
 
@@ -194,29 +237,23 @@ class Table:
         with_retries(attempt, self.uri)
 
     def _committed_files(self) -> set[str]:
-        dataset = lance.dataset(self.uri, storage_options=self.options)
-        return {file.path for fragment in dataset.get_fragments() for file in fragment.metadata.files}
+        return {file.path for fragment in self._newest().get_fragments() for file in fragment.metadata.files}
 
     def upsert(self, key: str, rows: pa.Table) -> None:
-        """Rows replace those of the same `key`, in commit order (Lance retries a lost race itself)."""
-        def attempt():
-            dataset = lance.dataset(self.uri, storage_options=self.options)
-            dataset.merge_insert(key).when_matched_update_all().when_not_matched_insert_all().execute(rows)
-        with_retries(attempt, self.uri)
+        """Lance retries a lost race itself."""
+        with_retries(lambda: self._newest().merge_insert(key).when_matched_update_all()
+                     .when_not_matched_insert_all().execute(rows), self.uri)
 
-    def delete(self, version: int, addresses: np.ndarray) -> None:
-        """Commit, over `version`, the deletion of the rows at `addresses` (deletion files: no row is
-        rewritten or moved, rows appended after `version` stay, readers of `version` keep reading it).
-        A concurrent rewrite or deletion of the same fragments is a CommitConflictError: the caller
-        reads again and retries (through `with_retries`)."""
-        if not len(addresses):
+    def delete(self, version: int, handles: np.ndarray) -> None:
+        """Deletion files: no row is rewritten or moved, and readers of `version` keep reading it."""
+        if not len(handles):
             return
-        dataset, updated, emptied = self.at(version), [], []
-        addresses = np.sort(addresses)
+        dataset, updated, emptied = self._at(version), [], []
+        addresses = np.sort(handles)
         fragment_of = addresses >> np.uint64(32)
         ids, starts = np.unique(fragment_of, return_index=True)
         for fragment_id, part in zip(ids.tolist(), np.split(addresses, starts[1:])):
-            meta = dataset.get_fragment(fragment_id).delete(f"_rowaddr IN ({', '.join(map(str, part.tolist()))})")
+            meta = dataset.get_fragment(fragment_id).delete(f"{ADDRESS} IN ({', '.join(map(str, part.tolist()))})")
             if meta is None:  # every row of it deleted
                 emptied.append(fragment_id)
             else:
@@ -224,48 +261,45 @@ class Table:
         operation = LanceOperation.Delete(updated_fragments=updated, deleted_fragment_ids=emptied, predicate="dedupe")
         lance.LanceDataset.commit(self.uri, operation, read_version=version, storage_options=self.options)
 
-    # --- versions ------------------------------------------------------------------------------
+    # --- versions --------------------------------------------------------------------------------
     def versions(self) -> dict[int, object]:
-        """Every version still readable -> its commit time."""
-        dataset = lance.dataset(self.uri, storage_options=self.options)
+        dataset = self._newest()
         return with_retries(lambda: {v["version"]: v["timestamp"] for v in dataset.versions()}, self.uri)
 
     def tags(self) -> dict[str, int]:
-        dataset = lance.dataset(self.uri, storage_options=self.options)
+        dataset = self._newest()
         return with_retries(lambda: {name: tag["version"] for name, tag in dataset.tags.list().items()}, self.uri)
 
     def tag(self, name: str, version: int, move: bool = False) -> None:
-        """Tag `version` as `name`; `move`: an existing tag of that name now names `version`."""
-        dataset = lance.dataset(self.uri, storage_options=self.options)
+        dataset = self._newest()
         with_retries(lambda: (dataset.tags.update if move else dataset.tags.create)(name, version), self.uri)
 
     def untag(self, name: str) -> None:
-        dataset = lance.dataset(self.uri, storage_options=self.options)
+        dataset = self._newest()
         with_retries(lambda: dataset.tags.delete(name), self.uri)
 
     def compact(self) -> bool:
-        """Every fragment rewritten into one, rows in commit order; False where there was nothing to do.
-        Lance's own compaction puts a rewritten group after the fragments it leaves alone and after any
-        append committed meanwhile, either of which would reorder rows; so the whole table is one group,
-        and the rewrite is done again if a commit lands while it runs (a commit in the instant between
-        that check and the compaction's own commit is the one case left: docs/DATA.md)."""
+        """Every fragment rewritten into one, rows in commit order. Lance's own compaction puts a
+        rewritten group after the fragments it leaves alone and after any append committed meanwhile,
+        either of which would reorder rows; so the whole table is one group, and the rewrite is done
+        again if a commit lands while it runs (a commit in the instant between that check and the
+        compaction's own commit is the one case left: docs/DATA.md)."""
         def attempt() -> bool:
-            dataset = lance.dataset(self.uri, storage_options=self.options)
+            dataset = self._newest()
             fragments = dataset.get_fragments()
             if len(fragments) < 2 and not any(f.metadata.deletion_file for f in fragments):
                 return False
             options = CompactionOptions(target_rows_per_fragment=dataset.count_rows() + 1, materialize_deletions=True,
                                         materialize_deletions_threshold=0.0)
             rewrites = [task.execute(dataset) for task in Compaction.plan(dataset, options).tasks]
-            if lance.dataset(self.uri, storage_options=self.options).latest_version != dataset.version:
+            if self._newest().latest_version != dataset.version:
                 raise CommitConflictError("a commit landed during compaction")
             Compaction.commit(dataset, rewrites)
             return True
         return with_retries(attempt, self.uri)
 
     def cleanup(self, keep: int) -> int:
-        """Old versions removed, the newest `keep` and every tagged one kept; returns how many went."""
-        dataset = lance.dataset(self.uri, storage_options=self.options)
+        dataset = self._newest()
         before = len(self.versions())
         with_retries(lambda: dataset.cleanup_old_versions(older_than=timedelta(0), retain_versions=keep,
                                                           error_if_tagged_old_versions=False), self.uri)
