@@ -521,17 +521,18 @@ def test_rewards_by_prompt_are_first_copies_in_commit_order(root):
 
 
 def test_q0_from_stored_samples_locally_and_on_ray_data(tmp_path):
-    """`softrl data q0`: each prompt's Q0 from the reference rows already in the store (first copies only:
-    a later copy's other reward does not count; other sources are left out), the same by the one-process
-    scan and on Ray Data, written to the prompts table with its rewards; another model's Q0 is replaced
-    only when asked."""
+    """`softrl q0 --from-store`: each prompt's Q0 from the reference rows already in the store (first copies
+    only: a later copy's other reward does not count; other sources are left out), the same by the
+    one-process scan and on Ray Data, written to the prompts table with its rewards; another model's Q0
+    is replaced only when asked. `softrl data q0` is its older spelling, the same command."""
     from softrl.annotate.q0 import soft_value
 
     _, expected = reference_samples(tmp_path / "store")
     ray_store = tmp_path / "ray-store"
     shutil.copytree(tmp_path / "store", ray_store)
     for where, extra in ((tmp_path / "store", []), *([(ray_store, ["--ray"])] if has_ray() else [])):
-        proc = softrl("data", "q0", "--store", str(where), "--model", "my-sampler", "--beta", "0.5", "--json", *extra)
+        proc = softrl("q0", "--from-store", "--store", str(where), "--model", "my-sampler", "--beta", "0.5", "--json",
+                      *extra)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert json.loads(proc.stdout)["prompts"] == 3 and json.loads(proc.stdout)["samples"] == 12
         stored = ExperienceStore(where).prompts()
@@ -539,7 +540,7 @@ def test_q0_from_stored_samples_locally_and_on_ray_data(tmp_path):
         assert all(r["q0_hat"] == pytest.approx(soft_value(expected[p], 0.5)) and r["q0_model"] == "my-sampler"
                    and r["q0_k"] == 4 and r["text"] == f"prompt {p[1]}" and r["task"] == "countdown"
                    for p, r in stored.items())
-    proc = softrl("data", "q0", "--store", str(tmp_path / "store"), "--model", "another-sampler")
+    proc = softrl("q0", "--from-store", "--store", str(tmp_path / "store"), "--model", "another-sampler")
     assert proc.returncode != 0 and proc.stderr.strip().endswith(
         "3 prompts have Q0 from another model already (prompt p0: 'my-sampler', not 'another-sampler'): --force "
         "replaces it")

@@ -186,7 +186,7 @@ def test_a_run_holds_the_store_version_it_reads_through_a_compaction(tiny, tmp_p
 
 def test_a_pinned_run_reads_q0_at_its_version(tiny, tmp_path, monkeypatch):
     """`data.store_version` reproduces the data a run saw, Q0 included: the prompts' Q0 replaced after
-    the tag (another sampler's, `data q0 --force`), a run pinned to the tag trains on the Q0 of then,
+    the tag (another sampler's, `q0 --from-store --force`), a run pinned to the tag trains on the Q0 of then,
     an unpinned one on today's."""
     from softrl.assemble import RunParts
     from softrl.data.versions import tag

@@ -72,6 +72,26 @@ def q0_from_samples(rewards: pa.Table, beta: float, model: str, min_k: int = 1) 
                    beta, model) for r in rewards.to_pylist() if len(r["rewards"]) >= min_k]
 
 
+class Q0Conflict(ValueError):
+    """Prompts hold Q0 from another model already: replacing it needs asking (`force`)."""
+
+
+def store_q0_from_samples(store: ExperienceStore, rewards: pa.Table, beta: float, model: str, min_k: int = 1,
+                          force: bool = False) -> list[dict]:
+    """Q0 from samples already stored (`rewards`: `rewards_by_prompt`'s table, read by one process or on Ray
+    Data) written to the prompts table, as `estimate_q0` leaves it; returns the rows written. Prompts
+    whose Q0 came from another model are a Q0Conflict (nothing written) unless `force`."""
+    rows = q0_from_samples(rewards, beta, model, min_k)
+    had = store.prompts(ids=[r["prompt_id"] for r in rows])
+    other = [r for r in rows if (had.get(r["prompt_id"]) or {}).get("q0_model") not in (None, model)]
+    if other and not force:
+        before = had[other[0]["prompt_id"]]["q0_model"]
+        raise Q0Conflict(f"{len(other)} prompts have Q0 from another model already (prompt {other[0]['prompt_id']}: "
+                         f"{before!r}, not {model!r}): --force replaces it")
+    store.put_prompts(rows)
+    return rows
+
+
 def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str], list[int]], store: ExperienceStore,
                 k: int, beta: float, model: str, seed: int = 0, chunk: int = 4,
                 progress: Callable[[int, int], None] | None = None,

@@ -1,8 +1,10 @@
-"""`softrl q0` and `softrl pts`: SPO's annotations of prompts and trajectories from reference samples."""
+"""`softrl q0` and `softrl pts`: SPO's annotations of prompts and trajectories from reference samples (Q0
+from new samples or from samples already stored; `softrl data q0` is the older spelling of the latter)."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import typer
 
@@ -35,24 +37,67 @@ TOKENS_OPT = typer.Option(0, "--max-new-tokens", min=0, help="0 = the task's def
 DTYPE_OPT = typer.Option("float32", "--dtype", help="float32 or bfloat16")
 
 
-def q0(
-    task: str = typer.Argument(..., help="task spec, e.g. countdown"),
-    k: int = typer.Option(800, "--k", min=1, help="reference samples per prompt (the SPO paper: 800)"),
-    beta: float = typer.Option(0.0, "--beta", help="beta of the stored q0_hat; 0 = 1/ln(1e5) (runs at any beta use the stored rewards)"),
-    model: str = MODEL_OPT, size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
-    temperature: float = typer.Option(1.0, help="sampling temperature of the reference"),
-    seed: int = SEED_OPT, dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
-    store: str = STORE_OPT, as_json: bool = JSON_OPT, task_option: list[str] = TASK_OPTION_OPT,
-) -> None:
-    """Estimate Q0_hat of every prompt from K reference samples; keep the samples (source=reference). Resumable."""
-    import math
+SOURCE_OPT = typer.Option("reference", "--source", help="--from-store: the rows whose rewards make Q0 (every row "
+                          "of it counts: give each model's samples their own source)")
+MIN_K_OPT = typer.Option(1, "--min-k", min=1, help="--from-store: leave out prompts with fewer samples than this")
+FORCE_OPT = typer.Option(False, "--force", help="--from-store: replace the Q0 that prompts have from another model")
+RAY_OPT = typer.Option(False, "--ray", help="--from-store: read and group on Ray Data: the cluster of RAY_ADDRESS, "
+                                            "else a local Ray (a store beyond one machine)")
+STORED_MODEL_OPT = typer.Option(None, "--model", help="the model the samples came from, as runs name it (a directory "
+                                "or hub id), so that its runs reuse this Q0; default store:SOURCE")
+# the options of each way to make Q0, by parameter name: one given with the other way is refused
+SAMPLING_ONLY = ("k", "size", "task_seed", "max_new_tokens", "temperature", "seed", "dtype", "device", "task_option")
+STORED_ONLY = ("source", "min_k", "force", "on_ray")
 
-    from softrl.annotate.q0 import binomial_stderr, estimate_q0
+
+def checked_beta(beta: float) -> float:
     from softrl.algorithms.common import SPO_BETA
 
     beta = beta or SPO_BETA
     if not math.isfinite(beta) or beta <= 0:
         fail(f"--beta must be a positive number, got {beta}")
+    return beta
+
+
+def given(ctx: typer.Context, names: tuple[str, ...]) -> list[str]:
+    """The options among `names` that the command line gave (not left at their defaults), as spelled there."""
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    # by name: typer carries its own copy of click, whose ParameterSource is not click's
+    return [flags[n] for n in names if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"]
+
+
+def q0(
+    ctx: typer.Context,
+    task: str = typer.Argument(None, help="task spec to sample, e.g. countdown (none with --from-store)"),
+    from_store: bool = typer.Option(False, "--from-store", help="no sampling: Q0 from the samples of --source "
+                                    "already in the store (e.g. imported from another sampler)"),
+    k: int = typer.Option(800, "--k", min=1, help="reference samples per prompt (the SPO paper: 800)"),
+    beta: float = typer.Option(0.0, "--beta", help="beta of the stored q0_hat; 0 = 1/ln(1e5) (runs at any beta use the stored rewards)"),
+    model: str = typer.Option(None, "--model", help="sampling: the reference model directory, 'bootstrap' (the default) "
+                              "= the task's built-in one; --from-store: the model the samples came from, as runs name "
+                              "it, so its runs reuse this Q0 (default store:SOURCE)"),
+    size: int = SIZE_OPT, task_seed: int = TASK_SEED_OPT, max_new_tokens: int = TOKENS_OPT,
+    temperature: float = typer.Option(1.0, help="sampling temperature of the reference"),
+    seed: int = SEED_OPT, dtype: str = DTYPE_OPT, device: str = DEVICE_OPT,
+    source: str = SOURCE_OPT, min_k: int = MIN_K_OPT, force: bool = FORCE_OPT, on_ray: bool = RAY_OPT,
+    store: str = STORE_OPT, as_json: bool = JSON_OPT, task_option: list[str] = TASK_OPTION_OPT,
+) -> None:
+    """Q0_hat of every prompt: from K new reference samples of TASK, kept in the store (source=reference;
+    resumable), or, with --from-store, from samples the store holds already."""
+    if from_store:
+        if task is not None:
+            fail(f"give TASK (to sample it) or --from-store (to use stored samples), not both (TASK: {task!r})")
+        if given(ctx, SAMPLING_ONLY):
+            fail(f"{', '.join(given(ctx, SAMPLING_ONLY))}: only when sampling a TASK, not with --from-store")
+        stored_q0(model, source, force, beta, min_k, store, as_json, on_ray)
+        return
+    if task is None:
+        fail("give TASK to sample (e.g. softrl q0 countdown), or --from-store to use samples already stored")
+    if given(ctx, STORED_ONLY):
+        fail(f"{', '.join(given(ctx, STORED_ONLY))}: only with --from-store")
+    from softrl.annotate.q0 import binomial_stderr, estimate_q0
+
+    beta, model = checked_beta(beta), model or "bootstrap"
     s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype, device,
                           task_option)
     target = open_store(store)  # after every option is checked: a refused command leaves no store behind
@@ -68,6 +113,47 @@ def q0(
                f"Q0 of {summary['prompts']} prompts (K={k}): mean success {summary['mean_success']:.3f} "
                f"(+-{summary['mean_stderr']:.3f} per prompt), {summary['solved_prompts']} with a success; "
                f"samples in {target.root}")
+
+
+def stored_q0(model: str = STORED_MODEL_OPT, source: str = SOURCE_OPT, force: bool = FORCE_OPT,
+              beta: float = typer.Option(0.0, "--beta", help="beta of the stored q0_hat; 0 = 1/ln(1e5)"),
+              min_k: int = MIN_K_OPT, store: str = STORE_OPT, as_json: bool = JSON_OPT, on_ray: bool = RAY_OPT) -> None:
+    """Q0 of every prompt from the samples of SOURCE already in the store (no sampling): the prompts table
+    gets each prompt's Q0 and its rewards, as sampling leaves them. The same as `softrl q0 --from-store`,
+    whose older spelling this is."""
+    from softrl.annotate.q0 import Q0Conflict, store_q0_from_samples
+    from softrl.assemble import model_folder, model_id
+
+    beta = checked_beta(beta)
+    target = open_store(store, create=False)
+    with store_errors():
+        if on_ray:
+            from softrl.data.distributed import rewards_on_ray
+
+            rewards = rewards_on_ray(target, source)
+        else:
+            rewards = target.rewards_by_prompt(source)
+        if not rewards.num_rows:
+            fail(f"{target.root}: no trajectories of source {source!r}")
+        tasks = set(rewards["task"].to_pylist())
+        if model == "bootstrap" and len(tasks) != 1:
+            fail(f"--model bootstrap: the rows are of {len(tasks)} tasks; name one: --model bootstrap:TASK")
+        # the name runs keep Q0 under: a bootstrap alias's or prepared model's folder, in full
+        label = model_id(model_folder(model, next(iter(tasks)) or "")) if model else f"store:{source}"
+        try:
+            rows = store_q0_from_samples(target, rewards, beta, label, min_k, force)
+        except Q0Conflict as e:
+            fail(str(e))
+    samples = [r["q0_k"] for r in rows]
+    summary = {"prompts": len(rows), "left_out": rewards.num_rows - len(rows), "samples": sum(samples),
+               "min_k": min(samples, default=0), "max_k": max(samples, default=0), "beta": beta,
+               "mean_success": sum(r["q0_success"] for r in rows) / max(len(rows), 1), "store": str(target.root)}
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    err.print(f"Q0 of {summary['prompts']} prompts from {summary['samples']} {source} samples "
+              f"({summary['min_k']}-{summary['max_k']} a prompt), mean success {summary['mean_success']:.3f}"
+              + (f"; {summary['left_out']} prompts with fewer than {min_k} left out" if summary["left_out"] else ""))
 
 
 def pts(
@@ -114,3 +200,4 @@ def pts(
 
 COMMANDS = {"q0": q0, "pts": pts}
 GROUPS: dict[str, typer.Typer] = {}
+ALIASES = {("data", "q0"): stored_q0}  # (group, name) -> command: an older spelling kept (cli/root.py)

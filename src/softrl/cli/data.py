@@ -114,63 +114,6 @@ def data_export(
     err.print(f"exported {n} trajectories to {out}")
 
 
-@data_app.command("q0")
-def data_q0(model: str = typer.Option(None, "--model", help="the model the samples came from, as runs name it (a "
-                                      "directory or hub id), so that its runs reuse this Q0; default store:SOURCE"),
-            source: str = typer.Option("reference", "--source", help="the rows whose rewards make Q0 (every row of "
-                                       "it counts: give each model's samples their own source)"),
-            force: bool = typer.Option(False, "--force", help="replace the Q0 that prompts have from another model"),
-            beta: float = typer.Option(0.0, "--beta", help="beta of the stored q0_hat; 0 = 1/ln(1e5)"),
-            min_k: int = typer.Option(1, "--min-k", min=1, help="leave out prompts with fewer samples than this"),
-            store: str = STORE_OPT, as_json: bool = JSON_OPT,
-            on_ray: bool = typer.Option(False, "--ray", help="read and group on Ray Data: the cluster of RAY_ADDRESS, "
-                                                                "else a local Ray (a store beyond one machine)")) -> None:
-    """Q0 of every prompt from the samples of SOURCE already in the store (no sampling): the prompts table
-    gets each prompt's Q0 and its rewards, as `softrl q0` leaves them."""
-    import math
-
-    from softrl.algorithms.common import SPO_BETA
-    from softrl.annotate.q0 import q0_from_samples
-    from softrl.assemble import model_folder, model_id
-
-    beta = beta or SPO_BETA
-    if not math.isfinite(beta) or beta <= 0:
-        fail(f"--beta must be a positive number, got {beta}")
-    target = open_store(store, create=False)
-    with store_errors():
-        if on_ray:
-            from softrl.data.distributed import rewards_on_ray
-
-            rewards = rewards_on_ray(target, source)
-        else:
-            rewards = target.rewards_by_prompt(source)
-        if not rewards.num_rows:
-            fail(f"{target.root}: no trajectories of source {source!r}")
-        tasks = set(rewards["task"].to_pylist())
-        if model == "bootstrap" and len(tasks) != 1:
-            fail(f"--model bootstrap: the rows are of {len(tasks)} tasks; name one: --model bootstrap:TASK")
-        # the name runs keep Q0 under: a bootstrap alias's or prepared model's folder, in full
-        label = model_id(model_folder(model, next(iter(tasks)) or "")) if model else f"store:{source}"
-        rows = q0_from_samples(rewards, beta, label, min_k)
-        had = target.prompts(ids=[r["prompt_id"] for r in rows])
-        other = [r for r in rows if (had.get(r["prompt_id"]) or {}).get("q0_model") not in (None, label)]
-        if other and not force:
-            before = had[other[0]["prompt_id"]]["q0_model"]
-            fail(f"{len(other)} prompts have Q0 from another model already (prompt {other[0]['prompt_id']}: "
-                 f"{before!r}, not {label!r}): --force replaces it")
-        target.put_prompts(rows)
-    samples = [r["q0_k"] for r in rows]
-    summary = {"prompts": len(rows), "left_out": rewards.num_rows - len(rows), "samples": sum(samples),
-               "min_k": min(samples, default=0), "max_k": max(samples, default=0), "beta": beta,
-               "mean_success": sum(r["q0_success"] for r in rows) / max(len(rows), 1), "store": str(target.root)}
-    if as_json:
-        typer.echo(json.dumps(summary))
-        return
-    err.print(f"Q0 of {summary['prompts']} prompts from {summary['samples']} {source} samples "
-              f"({summary['min_k']}-{summary['max_k']} a prompt), mean success {summary['mean_success']:.3f}"
-              + (f"; {summary['left_out']} prompts with fewer than {min_k} left out" if summary["left_out"] else ""))
-
-
 @data_app.command("stats")
 def data_stats(store: str = STORE_OPT, as_json: bool = JSON_OPT,
                on_ray: bool = typer.Option(False, "--ray", help="compute on Ray Data: the cluster of RAY_ADDRESS, "

@@ -1,6 +1,7 @@
 """The `softrl` app: one module per command group (MODULES, side by side), and the groups other
 installed packages add under the `softrl.commands` entry points (the benchmarks' `softrl bench`).
-Each module names what it adds: COMMANDS (name -> function) and GROUPS (name -> sub-app)."""
+Each module names what it adds: COMMANDS (name -> function), GROUPS (name -> sub-app) and, where an
+older spelling is kept, ALIASES ((group, name) -> function)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ for module in MODULES:
         app.command(name)(function)
     for name, group in module.GROUPS.items():
         app.add_typer(group, name=name)
+# older spellings kept where users rely on them: (group, name) -> a command of another module
+GROUPS = {name: group for module in MODULES for name, group in module.GROUPS.items()}
+for module in MODULES:
+    for (group, name), function in getattr(module, "ALIASES", {}).items():
+        GROUPS[group].command(name)(function)
 
 
 def add_installed_groups(target: typer.Typer) -> None:
