@@ -10,7 +10,6 @@ import json
 import shlex
 import shutil
 import sys
-from itertools import accumulate
 from pathlib import Path
 
 import typer
@@ -30,6 +29,11 @@ LR_OPT = typer.Option(1e-4, min=0.0, help="learning rate of every method")
 PROMPTS_OPT = typer.Option(16, min=1, help="prompts per step (x samples per prompt = the batch)")
 EVAL_SIZE_OPT = typer.Option(100, min=1, help="held-out prompts per evaluation")
 EVAL_EVERY_OPT = typer.Option(25, min=1, help="learner steps between evaluations")
+
+
+def say(line: str) -> None:
+    """A benchmark's own line (what it prepared, what it reuses) on stderr, beside its progress bar."""
+    err.print(line, highlight=False, soft_wrap=True)
 
 
 def _csv(text: str) -> list[str]:
@@ -153,12 +157,6 @@ def anydata(
     typer.echo(f"reports: {report}/anydata-{slug(task)}-*")
 
 
-def _write(report: Path, stem: str, table: str, data: dict) -> None:
-    report.mkdir(parents=True, exist_ok=True)
-    (report / f"{stem}.md").write_text(table)
-    (report / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
-
-
 @bench_app.command("study")
 def study(
     name: str = typer.Argument(..., help="loss, reverse, mc, code, agro or grow"),
@@ -181,7 +179,7 @@ def study(
     """One of the papers' claims `bench learning` leaves out: SPO's loss, reverse-Q and MC-target ablations,
     code, on-policy AGRO's working region, experience that grows across runs."""
     from softrl_bench.learning import aggregate, collect, run_all
-    from softrl_bench.report import markdown, plot_learning
+    from softrl_bench.report import markdown, plot_learning, write_report
     from softrl_bench.studies import STUDIES, check_claims, plan, prepare
     from softrl.config import ConfigError, read_settings
 
@@ -215,7 +213,7 @@ def study(
     by_arm = collect(configs)
     agg, claims = aggregate(by_arm), check_claims(s, by_arm)
     table = markdown(agg, claims, seeds)
-    _write(report, f"study-{name}", table, {"study": s.title, "prepared": prepared, "curves": agg, "claims": claims,
+    write_report(report, f"study-{name}", table, {"study": s.title, "prepared": prepared, "curves": agg, "claims": claims,
                                             "runs": by_arm})
     c = configs[0]
     png = plot_learning(agg, report / f"study-{name}.png",
@@ -223,93 +221,31 @@ def study(
     typer.echo(f"{table}\nplot: {png}")
 
 
-def run_stage(s, configs: list, jobs: int, update, what: str, prepare) -> None:
-    """One stage's runs still to train under the progress bar (learner steps, or runs when several run at
-    once), each on its own copy of the pool: `prepare(update)` makes the pool first, once, and returns
-    its rows per source. `s`: the benchmark's settings (`softrl_bench.frontier.Settings` or the code study's)."""
-    from softrl_bench import frontier as fr
-
-    configs = fr.pending(s, configs)
-    if not configs:
-        return
-    counts = prepare(update)
-    err.print(f"pool: {', '.join(f'{n} {k}' for k, n in counts.items())} rows")
-    if jobs <= 1:
-        update(0, total=len(configs) * s.steps, description=what)
-        fr.run(configs, s, on_step=lambda i, c, r: update(i * s.steps + r["step"],
-                                                          description=f"{what}: {c.name} ({i + 1}/{len(configs)})"))
-        return
-    done = [0]
-    update(0, total=len(configs), description=f"{what} ({jobs} at once)")
-
-    def finished(config) -> None:
-        done[0] += 1
-        update(done[0], description=f"{what}: {config.name} done")
-
-    fr.run(configs, s, jobs=jobs, on_done=finished)
-
-
 def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | None, eval_every: int | None,
           jobs: int, kept: Path | None, base: Path | None, runs: Path, report: Path) -> None:
-    """SPO vs PPO vs GRPO on tinycode-loops: every arm's learning rate tuned, then the report seeds."""
-    from softrl_bench import code_study as cs
-    from softrl_bench.learning import aggregate
-    from softrl_bench.report import code_markdown, plot_learning
-    from softrl.config import ConfigError, read_settings
+    from softrl_bench import code_study
+    from softrl.config import ConfigError
 
     try:
-        extra = read_settings(base) if base is not None else None
-        given = {k: v for k, v in (("seeds", seeds), ("steps", steps), ("eval_size", eval_size),
-                                   ("eval_every", eval_every)) if v is not None}
-        s = cs.Settings(runs, **{**(cs.QUICK if quick else {}), **given}, extra=extra,
-                        kept=kept or report / "study-code-runs.jsonl")
-        first = cs.run_config(s, "spo-online", s.lrs[0], cs.TUNE_SEED)
-        if first.model.path == str(cs.reference_dir()):  # before any kept outcome is read: they name its weights
-            cs.install_reference(s)
+        s = code_study.settings(quick, seeds, steps, eval_size, eval_every, kept, base, runs, report)
     except (ValueError, ConfigError) as e:
         fail(str(e))
-    def pool(update) -> dict:
-        return cs.prepare_pool(s, progress=lambda done, total: update(
-            done, total=total, description="pool: Q0 of the training prompts from the reference's samples"))
-
     with progress_bar("setup") as update, one_line_errors():
-        chosen = cs.tune(s, list(cs.ARMS), lambda plan: run_stage(s, plan, jobs, update, "tuning", pool))
-        run_stage(s, cs.report_plan(s, chosen), jobs, update, "report seeds", pool)
-        by_arm = cs.collect(s, chosen)
-    agg, claims = aggregate(by_arm), cs.check_claims(by_arm)
-    diversity = cs.diversity(by_arm)
-    table = code_markdown(agg, claims, s.seeds, chosen, cs.reference_card(first), diversity)
-    _write(report, "study-code", table, {"study": "code: tinycode-loops", "settings": {
-        k: v for k, v in vars(s).items() if k != "root"}, "tuned": chosen, "curves": agg, "claims": claims,
-        "diversity": diversity, "runs": by_arm})
-    png = plot_learning(agg, report / "study-code.png",
-                        f"code (tinycode-loops, held-out combinations): {s.steps} steps x "
-                        f"{s.prompts * s.samples_per_prompt} generated, tuned lr, {s.seeds} seed(s)")
+        table, png = code_study.study(s, jobs, report, update, say)
     typer.echo(f"{table}\nplot: {png}")
 
 
 def _agro_toy(seeds: int, report: Path) -> None:
-    """The tabular sweep of on-policy AGRO and RLOO over beta, group size and lr."""
     from softrl_bench import agro_sweep
 
     with progress_bar("toy sweep") as update:
-        rows = agro_sweep.sweep(seeds, progress=lambda done, total: update(done, total))
-        why = agro_sweep.mechanism(seeds)
-    cells = agro_sweep.summarise(rows)
-    table = (f"{agro_sweep.markdown(cells)}\nAt beta 1/ln(1e5), groups of 8, lr 0.1, from a reference that mostly "
-             f"fails and one that mostly succeeds:\n\n{agro_sweep.mechanism_markdown(why)}")
-    _write(report, "study-agro-toy", table, {"cells": cells, "runs": rows, "mechanism": why})
-    agro_sweep.plot(cells, report / "study-agro-toy.png",
-                    f"on-policy AGRO vs RLOO on the exact toy (V=2, L=5), {agro_sweep.SAMPLES} samples per step, "
-                    f"600 steps, median of {seeds} seeds")
+        table = agro_sweep.study(seeds, report, lambda done, total: update(done, total))
     typer.echo(f"## toy\n\n{table}")
 
 
 def _grow(lineages: int, steps: int, later_steps: int, lr: float, rows: int, eval_size: int, eval_every: int,
           base: Path | None, runs: Path, report: Path) -> None:
     from softrl_bench import grow
-    from softrl_bench.learning import aggregate
-    from softrl_bench.report import grow_markdown, plot_learning
     from softrl.config import ConfigError, read_settings
 
     try:
@@ -317,19 +253,12 @@ def _grow(lineages: int, steps: int, later_steps: int, lr: float, rows: int, eva
         configs = grow.plan(lineages, runs, steps, later_steps, lr, rows, eval_size, eval_every, extra)
     except (ValueError, ConfigError) as e:
         fail(str(e))
-    starts = list(accumulate((c.optim.steps for c in configs), initial=0))  # steps done before each run
-    with progress_bar("grow: Q0 of the base store", total=starts[-1]) as update, one_line_errors():
+    with progress_bar("grow: Q0 of the base store", total=grow.total_steps(configs)) as update, one_line_errors():
         try:
-            grow.run_lineages(configs, runs, on_step=lambda i, c, r: update(
-                starts[i] + r["step"], description=f"{Path(c.out_dir).name}: {c.name}"))
-        except ValueError as e:
+            table, png = grow.study(configs, runs, report, update, f"experience that grows: A {steps} steps, the others "
+                                    f"{later_steps}, {rows} rows, lr {lr:g}, {lineages} lineage(s)")
+        except ValueError as e:  # a finished run with other settings
             fail(str(e))
-    result = grow.report(configs, runs)
-    table = grow_markdown(result)
-    _write(report, "study-grow", table, result)
-    png = plot_learning(aggregate(result["runs"]), report / "study-grow.png",
-                        f"experience that grows: A {steps} steps, the others {later_steps}, {rows} rows, "
-                        f"lr {lr:g}, {lineages} lineage(s)")
     typer.echo(f"{table}\nplot: {png}")
 
 
@@ -466,7 +395,7 @@ def frontier(
     seeds at its best point and at a KL common to all: pass@1-KL frontiers, pass@k at matched KL, per regime
     (policy lag 1..256, half online, offline from another policy, offline from known solutions)."""
     from softrl_bench import frontier as fr
-    from softrl_bench.frontier_report import lag_results, lags_markdown, markdown, plot, plot_lags
+    from softrl_bench.frontier_report import write_reports
     from softrl_bench.learning import slug
     from softrl.config import ConfigError, read_settings
 
@@ -486,36 +415,11 @@ def frontier(
     except (ValueError, ConfigError) as e:
         fail(str(e))
     if not report_only:
-        def pool(update) -> dict:  # the earlier run first (the other policy's data), then the pool, once
-            return fr.prepare(s, on_step=lambda _, __, r: update(r["step"], total=s.earlier_steps,
-                                                                 description="earlier run (the other policy's data)"))
-
         with progress_bar("setup", total=None) as update, one_line_errors():
-            for _ in range(fr.tuning_rounds(s)):  # a grid whose best lies on an edge grows there, round by round
-                run_stage(s, fr.tuning_plan(s, chosen, only, o["tune_seeds"]), jobs, update, "tuning", pool)
-            for name in chosen:
-                lrs = fr.regime_lrs(s, fr.REGIMES[name], only, o["tune_seeds"])
-                picks = fr.choose(fr.grid_points(s, fr.REGIMES[name], lrs, o["tune_seeds"]))
-                run_stage(s, fr.report_plan(s, fr.REGIMES[name], {m: [picks["best"][m], picks["matched"][m]]
-                                                                  for m in picks["best"]}, o["seeds"]),
-                          jobs, update, f"{name}: report seeds", pool)
-    report.mkdir(parents=True, exist_ok=True)
-    for name in chosen:
-        with one_line_errors():
-            result = fr.regime_result(s, fr.REGIMES[name], only, o["tune_seeds"], o["seeds"])
-        table = markdown(result)
-        path = report / f"{stem}-{name}"
-        path.with_suffix(".md").write_text(table)
-        path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
-        plot(result, path.with_suffix(".png"), list(fr.METHODS))
-        typer.echo(table)
-    # this run's lags and those reported before with the same settings: the picture of staleness
-    by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, o["tune_seeds"], o["seeds"]))
-    for path in others:
-        typer.echo(f"{stem}-lags: {path.name} left out (made with other settings)")
-    if len(by_lag) > 1:
-        (report / f"{stem}-lags.md").write_text(lags_markdown(by_lag))
-        plot_lags(by_lag, report / f"{stem}-lags.png", list(fr.METHODS))
+            fr.train(s, chosen, only, o["tune_seeds"], o["seeds"], jobs, update, say)
+    with one_line_errors():
+        for line in write_reports(s, chosen, only, o["tune_seeds"], o["seeds"], report, stem):
+            typer.echo(line)
     typer.echo(f"reports: {report}/frontier-*")
 
 

@@ -264,3 +264,44 @@ def reference_card(config: RunConfig) -> dict:
 
     card = Path(resolve_model(config)) / "softrl.json"
     return json.loads(card.read_text()) if card.is_file() else {}
+
+
+def settings(quick: bool, seeds: int | None, steps: int | None, eval_size: int | None, eval_every: int | None,
+             kept: Path | None, base: Path | None, runs: Path, report: Path) -> Settings:
+    """The study's Settings from the command line's options (None: the study's default; `quick`: a smoke
+    test's), its reference installed where the runs will look for it."""
+    from softrl.config import read_settings
+
+    extra = read_settings(base) if base is not None else None
+    given = {k: v for k, v in (("seeds", seeds), ("steps", steps), ("eval_size", eval_size),
+                               ("eval_every", eval_every)) if v is not None}
+    s = Settings(runs, **{**(QUICK if quick else {}), **given}, extra=extra, kept=kept or report / "study-code-runs.jsonl")
+    if run_config(s, "spo-online", s.lrs[0], TUNE_SEED).model.path == str(reference_dir()):
+        install_reference(s)  # before any kept outcome is read: they name its weights
+    return s
+
+
+def study(s: Settings, jobs: int, report: Path, update, say) -> tuple[str, Path]:
+    """SPO vs PPO vs GRPO on tinycode-loops: every arm's learning rate tuned, then the report seeds; the
+    report written under `report`. Returns its table and the plot's path."""
+    from softrl_bench.frontier import run_stage
+    from softrl_bench.learning import aggregate
+    from softrl_bench.report import code_markdown, plot_learning, write_report
+
+    def pool(update) -> dict:
+        return prepare_pool(s, progress=lambda done, total: update(
+            done, total=total, description="pool: Q0 of the training prompts from the reference's samples"))
+
+    chosen = tune(s, list(ARMS), lambda plan: run_stage(s, plan, jobs, update, "tuning", pool, say))
+    run_stage(s, report_plan(s, chosen), jobs, update, "report seeds", pool, say)
+    by_arm = collect(s, chosen)
+    agg, claims, spread = aggregate(by_arm), check_claims(by_arm), diversity(by_arm)
+    table = code_markdown(agg, claims, s.seeds, chosen, reference_card(run_config(s, "spo-online", s.lrs[0], TUNE_SEED)),
+                          spread)
+    write_report(report, "study-code", table, {"study": "code: tinycode-loops", "settings": {
+        k: v for k, v in vars(s).items() if k != "root"}, "tuned": chosen, "curves": agg, "claims": claims,
+        "diversity": spread, "runs": by_arm})
+    png = plot_learning(agg, report / "study-code.png",
+                        f"code (tinycode-loops, held-out combinations): {s.steps} steps x "
+                        f"{s.prompts * s.samples_per_prompt} generated, tuned lr, {s.seeds} seed(s)")
+    return table, png

@@ -78,11 +78,11 @@ def trl_grpo(model_path: str, task: str, steps: int, prompts: int, samples_per_p
     except ImportError:
         return None
     from softrl.algorithms.common import SPO_BETA
-    from softrl.assemble import sampler
+    from softrl.assemble import task_model
     from softrl.models.loading import quiet_transformers
 
     root = Path(root)
-    s = sampler(task, model_path, size=200, device=device)
+    s = task_model(task, model_path, size=200, device=device)
     task_obj, model, tokenizer = s.task, s.model, s.tokenizer
     on_cpu = model.device.type == "cpu"
     by_id = {p.id: p for p in task_obj.prompts()}

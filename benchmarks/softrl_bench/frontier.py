@@ -395,3 +395,45 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
             "frontiers": {m: [p["point"] for p in f] for m, f in chosen["frontiers"].items()},
             "best": best, "matched": matched, "against_frontiers": verdicts,
             "settings": report_settings(s, tune_seeds, seeds)}
+
+
+def run_stage(s, configs: list[RunConfig], jobs: int, update, what: str, prepare, say) -> None:
+    """One stage's runs still to train under a progress bar (`update`: learner steps, or runs when several
+    run at once), each on its own copy of the pool: `prepare(update)` makes the pool first, once, and
+    returns its rows per source (`say` tells them). `s`: this benchmark's Settings or the code study's."""
+    configs = pending(s, configs)
+    if not configs:
+        return
+    counts = prepare(update)
+    say(f"pool: {', '.join(f'{n} {k}' for k, n in counts.items())} rows")
+    if jobs <= 1:
+        update(0, total=len(configs) * s.steps, description=what)
+        run(configs, s, on_step=lambda i, c, r: update(i * s.steps + r["step"],
+                                                       description=f"{what}: {c.name} ({i + 1}/{len(configs)})"))
+        return
+    done = [0]
+    update(0, total=len(configs), description=f"{what} ({jobs} at once)")
+
+    def finished(config) -> None:
+        done[0] += 1
+        update(done[0], description=f"{what}: {config.name} done")
+
+    run(configs, s, jobs=jobs, on_done=finished)
+
+
+def train(s: Settings, regimes: list[str], methods: list[str] | None, tune_seeds: int, seeds: int, jobs: int,
+          update, say) -> None:
+    """Every run the reports need and no finished one: the tuning grids, grown round by round where a
+    best point lies on an edge, then each regime's report seeds at its best and matched points. The
+    earlier run (the other policy's data) and the pool are made once, before the first run that needs them."""
+    def pool(update) -> dict:
+        return prepare(s, on_step=lambda _, __, r: update(r["step"], total=s.earlier_steps,
+                                                          description="earlier run (the other policy's data)"))
+
+    for _ in range(tuning_rounds(s)):
+        run_stage(s, tuning_plan(s, regimes, methods, tune_seeds), jobs, update, "tuning", pool, say)
+    for name in regimes:
+        lrs = regime_lrs(s, REGIMES[name], methods, tune_seeds)
+        picks = choose(grid_points(s, REGIMES[name], lrs, tune_seeds))
+        run_stage(s, report_plan(s, REGIMES[name], {m: [picks["best"][m], picks["matched"][m]] for m in picks["best"]},
+                                 seeds), jobs, update, f"{name}: report seeds", pool, say)

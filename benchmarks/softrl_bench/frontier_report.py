@@ -173,3 +173,27 @@ def plot_lags(by_lag: dict[int, dict], out: Path, order: list[str]) -> Path:
              title="best point at each lag, re-tuned (report seeds, mean ± sd)")
     right.set(xlabel="policy lag (learner steps)", ylabel="KL(pi || pi0)", title="its KL to the reference")
     return save_figure(fig, out, left, right)
+
+
+def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: int, seeds: int, report: Path,
+                  stem: str) -> list[str]:
+    """Each regime's table, JSON and figure under `report`, then the lags picture from this run's lags and
+    those reported before with the same settings; returns the lines to show (the tables, what was left out)."""
+    from softrl_bench import frontier as fr
+
+    report.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name in regimes:
+        result = fr.regime_result(s, fr.REGIMES[name], methods, tune_seeds, seeds)
+        table = markdown(result)
+        path = report / f"{stem}-{name}"
+        path.with_suffix(".md").write_text(table)
+        path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
+        plot(result, path.with_suffix(".png"), list(fr.METHODS))
+        lines.append(table)
+    by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, tune_seeds, seeds))
+    lines += [f"{stem}-lags: {path.name} left out (made with other settings)" for path in others]
+    if len(by_lag) > 1:
+        (report / f"{stem}-lags.md").write_text(lags_markdown(by_lag))
+        plot_lags(by_lag, report / f"{stem}-lags.png", list(fr.METHODS))
+    return lines

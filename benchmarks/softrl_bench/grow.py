@@ -150,3 +150,24 @@ def report(configs: list[RunConfig], runs: Path) -> dict:
             comparisons.append(judged(by_role, f"{a} (from {'A' if a.startswith('B') else 'A and B'}'s experience) "
                                       f"vs {b}", "SPO", a, b, compared, value, expected))
     return {"lineages": lineage_rows, "comparisons": comparisons, "runs": by_role}
+
+
+def total_steps(configs: list[RunConfig]) -> int:
+    return sum(c.optim.steps for c in configs)
+
+
+def study(configs: list[RunConfig], runs: Path, out: Path, update, title: str) -> tuple[str, Path]:
+    """Every lineage's runs (`plan`), under a progress bar of learner steps, and the report written under
+    `out` (its plot titled `title`); returns its table and the plot's path."""
+    from itertools import accumulate
+
+    from softrl_bench.learning import aggregate
+    from softrl_bench.report import grow_markdown, plot_learning, write_report
+
+    starts = list(accumulate((c.optim.steps for c in configs), initial=0))  # steps done before each run
+    run_lineages(configs, runs, on_step=lambda i, c, r: update(starts[i] + r["step"],
+                                                               description=f"{Path(c.out_dir).name}: {c.name}"))
+    result = report(configs, runs)
+    table = grow_markdown(result)
+    write_report(out, "study-grow", table, result)
+    return table, plot_learning(aggregate(result["runs"]), out / "study-grow.png", title)

@@ -4,6 +4,7 @@ Systems: `systems_markdown`, the tables of `softrl_bench.systems.run_systems`' r
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -280,3 +281,10 @@ def grow_markdown(result: dict) -> str:
                          f"{', '.join(f'{d:+.3f}' for d in c['per_seed'])} | {c['expected']} | "
                          f"{'yes' if c['reproduced'] else 'no'} ({c['verdict']}) |")
     return "\n".join(lines) + "\n"
+
+
+def write_report(report: Path, stem: str, table: str, data: dict) -> None:
+    """A study's table and numbers: REPORT/STEM.md and REPORT/STEM.json."""
+    report.mkdir(parents=True, exist_ok=True)
+    (report / f"{stem}.md").write_text(table)
+    (report / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))

@@ -169,12 +169,12 @@ def prepare(study: Study, config: RunConfig, progress: Callable[[int, int], None
     if marker.is_file():
         return json.loads(marker.read_text())
     from softrl.annotate.pts import annotate_store
-    from softrl.assemble import sampler
+    from softrl.assemble import task_model
     from softrl.data import ExperienceStore
 
     ensure_q0(config)
-    s = sampler(config.task.name, config.model.path, size=config.task.size, seed=config.task.seed, source="pts",
-                temperature=1.0, dtype=config.model.dtype, device=config.model.device)
+    s = task_model(config.task.name, config.model.path, size=config.task.size, seed=config.task.seed, source="pts",
+                   temperature=1.0, dtype=config.model.dtype, device=config.model.device)
     store = ExperienceStore(store_dir)
     done = sum(1 for r in store.trajectories(source="reference", passed=True, columns=["mc_targets"]).to_pylist()
                if r["mc_targets"])  # by a killed earlier preparation

@@ -134,10 +134,10 @@ def batch_rows(model_path: str, task: str, prompts: int, samples_per_prompt: int
     every one exactly `max_new_tokens` long)."""
     from dataclasses import replace
 
-    from softrl.assemble import sampler
+    from softrl.assemble import task_model
     from softrl.rollout import Context, rollouts
 
-    s = sampler(task, model_path, size=prompts, max_new_tokens=max_new_tokens, source="online", device=device)
+    s = task_model(task, model_path, size=prompts, max_new_tokens=max_new_tokens, source="online", device=device)
     contexts = [Context(p, s.encode_prompt(p.text)) for p in s.task.prompts()]
     spec = replace(s.spec, ignore_eos=fixed)
     return [{**r.to_row(), "mix_source": "online"} for r in rollouts(spec, contexts, samples_per_prompt, seed)]

@@ -247,7 +247,7 @@ def evaluate(model: str | Path, *, dataset: Any = None, reward: Any = None, task
     a hub id, or 'bootstrap:TASK') on `dataset` graded by `reward`, or on a task spec `task` (`size`
     prompts from `task_seed` where it generates them: by default the held-out split `softrl train`
     evaluates on; `options` its keyword options). `reward_range` as the config's task.reward_range."""
-    from softrl.assemble import model_directory, sampler
+    from softrl.assemble import model_directory, task_model
     from softrl.eval.protocol import evaluate as protocol
     from softrl.models.loading import load_causal_lm
 
@@ -259,9 +259,9 @@ def evaluate(model: str | Path, *, dataset: Any = None, reward: Any = None, task
     if reward_range is not None:
         reward_range = run_config({"task": {"reward_range": reward_range}}).task.reward_range  # checked as in a config
     graded = reward_task(dataset, reward, reward_range=reward_range) if dataset is not None else task
-    s = sampler(graded, str(model), size=size or None,
-                seed=task_seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, source="eval",
-                dtype=dtype, options=options, device=device)
+    s = task_model(graded, str(model), size=size or None,
+                   seed=task_seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, source="eval",
+                   dtype=dtype, options=options, device=device)
     ref = None
     if reference is not None:
         ref = load_causal_lm(model_directory(str(reference), s.task.name), dtype)[0].to(s.model.device)

@@ -2,7 +2,7 @@
 
 Everything that loads a model, picks a task or builds a sampler does it here: the local and Ray
 runtimes (`RunParts`, `rollout_worker`), `softrl eval`, `softrl q0` and `softrl pts` and the benchmarks
-(`Sampler`). Nothing here writes a file but the store's folder and, on first use, a built or
+(`TaskModel`). Nothing here writes a file but the store's folder and, on first use, a built or
 prepared model in the cache.
 """
 
@@ -124,8 +124,9 @@ def rollout_worker(config: RunConfig, task: Task, model, tokenizer, store: Exper
 
 
 @dataclass
-class Sampler:
-    """One model sampling one task: what `softrl eval`, `q0`, `pts` and the benchmarks need."""
+class TaskModel:
+    """A model loaded to sample one task (not a batch sampler: those are data/samplers.py): what
+    `softrl eval`, `q0`, `pts` and the benchmarks need."""
 
     task: Task
     spec: RolloutSpec
@@ -140,10 +141,10 @@ class Sampler:
         return encode_response(self.tokenizer, text)
 
 
-def sampler(task: str | Task, model: str = "bootstrap", *, size: int | None = None, seed: int | None = None,
-            max_new_tokens: int = 0, temperature: float = 1.0, top_p: float = 1.0, source: str = "reference",
-            dtype: str = "float32", options: dict | None = None, device: str = "auto",
-            backend: str = "auto") -> Sampler:
+def task_model(task: str | Task, model: str = "bootstrap", *, size: int | None = None, seed: int | None = None,
+               max_new_tokens: int = 0, temperature: float = 1.0, top_p: float = 1.0, source: str = "reference",
+               dtype: str = "float32", options: dict | None = None, device: str = "auto",
+               backend: str = "auto") -> TaskModel:
     """`model` (a directory, a hub id, 'bootstrap' or a prepared name) sampling `task` (a spec with
     `size` prompts from `seed` where it generates them, None: the task's defaults; or a Task), on
     `device` in `dtype`."""
@@ -158,7 +159,7 @@ def sampler(task: str | Task, model: str = "bootstrap", *, size: int | None = No
     lm = where.place(lm)
     spec = RolloutSpec.for_model(task_obj, lm, tokenizer, max_new_tokens or task_obj.max_new_tokens, backend=backend,
                                  temperature=temperature, top_p=top_p, source=source)
-    return Sampler(task_obj, spec, lm, tokenizer, model_id(directory))
+    return TaskModel(task_obj, spec, lm, tokenizer, model_id(directory))
 
 
 def model_id(directory: str) -> str:

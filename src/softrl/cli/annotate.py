@@ -13,17 +13,17 @@ from softrl.cli.common import (DEVICE_OPT, JSON_OPT, SEED_OPT, STORE_OPT, TASK_O
 from softrl.limits import MAX_PROMPTS, MAX_SEED
 
 
-def reference_sampler(task: str, model: str, size: int, seed: int, max_new_tokens: int, temperature: float,
-                      source: str, dtype: str, device: str = "auto", options: list[str] | None = None):
-    """`assemble.sampler` for the command line: 0 means the task's default; errors as one line."""
-    from softrl.assemble import sampler
+def reference_model(task: str, model: str, size: int, seed: int, max_new_tokens: int, temperature: float,
+                    source: str, dtype: str, device: str = "auto", options: list[str] | None = None):
+    """`assemble.task_model` for the command line: 0 means the task's default; errors as one line."""
+    from softrl.assemble import task_model
     from softrl.config import ConfigError
     from softrl.models.loading import ModelLoadError
 
     try:
         with err.status(f"loading {model} for {task}" + (" (built on first use: softrl bootstrap)"
                                                           if model == "bootstrap" else "")):
-            return sampler(task, model, size=size or None, seed=seed or None, max_new_tokens=max_new_tokens,
+            return task_model(task, model, size=size or None, seed=seed or None, max_new_tokens=max_new_tokens,
                            temperature=temperature, source=source, dtype=dtype, device=device,
                            options=task_options(options))
     except (ConfigError, ModelLoadError, ValueError, OSError) as e:
@@ -98,8 +98,8 @@ def q0(
     from softrl.annotate.q0 import binomial_stderr, estimate_q0
 
     beta, model = checked_beta(beta), model or "bootstrap"
-    s = reference_sampler(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype, device,
-                          task_option)
+    s = reference_model(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype, device,
+                        task_option)
     target = open_store(store)  # after every option is checked: a refused command leaves no store behind
     with progress_bar(f"q0 {task} (K={k})") as update, one_line_errors():
         rows = estimate_q0(s.spec, s.task.prompts(), s.encode_prompt, target, k, beta, s.model_id, seed=seed,
@@ -179,7 +179,7 @@ def pts(
     for missing in sorted(set(source or []) - present):
         err.print(f"warning: the store {target.root} has no trajectories of source {missing!r} "
                   f"(it has: {', '.join(sorted(present)) or 'none'})", highlight=False, soft_wrap=True)
-    s = reference_sampler(task, model, size, task_seed, max_new_tokens, 1.0, "pts", dtype, device, task_option)
+    s = reference_model(task, model, size, task_seed, max_new_tokens, 1.0, "pts", dtype, device, task_option)
     with progress_bar(f"pts {task} (K={k})") as update, one_line_errors():
         results = annotate_store(s.spec, target, s.encode_prompt, s.encode_response, s.model_id, k, threshold, seed=seed,
                                  limit=limit, force=force, sources=source or None,
