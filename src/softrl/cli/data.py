@@ -94,6 +94,8 @@ def data_export(
     source: list[str] = typer.Option(None, "--source", help="only these sources (repeatable)"),
     task: list[str] = typer.Option(None, "--task", help="only these tasks (repeatable)"),
     passed: bool = typer.Option(None, "--passed/--failed", help="only passed (or only failed) trajectories"),
+    form: str = typer.Option("rows", "--format", help="rows: every column of the store; chat: each row as an "
+                             "OpenAI chat conversation ({messages, reward, ...}; .jsonl), what `data import` reads"),
     store: str = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -105,7 +107,7 @@ def data_export(
         pool = target.pool(source=source or None, task=task or None, passed=passed)
     try:
         with store_errors():
-            n = export(pool.tables(), out, store)
+            n = export(pool.tables(), out, store, form)
     except (ValueError, OSError) as e:  # a write error from a file object names no path: this one is it
         fail(str(e) if str(out) in str(e) else f"{out}: {one_line(e)}")
     if as_json:

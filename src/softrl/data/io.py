@@ -16,7 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from softrl.data.schema import TRAJECTORY_SCHEMA, Trajectory
+from softrl.data.chat import chat_record, episode_of, prompt_text_of, single_turn, transcript, turn_message
+from softrl.data.schema import FINISHES, TRAJECTORY_SCHEMA, Trajectory
 from softrl.files import whole_file
 from softrl.tasks.base import RewardError, Task, check_reward, prompt_id_of
 from softrl.tasks.records import RecordError, field, prompt_of, read_records
@@ -57,16 +58,12 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
         if source:
             trajectory.source = source
         return trajectory
+    if "messages" in record and not {"prompt", "response", "completion"} & set(record):
+        return chat_trajectory(record, where, source, task)
     if "response" not in record and "completion" in record:  # TRL's name for it
         record = {**record, "response": record["completion"]}
     prompt, response = prompt_of(record, where)[0], field(record, "response", where)  # a text or chat messages
-    if "reward" not in record and "passed" not in record:
-        raise RecordError(f"{where}: record needs a 'reward' (in [0, 1]) or a 'passed' field")
-    passed_given = record.get("passed")
-    if passed_given is not None and not isinstance(passed_given, bool):
-        raise RecordError(f"{where}: field 'passed' must be true or false, got {passed_given!r}")
-    reward = _reward(record.get("reward", float(bool(passed_given))), where)
-    passed = passed_given if passed_given is not None else reward >= 1
+    reward, passed = outcome(record, where)
     if not prompt:
         raise RecordError(f"{where}: field 'prompt' must be a non-empty text (a model needs at least one prompt token)")
     prompt_id, named = field(record, "prompt_id", where, str, ""), field(record, "task", where, str, "") or task
@@ -74,6 +71,36 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
         prompt_id, prompt = prompt_ids[prompt.strip()]
     return Trajectory(prompt_id or prompt_id_of(prompt), response, reward, passed, task=named, prompt_text=prompt,
                       source=source or "import", policy_version=-1)
+
+
+def outcome(record: dict[str, Any], where: str) -> tuple[float, bool]:
+    """(reward, passed) of a record: `reward` in [0, 1] and/or `passed` (true or false); passed, where not
+    given, is a reward of 1."""
+    if "reward" not in record and "passed" not in record:
+        raise RecordError(f"{where}: record needs a 'reward' (in [0, 1]) or a 'passed' field")
+    passed = record.get("passed")
+    if passed is not None and not isinstance(passed, bool):
+        raise RecordError(f"{where}: field 'passed' must be true or false, got {passed!r}")
+    reward = _reward(record.get("reward", float(bool(passed))), where)
+    return reward, passed if passed is not None else reward >= 1
+
+
+def chat_trajectory(record: dict[str, Any], where: str, source: str | None, task: str) -> Trajectory:
+    """A `{messages, reward or passed[, prompt_id, task, finish]}` record: an OpenAI chat conversation with
+    its outcome (data/chat.py). One assistant message without tool calls is a single-turn row; anything
+    more an episode, tokenised by each run with its own model's chat template (the environment's turns
+    masked)."""
+    prompt, turns = episode_of(record["messages"], where)
+    reward, passed = outcome(record, where)
+    finish = field(record, "finish", where, str, "") or None
+    if finish is not None and finish not in FINISHES:
+        raise RecordError(f"{where}: field 'finish' must be one of {', '.join(FINISHES)}, got {finish!r}")
+    text = prompt_text_of(prompt)
+    one = single_turn(turns)
+    return Trajectory(field(record, "prompt_id", where, str, "") or prompt_id_of(text),
+                      turns[0]["content"] if one else transcript(turns), reward, passed,
+                      task=field(record, "task", where, str, "") or task, prompt_text=text, source=source or "import",
+                      policy_version=-1, turns=None if one else turns, finish=None if one else finish)
 
 
 def task_prompt_ids(task: Task) -> dict[str, tuple[str, str]]:
@@ -133,6 +160,14 @@ def _check_values(row: dict[str, Any], where: str, vocabulary: Vocabulary | None
             raise bad("behavior_logprobs", "must be finite log-probabilities (<= 0)")
         if len(logprobs) != len(tokens):
             raise bad("behavior_logprobs", f"has {len(logprobs)} values for {len(tokens)} response tokens")
+    mask = row.get("action_mask")
+    if mask is not None and len(mask) != len(tokens):
+        raise bad("action_mask", f"has {len(mask)} values for {len(tokens)} response tokens")
+    if row.get("turns"):
+        try:
+            episode_of([{"role": "user", "content": "."}, *map(turn_message, row["turns"])], where)
+        except RecordError as e:
+            raise bad("turns", f"is not an episode: {str(e).removeprefix(where + ': ')}") from None
     for target in row.get("mc_targets") or []:
         t, success, k = (target or {}).get("t"), (target or {}).get("success"), (target or {}).get("k")
         if t is None or success is None or k is None or not 0 <= t <= max(len(tokens), 1) or not 0 <= success <= 1 \
@@ -170,13 +205,23 @@ def task_solutions(task: Task, source: str = "human") -> list[Trajectory]:
             for (p, s), g in zip(pairs, grades)]
 
 
-def export(rows: pa.Table | Iterable[pa.Table], out: str | Path, store: str | Path | None = None) -> int:
+EXPORT_FORMATS = ("rows", "chat")
+
+
+def export(rows: pa.Table | Iterable[pa.Table], out: str | Path, store: str | Path | None = None,
+           form: str = "rows") -> int:
     """Rows (a table, or tables streamed one at a time: `StoredPool.tables`) to `.parquet`, `.jsonl`,
     `.jsonl.gz` (timestamps as ISO strings) or a Hugging Face dataset directory `NAME.hf`
-    (`datasets.load_from_disk`); returns rows written. The output appears whole or not at all
-    (written beside it, then renamed: a full disk or a kill leaves an earlier one of that name as it
-    was), and never inside `store`, among its parts."""
+    (`datasets.load_from_disk`); returns rows written. `form` "chat": each row as an OpenAI chat
+    conversation with its reward (`data.chat.chat_record`), what `softrl data import` reads back. The
+    output appears whole or not at all (written beside it, then renamed: a full disk or a kill leaves
+    an earlier one of that name as it was), and never inside `store`, among its parts."""
+    if form not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {form!r}; use {' or '.join(EXPORT_FORMATS)}")
     out = Path(out)
+    if form == "chat" and not out.name.endswith((".jsonl", ".jsonl.gz")):
+        raise ValueError(f"cannot export chat conversations to {out}: they are JSON lines, use a .jsonl or .jsonl.gz "
+                         "file name")
     if not (out.suffix in (".parquet", ".hf") or out.name.endswith((".jsonl", ".jsonl.gz"))):
         raise ValueError(f"cannot export to {out}: use a .parquet, .jsonl or .jsonl.gz file name, or NAME.hf for a "
                          "Hugging Face dataset directory")
@@ -203,7 +248,8 @@ def export(rows: pa.Table | Iterable[pa.Table], out: str | Path, store: str | Pa
             with opener(work, "wt", encoding="utf-8") as f:
                 for chunk in chunks:
                     for row in chunk.to_pylist():
-                        f.write(json.dumps(row, default=lambda v: v.isoformat()) + "\n")
+                        f.write(json.dumps(chat_record(row) if form == "chat" else row,
+                                           default=lambda v: v.isoformat()) + "\n")
                     written += chunk.num_rows
     return written
 

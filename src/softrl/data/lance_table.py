@@ -32,7 +32,7 @@ from lance.optimize import Compaction, CompactionOptions
 
 from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError
 
-FORMAT = 2  # 1: Parquet part files (data/legacy.py); 2: Lance tables
+FORMAT = 3  # 1: Parquet part files (data/legacy.py); 2: Lance tables; 3: episodes (turns, action_mask, finish)
 FORMAT_KEY = "softrl.store_format"
 RETRIES = 8
 BATCH_ROWS = 65_536  # rows a scan holds at once
@@ -108,6 +108,13 @@ def renamed(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch | pa.Table:
     return batch.rename_columns([HANDLE if name == ADDRESS else name for name in batch.schema.names])
 
 
+def with_nulls(batch: pa.RecordBatch | pa.Table, fields: list[pa.Field]) -> pa.RecordBatch | pa.Table:
+    """`batch` with a column of nulls for each of `fields` (columns a version from before an upgrade lacks)."""
+    for f in fields:
+        batch = batch.append_column(f, pa.nulls(batch.num_rows, f.type))
+    return batch
+
+
 def sql_equal(equal: dict[str, Any]) -> str:
     """{"source": "online"} -> "source = 'online'": Lance's filter text (Ray Data's reader takes no expression)."""
     def literal(value: Any) -> str:
@@ -135,6 +142,32 @@ class LanceTable:
                              f"{FORMAT}): upgrade softrl")
         if found < 1:
             raise StoreError(f"{uri}: a Lance table, but not one of a softrl store (no {FORMAT_KEY} in its metadata)")
+        if any(f.name not in self.dataset.schema.names for f in schema):
+            self.dataset = with_retries(self._upgrade, uri)
+
+    def _upgrade(self) -> lance.LanceDataset:
+        """A table of an older format given the columns it lacks, all null (no row is rewritten): the
+        versions before stay as they were, and reads of them get the new columns as nulls (`_read_columns`)."""
+        dataset = self._newest()
+        missing = [f for f in self.schema if f.name not in dataset.schema.names]
+        if missing:
+            try:
+                dataset.add_columns(missing)
+            except (OSError, ValueError) as e:
+                if "already exists" not in str(e) and "Duplicate field" not in str(e):  # another process upgraded it
+                    raise
+            dataset = self._newest()
+        if int((dataset.schema.metadata or {}).get(FORMAT_KEY.encode(), b"0")) < FORMAT:
+            dataset.update_schema_metadata({FORMAT_KEY: str(FORMAT)})  # add_columns leaves no metadata behind
+        return self._newest()
+
+    def _read_columns(self, dataset: lance.LanceDataset, columns: list[str] | None) -> tuple[list[str], list[pa.Field]]:
+        """(the columns to read at `dataset`'s version, the fields of the current schema it lacks): a
+        version from before an upgrade reads what it has, and the rest comes back null."""
+        present = set(dataset.schema.names)
+        wanted = [f.name for f in self.schema] if columns is None else columns
+        return [c for c in wanted if c in present or c == ADDRESS], \
+            [self.schema.field(c) for c in wanted if c not in present and c in self.schema.names]
 
     def _open(self, create: bool) -> lance.LanceDataset:
         try:
@@ -173,16 +206,18 @@ class LanceTable:
     def read(self, version: int, columns: list[str] | None = None, where: pc.Expression | None = None,
              handles: bool = False) -> pa.Table:
         dataset = self._at(version)
-        return renamed(with_retries(lambda: dataset.to_table(columns=columns, filter=where, with_row_address=handles),
-                                    self.uri))
+        present, lacking = self._read_columns(dataset, columns)
+        return with_nulls(renamed(with_retries(lambda: dataset.to_table(columns=present, filter=where,
+                                                                        with_row_address=handles), self.uri)), lacking)
 
     def batches(self, version: int, columns: list[str], where: pc.Expression | None = None,
                 handles: bool = False) -> Iterator[pa.RecordBatch]:
         dataset = self._at(version)
+        present, lacking = self._read_columns(dataset, columns)
         try:
-            for batch in dataset.to_batches(columns=columns, filter=where, with_row_address=handles,
+            for batch in dataset.to_batches(columns=present, filter=where, with_row_address=handles,
                                             batch_size=BATCH_ROWS, scan_in_order=True):
-                yield renamed(batch)
+                yield with_nulls(renamed(batch), lacking)
         except (OSError, ValueError) as e:
             raise StoreError(explain(e, self.uri)) from None
 
@@ -192,7 +227,9 @@ class LanceTable:
         # benchmarks/store_take.py, 2026-11-28), and an offset cannot name a row to `delete`. So the
         # address it is, and pylance stays pinned exactly (pyproject.toml) for this private method.
         dataset = self._at(version)
-        return with_retries(lambda: dataset._take_rows(pa.array(handles, pa.uint64()), columns), self.uri)
+        present, lacking = self._read_columns(dataset, columns)
+        return with_nulls(with_retries(lambda: dataset._take_rows(pa.array(handles, pa.uint64()), present), self.uri),
+                          lacking)
 
     def parts(self, version: int) -> int:
         return len(self._at(version).get_fragments())

@@ -2,7 +2,13 @@
 
 Arrow schemas are the contract of the store's tables (and of exports); `Trajectory` is the Python view of one row.
 A trajectory's `id` is a content hash of the prompt id and the response (its tokens under its
-tokenizer when it has them, else its text), so the same response to the same prompt is one row.
+tokenizer when it has them, else its text, or an episode's turns), so the same response to the same
+prompt is one row.
+
+A trajectory may be an episode (docs/DATA.md, "Episodes"): after the prompt, the policy's turns and the
+environment's (tool results, test feedback, a user's reply) in order, in `turns`. Its tokens are then
+all that follows the prompt, policy and environment alike, and `action_mask` marks the policy's (the
+only ones trained on). A row without `turns` is one policy turn: its response.
 """
 
 from __future__ import annotations
@@ -18,6 +24,15 @@ import pyarrow as pa
 MC_TARGET = pa.struct([("t", pa.int32()), ("success", pa.float64()), ("k", pa.int32())])
 DECODING = pa.struct([("temperature", pa.float32()), ("top_p", pa.float32())])
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+# one turn of an episode after its prompt: the policy's (assistant) or the environment's (tool, user)
+TURN = pa.struct([("role", pa.string()), ("content", pa.string()),
+                  ("tool_calls", pa.string()),  # assistant: OpenAI `tool_calls` as JSON text, null if none
+                  ("tool_call_id", pa.string()),  # tool: the call it answers
+                  ("name", pa.string()),  # tool: the tool's name, where given
+                  ("reward", pa.float64())])  # a per-turn reward, where the environment gives one
+POLICY_ROLE = "assistant"
+ENVIRONMENT_ROLES = ("tool", "user")
+FINISHES = ("done", "max_turns", "token_budget", "timeout", "env_error")  # why an episode ended
 
 TRAJECTORY_SCHEMA = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -37,6 +52,9 @@ TRAJECTORY_SCHEMA = pa.schema([
     ("decoding", DECODING),
     ("mc_targets", pa.list_(MC_TARGET)),
     ("created_at", TIMESTAMP),
+    ("turns", pa.list_(TURN)),  # an episode's turns after the prompt; null: one turn, the response
+    ("action_mask", pa.list_(pa.bool_())),  # per response token: the policy's (true) or the environment's
+    ("finish", pa.string()),  # an episode's end (FINISHES); null for one turn
 ])
 
 PROMPT_SCHEMA = pa.schema([
@@ -67,9 +85,12 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def trajectory_id(prompt_id: str, response_tokens: list[int], tokenizer: str, response_text: str) -> str:
+def trajectory_id(prompt_id: str, response_tokens: list[int], tokenizer: str, response_text: str,
+                  turns: list[dict] | None = None) -> str:
     if response_tokens:
         content = ["tokens", prompt_id, tokenizer, list(response_tokens)]
+    elif turns:
+        content = ["episode", prompt_id, [{k: turn.get(k) for k in TURN_KEYS} for turn in turns]]
     else:
         content = ["text", prompt_id, response_text]
     return hashlib.sha256(json.dumps(content).encode()).hexdigest()[:32]
@@ -93,11 +114,19 @@ class Trajectory:
     decoding: dict[str, float] | None = None  # {"temperature": ..., "top_p": ...}
     mc_targets: list[dict[str, Any]] = field(default_factory=list)  # [{"t", "success", "k"}]
     created_at: datetime = field(default_factory=now)
+    turns: list[dict[str, Any]] | None = None  # an episode's turns (TURN); None: one turn, the response
+    action_mask: list[bool] | None = None  # per response token, the policy's or not; None: all the policy's
+    finish: str | None = None  # why an episode ended (FINISHES)
     id: str = ""
 
     def __post_init__(self):
         if not self.id:
-            self.id = trajectory_id(self.prompt_id, self.response_tokens, self.tokenizer, self.response_text)
+            self.id = trajectory_id(self.prompt_id, self.response_tokens, self.tokenizer, self.response_text,
+                                    self.turns)
+
+    @property
+    def is_episode(self) -> bool:
+        return bool(self.turns)
 
     def to_row(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in FIELDS}
@@ -107,5 +136,6 @@ class Trajectory:
         return cls(**{k: v for k, v in row.items() if k in NAMES})
 
 
+TURN_KEYS = tuple(f.name for f in TURN)
 FIELDS = fields(Trajectory)
 NAMES = frozenset(f.name for f in FIELDS)

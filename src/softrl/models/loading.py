@@ -184,6 +184,66 @@ def encode_response(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
+def episode_message(turn: dict) -> dict:
+    """An episode's turn (data/schema.py's TURN) as the chat template takes it: tool calls with their
+    arguments as objects, as templates render them."""
+    message = {"role": turn["role"], "content": turn["content"]}
+    if turn.get("tool_calls"):
+        message["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                                 for c in json.loads(turn["tool_calls"])]
+    for key in ("tool_call_id", "name"):
+        if turn.get(key) is not None and turn["role"] == "tool":
+            message[key] = turn[key]
+    return message
+
+
+def plain_turn(turn: dict, next_is_policy: bool) -> str:
+    """A turn as text for a tokenizer without a chat template: the policy's turn its content and tool
+    calls, the environment's a `role: content` line after the policy's EOS, then the next turn's cue."""
+    if turn["role"] == "assistant":
+        return turn["content"] + "".join(
+            f"\n<tool_call>{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}"
+            "</tool_call>" for c in json.loads(turn.get("tool_calls") or "[]"))
+    return f"\n{turn['role']}: {turn['content']}\n" + ("assistant: " if next_is_policy else "")
+
+
+def encode_episode(tokenizer, prompt_text: str, turns: list[dict]) -> tuple[list[int], list[int], list[bool]]:
+    """(prompt ids, ids of everything after the prompt, which of those are the policy's) of an episode,
+    as `encode_prompt` and `encode_response` encode one turn: with the chat template, each turn is the
+    text the template adds for it (the policy's turn with its end-of-turn marker; the environment's with
+    the cue of the policy's next turn, masked); without one, `plain_turn`'s text, each policy turn
+    ending with EOS. A template that renders earlier turns differently once later ones follow (one that
+    drops reasoning from past turns) cannot be split so: a ValueError naming the turn."""
+    from softrl.tasks.records import conversation_of
+
+    prompt = encode_prompt(tokenizer, prompt_text)
+    response: list[int] = []
+    mask: list[bool] = []
+    if getattr(tokenizer, "chat_template", None):
+        messages = conversation_of(prompt_text) or [{"role": "user", "content": prompt_text}]
+        before = apply_chat_template(tokenizer, prompt_text)
+        for i, turn in enumerate(turns):
+            messages.append(episode_message(turn))
+            cue = i + 1 < len(turns) and turns[i + 1]["role"] == "assistant"
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=cue)
+            if not text.startswith(before):
+                raise ValueError(f"the chat template renders the turns before turn {i} ({turn['role']}) differently "
+                                 "once it follows, so the episode's tokens cannot be split by turn")
+            piece = tokenizer(text[len(before):], add_special_tokens=False)["input_ids"]
+            response += piece
+            mask += [turn["role"] == "assistant"] * len(piece)
+            before = text
+        return prompt, response, mask
+    for i, turn in enumerate(turns):
+        cue = i + 1 < len(turns) and turns[i + 1]["role"] == "assistant"
+        piece = tokenizer(plain_turn(turn, cue), add_special_tokens=False)["input_ids"]
+        if turn["role"] == "assistant":
+            piece = piece + [tokenizer.eos_token_id]
+        response += piece
+        mask += [turn["role"] == "assistant"] * len(piece)
+    return prompt, response, mask
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """Token ids are only comparable under the same vocabulary: a short hash of it, for the store."""
     vocab = sorted(tokenizer.get_vocab().items())

@@ -12,7 +12,7 @@ from softrl.config import ConfigError, RunConfig
 from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, Snapshot, StoreError
 from softrl.data.unmatched import unmatched_rows
 from softrl.data.versions import hold, pinned
-from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
+from softrl.models.loading import encode_episode, encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.tasks.base import Prompt, Task
 from softrl.training.batch import Batch, knows_behavior, make_batch, unusable_row
 
@@ -229,7 +229,7 @@ class DataFeed:
         self.prefetch()
         tok = self.tokenizer
         return make_batch(rows, self.fingerprint, tok.pad_token_id, lambda t: encode_prompt(tok, t),
-                          lambda t: encode_response(tok, t), self.q0)
+                          lambda t: encode_response(tok, t), self.q0, lambda p, t: encode_episode(tok, p, t))
 
     # --- checkpoints: the random state of prompt choice and of every source ---------------------
     def state_dict(self) -> dict:

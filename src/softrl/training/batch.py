@@ -1,7 +1,9 @@
 """A Batch: trajectory rows (from any source) as the tensors a loss needs.
 
 Rows whose tokens were made by another tokenizer (or text-only rows, e.g. imports) are re-tokenised
-from their text. Rewards are the task's own; SPO's losses shift them (see `objectives`).
+from their text, an episode from its turns. Rewards are the task's own; SPO's losses shift them (see
+`objectives`). Only the policy's tokens are trained on: `action_mask` is 0 on an episode's environment
+tokens (tool results, feedback), which stay in the context.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Batch:
     policy_version: Tensor  # [B]
     sources: list[str]  # the mix source of each row (online | offline | mc)
     pad_id: int
+    action_mask: Tensor  # [B, T] 1 on the policy's response tokens, 0 on the environment's (and padding)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -37,7 +40,7 @@ class Batch:
         """The batch with `move` applied to each tensor (e.g. `Placement.to_device`)."""
         return Batch(self.rows, self.padded.apply(move), move(self.reward), move(self.q0), move(self.behavior_logp),
                      move(self.has_behavior), move(self.mc_positions), move(self.mc_success), move(self.mc_mask),
-                     move(self.policy_version), self.sources, self.pad_id)
+                     move(self.policy_version), self.sources, self.pad_id, move(self.action_mask))
 
     def subset(self, index: list[int]) -> Batch:
         """The rows `index`, padding recomputed (so a micro-batch is no wider than it must be); all rows
@@ -53,7 +56,7 @@ class Batch:
                      self.reward[ix], self.q0[ix],
                      self.behavior_logp[ix, :width], self.has_behavior[ix], self.mc_positions[ix],
                      self.mc_success[ix], self.mc_mask[ix], self.policy_version[ix],
-                     [self.sources[i] for i in index], self.pad_id)
+                     [self.sources[i] for i in index], self.pad_id, self.action_mask[ix, :width])
 
 
 def knows_behavior(row: dict, response_length: int | None = None) -> bool:
@@ -93,19 +96,38 @@ def unusable_row(rows: list[dict], fingerprint: str, vocab_size: int | None, enc
     return None
 
 
+EpisodeEncoder = Callable[[str, list[dict]], tuple[list[int], list[int], list[bool]]]
+
+
 def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: Callable[[str], list[int]],
-               encode_response: Callable[[str], list[int]], q0: dict[str, float]) -> Batch:
+               encode_response: Callable[[str], list[int]], q0: dict[str, float],
+               encode_episode: EpisodeEncoder | None = None) -> Batch:
     """Tensors for `rows` (each with a `mix_source` tag, else counted as online). `fingerprint`: the
-    tokenizer's, whose token ids rows may keep; `q0`: the soft value of every prompt at the run's beta."""
+    tokenizer's, whose token ids rows may keep; `q0`: the soft value of every prompt at the run's beta;
+    `encode_episode(prompt_text, turns)`: an episode's (prompt ids, response ids, policy mask)
+    (`models.loading.encode_episode`), for episodes of another tokenizer or of text only."""
     if not rows:
         raise ValueError("a batch needs at least one trajectory")
-    prompts, responses = [], []
+    prompts, responses, masks = [], [], []
     for row in rows:
-        ours = own_tokens(row, fingerprint)
-        prompts.append(list(row["prompt_tokens"]) if ours else encode_prompt(row["prompt_text"]))
-        responses.append(list(row["response_tokens"]) if ours else encode_response(row["response_text"]))
+        if own_tokens(row, fingerprint):
+            prompt, response = list(row["prompt_tokens"]), list(row["response_tokens"])
+            mask = list(row.get("action_mask") or [True] * len(response))
+        elif row.get("turns"):
+            if encode_episode is None:
+                raise ValueError(f"row {row.get('id')!r} is an episode and this batch has no episode encoder")
+            prompt, response, mask = encode_episode(row["prompt_text"], row["turns"])
+        else:
+            prompt, response = encode_prompt(row["prompt_text"]), encode_response(row["response_text"])
+            mask = [True] * len(response)
+        prompts.append(prompt)
+        responses.append(response)
+        masks.append(mask)
     padded = pad_batch(prompts, responses, pad_id, side="right", share=True)
     width = padded.max_response
+    action_mask = torch.zeros(len(rows), width)
+    for i, mask in enumerate(masks):
+        action_mask[i, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
     missing = sorted({r["prompt_id"] for r in rows} - set(q0))
     if missing:
         raise ValueError(f"no Q0 for prompt {missing[0]!r}: run `softrl q0` on its task first")
@@ -129,5 +151,5 @@ def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: C
         q0=torch.tensor([q0[r["prompt_id"]] for r in rows], dtype=torch.float64),
         behavior_logp=behavior, has_behavior=has_behavior, mc_positions=positions, mc_success=success,
         mc_mask=mc_mask, policy_version=torch.tensor([int(r.get("policy_version", -1)) for r in rows]),
-        sources=[r.get("mix_source", "online") for r in rows], pad_id=pad_id,
+        sources=[r.get("mix_source", "online") for r in rows], pad_id=pad_id, action_mask=action_mask,
     )

@@ -101,8 +101,10 @@ class Learner:
             ref_logp = self.reference.stats(part.padded).logp
         values = self.value.values(part.padded) if self.value is not None else None
         # one update per batch: PPO's pi_old is the policy now; a row's own sampler mu is behavior_logp
+        # only the policy's tokens are trained on: an episode's environment tokens are context, not actions
+        mask = policy.mask * part.action_mask[:, : policy.mask.shape[1]].to(policy.mask.dtype)
         return LossInputs(
-            policy.logp, ref_logp, policy.logp.detach(), policy.mask, self.rewards(part.reward, objective), part.q0,
+            policy.logp, ref_logp, policy.logp.detach(), mask, self.rewards(part.reward, objective), part.q0,
             self.config.beta,
             group_size, token_kl=policy.kl, values=values, old_values=None if values is None else values.detach(),
             mc_positions=part.mc_positions, mc_success=part.mc_success, mc_mask=part.mc_mask,
