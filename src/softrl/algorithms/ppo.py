@@ -11,22 +11,25 @@ from softrl.algorithms.common import (check_beta, check_shape, check_tokens, cli
 
 
 def shaped_rewards(old_logp: Tensor, ref_logp: Tensor, reward: Tensor, mask: Tensor, beta: float) -> Tensor:
-    """`-beta * (log pi_old - log pi0)` at every token plus `r` at the last real token: `[B, T]`."""
+    """`-beta * (log pi_old - log pi0)` at every token plus `r` at the last real token: `[B, T]`. The mask
+    may have holes (an episode's environment tokens): the last real token is the last one marked."""
     beta = check_beta(beta)
     check_tokens(mask, old_logp=old_logp, ref_logp=ref_logp)
     check_shape("reward", reward, mask.shape[:1])
-    lengths = mask.sum(-1).long()
-    if violates(lengths < 1):
+    if violates(mask.sum(-1) < 1):
         raise ValueError("mask must mark at least one response token per trajectory")
+    last_index = mask.shape[-1] - 1 - (mask.flip(-1) > 0).to(torch.uint8).argmax(-1)  # [B]
     per_token = -beta * (old_logp - ref_logp) * mask
-    last = torch.zeros_like(per_token).scatter(1, (lengths - 1)[:, None], reward[:, None].to(per_token.dtype))
+    last = torch.zeros_like(per_token).scatter(1, last_index[:, None], reward[:, None].to(per_token.dtype))
     return per_token + last
 
 
 def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over right-padded responses; the value after the end is 0.
 
-        delta_t = r_t + gamma * V_{t+1} - V_t,   A_t = delta_t + gamma * lam * A_{t+1}.
+        delta_t = r_t + gamma * V_{t+1} - V_t,   A_t = delta_t + gamma * lam * A_{t+1},
+    t and t+1 the policy's consecutive tokens: an unmarked token inside the response (an episode's
+    environment turn) is no step of the policy's, so the recursion passes over it, as over padding.
     rewards, values, mask `[B, T]` -> (advantages, returns = advantages + values), both `[B, T]`.
     """
     check_tokens(mask, rewards=rewards, values=values)
@@ -36,9 +39,11 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     adv = torch.zeros_like(values)
     for t in reversed(range(values.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        adv[:, t] = (delta + gamma * lam * next_adv) * mask[:, t]
-        next_value = values[:, t] * mask[:, t]
-        next_adv = adv[:, t]
+        step = delta + gamma * lam * next_adv
+        adv[:, t] = step * mask[:, t]
+        marked = mask[:, t] > 0
+        next_value = torch.where(marked, values[:, t], next_value)
+        next_adv = torch.where(marked, step, next_adv)
     return adv, adv + values * mask
 
 

@@ -24,6 +24,9 @@ def toy(
     vocab: int = typer.Option(2, min=2, help="vocabulary size V"),
     length: int = typer.Option(5, min=1, help="sequence length L (V**L sequences)"),
     success_rate: float = typer.Option(0.25, help="success rate of the reference policy"),
+    turns: int = typer.Option(1, min=1, max=8, help="policy turns of an episode; between two, an environment token"),
+    env: str = typer.Option("deterministic", help="with --turns 2 or more: the environment answers each history "
+                            "with one token (deterministic: a tool, a test run) or draws it (stochastic: a game, a user)"),
     beta: float = typer.Option(0.0, help="regularisation strength; 0 = the SPO paper's 1/ln(1e5)"),
     methods: str = typer.Option("all", help="comma-separated method names, or 'all'"),
     seed: int = typer.Option(0, min=0, max=MAX_SEED, help="seed of the problem and of the sampling"),
@@ -31,7 +34,8 @@ def toy(
     out: Path = typer.Option(Path("runs/toy"), help="directory for the plot and results.json"),
     as_json: bool = typer.Option(False, "--json", help="print the table as JSON on stdout"),
 ) -> None:
-    """Train every loss on an exact tabular problem and report KL(pi || pi*) (no model, no data)."""
+    """Train every loss on an exact tabular problem and report KL(pi || pi*) (no model, no data); with
+    --turns, on episodes where an environment answers between the policy's turns."""
     from softrl.tabular import SPO_BETA, TabularProblem
     from softrl.toy import METHODS, plot_runs, run_all
 
@@ -44,7 +48,7 @@ def toy(
         fail(f"unknown method {unknown[0] if unknown else methods!r} in --methods; choose from {', '.join(METHODS)}")
     try:
         problem = TabularProblem.make(vocab=vocab, length=length, success_rate=success_rate,
-                                      beta=beta or SPO_BETA, seed=seed)
+                                      beta=beta or SPO_BETA, seed=seed, turns=turns, env=env)
         total = sum(len(METHODS[n].data) for n in names)
         started = time.time()
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -61,8 +65,9 @@ def toy(
         fail(str(e))
     mode = f"{samples} samples/step" if samples else "exact expectations"
     mode += f", grad norm <= {max_grad_norm:g}" if max_grad_norm else ""
-    title = (f"V={vocab}, L={length}, beta={problem.beta:.4g}, reference success {problem.success_rate:.2f}, "
-             f"{mode}, {steps} steps, lr {lr}")
+    episode = f", {turns} turns, {env} environment" if turns > 1 else ""
+    title = (f"V={vocab}, L={length}{episode}, beta={problem.beta:.4g}, reference success "
+             f"{problem.success_rate:.2f}, {mode}, {steps} steps, lr {lr}")
     rows = [{"method": r.method, "data": r.data, "final_kl": r.final_kl} for r in runs]
     out.mkdir(parents=True, exist_ok=True)
     plot_runs(runs, str(out / "kl.png"), title)

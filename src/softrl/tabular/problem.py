@@ -4,11 +4,19 @@ One prompt; responses are all `V**L` sequences of length `L` over a vocabulary o
 A tabular autoregressive policy holds one logit row per prefix: level `t` is a `[V**t, V]` table
 (the next-token logits after every prefix of length `t`). Sequence `i` is the base-`V` number
 `i = sum_t y_t V**(L-1-t)`, so its prefix of length `t` has index `i // V**(L-t)` at level `t`.
+
+An episode of several turns (`TabularProblem.make(turns=2, env=...)`) gives some positions to the
+environment: there the next token comes from the environment's table `env_logp[t]` whatever the policy
+holds, as a tool's result or a test's feedback follows the policy's turn. A deterministic environment
+answers each history with one token (the others have probability 0, and the sequences holding them
+never occur); a stochastic one draws it. The soft optimum then takes an expectation at the
+environment's positions and a log-sum-exp at the policy's (`optimal_q`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -37,6 +45,7 @@ class TabularProblem:
     beta: float
     ref_logits: list[Tensor]  # level t: [V**t, V]
     reward: Tensor  # [N], one reward per sequence
+    env_logp: dict[int, Tensor] = field(default_factory=dict)  # level t -> the environment's [V**t, V] log-probs
 
     @classmethod
     def make(
@@ -47,22 +56,45 @@ class TabularProblem:
         beta: float = SPO_BETA,
         ref_scale: float = 1.0,
         seed: int = 0,
+        turns: int = 1,
+        env: str = "deterministic",
     ) -> "TabularProblem":
         """Random reference logits ~ N(0, ref_scale^2); reward 0 (pass) on a random set of sequences
-        whose reference probability first reaches `success_rate`, -1 (fail) elsewhere."""
+        whose reference probability first reaches `success_rate`, -1 (fail) elsewhere. `turns` > 1:
+        an environment token after each policy turn but the last (`env_levels`), drawn from a random
+        table: one token per history (`env` "deterministic") or softmax(N(0, 1)) ("stochastic")."""
         check_beta(beta)
         if vocab < 2 or length < 1:
             raise ValueError(f"need vocab >= 2 and length >= 1, got vocab={vocab}, length={length}")
         if not 0 < success_rate < 1:
             raise ValueError(f"success_rate must be in (0, 1), got success_rate={success_rate}")
+        if env not in ENVIRONMENTS:
+            raise ValueError(f"env must be one of {', '.join(ENVIRONMENTS)}, got env={env!r}")
+        levels = env_levels(length, turns)
         g = torch.Generator().manual_seed(seed)
         ref = [ref_scale * torch.randn(vocab**t, vocab, generator=g, dtype=torch.float64) for t in range(length)]
-        p0 = cls(vocab, length, beta, ref, torch.empty(0)).seq_logp(ref).exp()
+        env_logp = {}
+        for t in levels:
+            if env == "deterministic":
+                answer = torch.randint(vocab, (vocab**t,), generator=g)
+                env_logp[t] = torch.full((vocab**t, vocab), -math.inf, dtype=torch.float64)
+                env_logp[t][torch.arange(vocab**t), answer] = 0.0
+            else:
+                env_logp[t] = torch.log_softmax(torch.randn(vocab**t, vocab, generator=g, dtype=torch.float64), -1)
+        p0 = cls(vocab, length, beta, ref, torch.empty(0), env_logp).seq_logp(ref).exp()
         order = torch.randperm(p0.shape[0], generator=g)
+        order = order[p0[order] > 0]  # a sequence the environment never gives is never scored
         passing = order[: int((p0[order].cumsum(0) < success_rate).sum()) + 1]
         reward = -torch.ones_like(p0)
         reward[passing] = 0.0
-        return cls(vocab, length, beta, ref, reward)
+        return cls(vocab, length, beta, ref, reward, env_logp)
+
+    @property
+    def policy_mask(self) -> Tensor:
+        """`[L]`: 1 at the policy's positions, 0 at the environment's."""
+        mask = torch.ones(self.length, dtype=torch.float64)
+        mask[list(self.env_logp)] = 0.0
+        return mask
 
     # --- enumeration -------------------------------------------------------------------------
     @property
@@ -82,10 +114,11 @@ class TabularProblem:
         return [torch.arange(self.num_sequences) // self.vocab ** (self.length - t) for t in range(self.length)]
 
     def next_token_logp(self, logits: list[Tensor]) -> Tensor:
-        """Full next-token log-distributions at every position of every sequence: `[N, L, V]`."""
+        """Full next-token log-distributions at every position of every sequence: `[N, L, V]` (the
+        environment's at its positions, whatever `logits` hold there)."""
         return torch.stack(
-            [torch.log_softmax(logits[t], -1)[self.prefix_indices[t]] for t in range(self.length)], dim=1
-        )
+            [self.env_logp.get(t, torch.log_softmax(logits[t], -1))[self.prefix_indices[t]] for t in range(self.length)],
+            dim=1)
 
     @cached_property
     def ref_next_token_logp(self) -> Tensor:
@@ -107,8 +140,14 @@ class TabularProblem:
 
     @property
     def v_star(self) -> float:
-        """`V*(x) = beta log E_pi0[exp(r/beta)]`, also the exact `Q0_hat`."""
-        return self.beta * self.log_z.item()
+        """`V*(x) = beta log E_pi0[exp(r/beta)]`, also the exact `Q0_hat` (with a stochastic environment,
+        the soft value of the root of `optimal_q`, which is no longer that)."""
+        return self.beta * self.log_z.item() if not self.stochastic else self.optimal_q()[0].item()
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the environment draws (rather than answers each history with one token)."""
+        return any(bool(((p > -math.inf).sum(-1) > 1).any()) for p in self.env_logp.values())
 
     @property
     def success_rate(self) -> float:
@@ -117,15 +156,26 @@ class TabularProblem:
 
     @cached_property
     def optimal_seq_logp(self) -> Tensor:
-        """`log pi*(y) = log pi0(y) + r(y)/beta - log Z`: `[N]`."""
+        """`log pi*(y) = log pi0(y) + r(y)/beta - log Z`: `[N]` (-inf where the environment never gives y;
+        with a stochastic environment, the product of `optimal_logits`' turns and the environment's draws)."""
+        if self.stochastic:
+            return self.seq_logp(self.optimal_logits())
         return self.seq_logp(self.ref_logits) + self.reward / self.beta - self.log_z
 
     def optimal_q(self) -> list[Tensor]:
-        """Exact soft Q per level: `Q*_t(p) = beta log E_pi0[exp(r/beta) | prefix p]`, level t `[V**t]`, t = 0..L."""
+        """Exact soft Q per level, t = 0..L, level t `[V**t]`: `Q*_t(p) = beta log E_pi0[exp(Q*_{t+1}/beta) | p]`
+        where the policy moves, `E_env[Q*_{t+1} | p]` where the environment does (an expectation, not a
+        log-sum-exp: the policy does not choose the environment's token). With no environment, or a
+        deterministic one, `Q*_t(p) = beta log E_pi0[exp(r/beta) | p]`."""
         q = [self.reward.clone()]  # level L: Q*_L = r
         for t in reversed(range(self.length)):
-            ref = torch.log_softmax(self.ref_logits[t], -1)  # [V**t, V]
-            q.append(self.beta * torch.logsumexp(ref + q[-1].view(-1, self.vocab) / self.beta, -1))
+            after = q[-1].view(-1, self.vocab)  # [V**t, V]
+            if t in self.env_logp:
+                p = self.env_logp[t].exp()
+                q.append((p * torch.where(p > 0, after, torch.zeros_like(after))).sum(-1))
+            else:
+                ref = torch.log_softmax(self.ref_logits[t], -1)  # [V**t, V]
+                q.append(self.beta * torch.logsumexp(ref + after / self.beta, -1))
         return q[::-1]
 
     def optimal_logits(self) -> list[Tensor]:
@@ -137,14 +187,36 @@ class TabularProblem:
         ]
 
     def kl_to_optimal(self, logits: list[Tensor]) -> float:
-        """`KL(pi || pi*)`, exactly (floored at 0: near pi* the float64 sum can round to -1e-16)."""
+        """`KL(pi || pi*)`, exactly (floored at 0: near pi* the float64 sum can round to -1e-16), over the
+        sequences that occur (the environment's factors cancel)."""
         logp = self.seq_logp(logits)
-        return max((logp.exp() * (logp - self.optimal_seq_logp)).sum().item(), 0.0)
+        return max(expectation(logp, logp - self.optimal_seq_logp).item(), 0.0)
 
     def kl_to_reference(self, logits: list[Tensor]) -> Tensor:
         """`KL(pi || pi0)` (differentiable)."""
         logp = self.seq_logp(logits)
-        return (logp.exp() * (logp - self.seq_logp(self.ref_logits))).sum()
+        return expectation(logp, logp - self.seq_logp(self.ref_logits))
 
     def expected_reward(self, logits: list[Tensor]) -> float:
         return (self.seq_logp(logits).exp() * self.reward).sum().item()
+
+
+ENVIRONMENTS = ("deterministic", "stochastic")
+
+
+def env_levels(length: int, turns: int) -> list[int]:
+    """The environment's positions of an episode of `turns` policy turns in `length` tokens: one token
+    after each policy turn but the last, the policy's `length - turns + 1` tokens split as evenly as
+    can be (turns 2, length 5: policy 0-1, environment 2, policy 3-4)."""
+    if turns < 1 or length < 2 * turns - 1:
+        raise ValueError(f"{turns} turns need at least {2 * turns - 1} tokens (one a turn and one environment "
+                         f"token between turns), got length={length}")
+    policy = length - (turns - 1)
+    sizes = [policy // turns + (i < policy % turns) for i in range(turns)]
+    return [sum(sizes[: i + 1]) + i for i in range(turns - 1)]
+
+
+def expectation(logp: Tensor, value: Tensor) -> Tensor:
+    """`sum_y p(y) value(y)` over the sequences of probability > 0 (where `value` may be inf or nan)."""
+    occurs = logp > -math.inf
+    return (logp.exp() * torch.where(occurs, value, torch.zeros_like(value))).sum()

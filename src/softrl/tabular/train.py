@@ -92,18 +92,23 @@ def make_batch(
     seqs = problem.sequences
     logp = full.gather(-1, seqs[..., None]).squeeze(-1)  # [N, T]
     ref_logp = ref_full.gather(-1, seqs[..., None]).squeeze(-1)  # [N, T]
-    token_kl = (full.exp() * (full - ref_full)).sum(-1)  # [N, T]
+    token_kl = (full.exp() * (full - ref_full).nan_to_num(0.0)).sum(-1)  # [N, T] (0 at the environment's)
     values = value_table(problem, policy)  # [N, T]
+    mask = problem.policy_mask.to(logp.dtype).expand_as(logp)  # [N, T]: the environment's tokens are no action
+
+    def policy_only(x: Tensor) -> Tensor:  # as a learner sees them: the environment's positions hold 0
+        return torch.where(mask > 0, x, torch.zeros_like(x))
+
     return TabularBatch(
         index=index,
-        logp=logp[index],
-        ref_logp=ref_logp[index],
-        old_logp=old_logp[index],
-        behavior_logp=behavior_logp[index],
+        logp=policy_only(logp)[index],
+        ref_logp=policy_only(ref_logp)[index],
+        old_logp=policy_only(old_logp)[index],
+        behavior_logp=policy_only(behavior_logp)[index],
         token_kl=token_kl[index],
         values=values[index],
         old_values=old_values[index],
-        mask=torch.ones_like(logp[index]),
+        mask=mask[index],
         reward=problem.reward[index],
         q0=torch.full((index.shape[0],), problem.v_star, dtype=logp.dtype),
         beta=problem.beta,
@@ -157,6 +162,8 @@ def train(
         probs = mu_logp.sum(-1).exp()  # [N]
         if samples is None:
             index, weights = exact_groups(probs, group_size)
+            if problem.env_logp:  # groups the environment never gives weigh 0: left out, not 0 * a loss of -inf
+                index, weights = index[weights > 0], weights[weights > 0]
         else:
             index, weights = torch.multinomial(probs, samples, replacement=True, generator=gen), None
         result.kl.append(problem.kl_to_optimal(policy.policy_parameters()))
