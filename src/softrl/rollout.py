@@ -141,3 +141,164 @@ class RolloutWorker:
         if self.store is not None:
             self.store.append(rows)
         return rows
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """When an episode ends short of its environment saying so: after `max_turns` policy turns, past
+    `token_budget` tokens after the prompt (0: the model's positions), when an environment call takes
+    longer than `timeout_s`, or answers with more than `max_env_chars` characters."""
+
+    max_turns: int = 3
+    token_budget: int = 0
+    timeout_s: float = 30.0
+    max_env_chars: int = 20_000
+
+
+@dataclass
+class Episode:
+    """One episode in progress: its conversation, its tokens after the prompt (the policy's sampled, the
+    environment's tokenised) with the mask of the policy's and their log-probs (0 at the environment's)."""
+
+    context: Context
+    messages: list[dict]
+    state: dict
+    turns: list[dict]
+    tokens: list[int]
+    mask: list[bool]
+    logprobs: list[float]
+    temperature: float = 1.0
+    finish: str | None = None
+    why: str = ""
+
+    def end(self, finish: str, why: str = "") -> None:
+        self.finish, self.why = finish, why
+
+
+def _turn(role: str, content: str, **extra) -> dict:
+    return {"role": role, "content": content, "tool_calls": None, "tool_call_id": None, "name": None,
+            "reward": None} | extra
+
+
+def _environment_turns(env, episode: Episode, limits: EpisodeLimits, pool) -> list[dict] | None:
+    """The environment's answer to the episode's last policy turn as turns (None: it ended the episode,
+    which then says why: done, timeout, env_error)."""
+    from concurrent.futures import TimeoutError as Late
+
+    from softrl.tasks.environment import call
+
+    def ask(method, *args):
+        return pool.submit(call, method, *args).result(timeout=limits.timeout_s)
+
+    try:
+        if ask(env.is_completed, episode.messages, episode.state):
+            episode.end("done")
+            return None
+        answer, episode.state = ask(env.env_response, episode.messages, episode.state)
+    except Late:
+        episode.end("timeout", f"the environment took longer than {limits.timeout_s:g} s")
+        return None
+    except Exception as e:  # noqa: BLE001 - whatever an environment raises ends its episode, not the run
+        episode.end("env_error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        return None
+    turns = []
+    for message in answer if isinstance(answer, list) else [answer]:
+        role, content = (message or {}).get("role"), (message or {}).get("content")
+        if role not in ("tool", "user") or not isinstance(content, str):
+            episode.end("env_error", f"the environment answered with {str(message)[:120]!r}: a tool or user message "
+                        "with a 'content' text is needed")
+            return None
+        if len(content) > limits.max_env_chars:
+            episode.end("env_error", f"the environment answered with {len(content):,} characters, more than "
+                        f"{limits.max_env_chars:,}")
+            return None
+        turns.append(_turn(role, content, tool_call_id=message.get("tool_call_id"), name=message.get("name")))
+    if not turns:
+        episode.end("done")
+    return turns or None
+
+
+def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int, limits: EpisodeLimits,
+             tokenizer) -> list[Trajectory]:
+    """k multi-turn episodes of every context, grouped by context in order: the policy samples a turn for
+    every live episode in one batched generate call, the environment answers each (`tasks.environment`),
+    until it says done or a limit ends the episode; the row says which (`finish`). Environment tokens are
+    tokenised as training tokenises them (`models.loading.turn_pieces`) and masked; the policy's keep
+    their behaviour log-probs. An environment that raises, hangs or floods ends its episode, never the run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from softrl.data.chat import prompt_messages, transcript
+    from softrl.models.loading import turn_pieces
+    from softrl.tasks.environment import initial_state
+
+    budget = limits.token_budget or (spec.max_length - max(len(c.prompt_tokens) for c in contexts)
+                                     if spec.max_length else 10**9)
+    live = [Episode(c, prompt_messages(c.prompt.text), initial_state(env, c.prompt), [], [], [], [])
+            for c in contexts for _ in range(k)]
+    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="softrl-env")
+    try:
+        for turn in range(limits.max_turns):
+            active = [e for e in live if e.finish is None]
+            if not active:
+                break
+            room = min(spec.max_new_tokens, budget - max(len(e.tokens) for e in active))
+            if room < 1:
+                for e in active:
+                    e.end("token_budget")
+                break
+            params = SamplingParams(n=1, max_new_tokens=room, temperature=spec.temperature, top_p=spec.top_p,
+                                    temperature_range=spec.temperature_range, seed=seed + 7919 * turn)
+            got = spec.generator.generate([e.context.prompt_tokens + e.tokens for e in active], params)
+            for e, s in zip(active, sorted(got, key=lambda s: s.prompt_index)):
+                text = spec.decode(s.tokens)
+                e.turns.append(_turn("assistant", text))
+                e.messages.append({"role": "assistant", "content": text})
+                e.tokens += s.tokens
+                e.mask += [True] * len(s.tokens)
+                e.logprobs += s.logprobs
+                e.temperature = s.temperature
+                if turn + 1 == limits.max_turns:
+                    e.end("max_turns")
+                    continue
+                answer = _environment_turns(env, e, limits, pool)
+                if answer is None:
+                    continue
+                start = len(e.turns)
+                e.turns += answer
+                e.messages += [{k_: v for k_, v in t.items() if v is not None and k_ != "reward"} for t in answer]
+                for piece in turn_pieces(tokenizer, e.context.prompt.text, e.turns, start, policy_next=True):
+                    e.tokens += piece
+                    e.mask += [False] * len(piece)
+                    e.logprobs += [0.0] * len(piece)
+                if len(e.tokens) >= budget:
+                    e.end("token_budget")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind, not waited on
+    rewards = _episode_rewards(spec, env, live)
+    rows = []
+    for e, (reward, passed) in zip(live, rewards):
+        rows.append(Trajectory(e.context.prompt.id, transcript(e.turns), reward, passed, task=spec.task.name,
+                               prompt_text=e.context.prompt.text, prompt_tokens=list(e.context.prompt_tokens),
+                               response_tokens=e.tokens, tokenizer=spec.fingerprint, source=spec.source,
+                               run_id=spec.run_id, policy_version=spec.policy_version, behavior_logprobs=e.logprobs,
+                               decoding={"temperature": e.temperature, "top_p": spec.top_p}, turns=e.turns,
+                               action_mask=e.mask, finish=f"{e.finish}: {e.why}" if e.why else e.finish))
+    return rows
+
+
+def _episode_rewards(spec: RolloutSpec, env, episodes_: list[Episode]) -> list[tuple[float, bool]]:
+    """Each episode's (reward, passed): the environment's `reward(messages, state)` where it has one
+    (passed: a reward of 1), else the task's grade of the last policy turn."""
+    from softrl.tasks.base import check_reward
+    from softrl.tasks.environment import call
+
+    if hasattr(env, "reward"):
+        out = []
+        for e in episodes_:
+            reward = check_reward(call(env.reward, e.messages, e.state),
+                                  f"environment reward, prompt {e.context.prompt.id}")
+            out.append((reward, reward >= 1))
+        return out
+    last = [next(t["content"] for t in reversed(e.turns) if t["role"] == "assistant") for e in episodes_]
+    grades = spec.task.grade_many([(e.context.prompt, text) for e, text in zip(episodes_, last)])
+    return [(g.reward, g.passed) for g in grades]

@@ -93,8 +93,9 @@ def chat_trajectory(record: dict[str, Any], where: str, source: str | None, task
     prompt, turns = episode_of(record["messages"], where)
     reward, passed = outcome(record, where)
     finish = field(record, "finish", where, str, "") or None
-    if finish is not None and finish not in FINISHES:
-        raise RecordError(f"{where}: field 'finish' must be one of {', '.join(FINISHES)}, got {finish!r}")
+    if finish is not None and finish.split(":")[0] not in FINISHES:
+        raise RecordError(f"{where}: field 'finish' must be one of {', '.join(FINISHES)} (then ': why', where "
+                          f"given), got {finish!r}")
     text = prompt_text_of(prompt)
     one = single_turn(turns)
     return Trajectory(field(record, "prompt_id", where, str, "") or prompt_id_of(text),

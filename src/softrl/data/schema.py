@@ -54,7 +54,7 @@ TRAJECTORY_SCHEMA = pa.schema([
     ("created_at", TIMESTAMP),
     ("turns", pa.list_(TURN)),  # an episode's turns after the prompt; null: one turn, the response
     ("action_mask", pa.list_(pa.bool_())),  # per response token: the policy's (true) or the environment's
-    ("finish", pa.string()),  # an episode's end (FINISHES); null for one turn
+    ("finish", pa.string()),  # an episode's end (FINISHES, then ": why" where there is more to say); null for one turn
 ])
 
 PROMPT_SCHEMA = pa.schema([

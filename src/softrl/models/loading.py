@@ -207,41 +207,48 @@ def plain_turn(turn: dict, next_is_policy: bool) -> str:
     return f"\n{turn['role']}: {turn['content']}\n" + ("assistant: " if next_is_policy else "")
 
 
-def encode_episode(tokenizer, prompt_text: str, turns: list[dict]) -> tuple[list[int], list[int], list[bool]]:
-    """(prompt ids, ids of everything after the prompt, which of those are the policy's) of an episode,
-    as `encode_prompt` and `encode_response` encode one turn: with the chat template, each turn is the
-    text the template adds for it (the policy's turn with its end-of-turn marker; the environment's with
-    the cue of the policy's next turn, masked); without one, `plain_turn`'s text, each policy turn
-    ending with EOS. A template that renders earlier turns differently once later ones follow (one that
-    drops reasoning from past turns) cannot be split so: a ValueError naming the turn."""
+def turn_pieces(tokenizer, prompt_text: str, turns: list[dict], start: int = 0,
+                policy_next: bool = False) -> list[list[int]]:
+    """The token ids of each of `turns[start:]` after the prompt and the turns before it: with the chat
+    template, the text the template adds for the turn (the policy's with its end-of-turn marker, the
+    environment's with the cue of a policy turn after it); without one, `plain_turn`'s text, a policy
+    turn ending with EOS. `policy_next`: a policy turn follows the last one (a rollout about to sample
+    it). A template that renders earlier turns differently once later ones follow (one that drops
+    reasoning from past turns) cannot be split so: a ValueError naming the turn."""
     from softrl.tasks.records import conversation_of
 
-    prompt = encode_prompt(tokenizer, prompt_text)
+    def cue(i: int) -> bool:
+        return turns[i + 1]["role"] == "assistant" if i + 1 < len(turns) else policy_next
+
+    pieces = []
+    if getattr(tokenizer, "chat_template", None):
+        messages = (conversation_of(prompt_text) or [{"role": "user", "content": prompt_text}]) \
+            + [episode_message(t) for t in turns[:start]]
+        before = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=start == 0 or cue(start - 1))
+        for i in range(start, len(turns)):
+            messages.append(episode_message(turns[i]))
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=cue(i))
+            if not text.startswith(before):
+                raise ValueError(f"the chat template renders the turns before turn {i} ({turns[i]['role']}) "
+                                 "differently once it follows, so the episode's tokens cannot be split by turn")
+            pieces.append(tokenizer(text[len(before):], add_special_tokens=False)["input_ids"])
+            before = text
+        return pieces
+    for i in range(start, len(turns)):
+        piece = tokenizer(plain_turn(turns[i], cue(i)), add_special_tokens=False)["input_ids"]
+        pieces.append(piece + [tokenizer.eos_token_id] if turns[i]["role"] == "assistant" else piece)
+    return pieces
+
+
+def encode_episode(tokenizer, prompt_text: str, turns: list[dict]) -> tuple[list[int], list[int], list[bool]]:
+    """(prompt ids, ids of everything after the prompt, which of those are the policy's) of an episode,
+    as `encode_prompt` and `encode_response` encode one turn, each turn split as `turn_pieces` splits it."""
     response: list[int] = []
     mask: list[bool] = []
-    if getattr(tokenizer, "chat_template", None):
-        messages = conversation_of(prompt_text) or [{"role": "user", "content": prompt_text}]
-        before = apply_chat_template(tokenizer, prompt_text)
-        for i, turn in enumerate(turns):
-            messages.append(episode_message(turn))
-            cue = i + 1 < len(turns) and turns[i + 1]["role"] == "assistant"
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=cue)
-            if not text.startswith(before):
-                raise ValueError(f"the chat template renders the turns before turn {i} ({turn['role']}) differently "
-                                 "once it follows, so the episode's tokens cannot be split by turn")
-            piece = tokenizer(text[len(before):], add_special_tokens=False)["input_ids"]
-            response += piece
-            mask += [turn["role"] == "assistant"] * len(piece)
-            before = text
-        return prompt, response, mask
-    for i, turn in enumerate(turns):
-        cue = i + 1 < len(turns) and turns[i + 1]["role"] == "assistant"
-        piece = tokenizer(plain_turn(turn, cue), add_special_tokens=False)["input_ids"]
-        if turn["role"] == "assistant":
-            piece = piece + [tokenizer.eos_token_id]
+    for turn, piece in zip(turns, turn_pieces(tokenizer, prompt_text, turns)):
         response += piece
         mask += [turn["role"] == "assistant"] * len(piece)
-    return prompt, response, mask
+    return encode_prompt(tokenizer, prompt_text), response, mask
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -1,0 +1,136 @@
+"""Multi-turn rollouts (issue 50, parts 3 and 4): the policy samples a turn for every live episode in one
+batched call, an environment answers between turns (the verifiers-style protocol), and the rows are
+episodes whose environment tokens are masked; an environment that raises, hangs, floods or answers
+nonsense ends its own episode with the reason in the row, never the run."""
+
+import json
+import time
+
+import pytest
+
+from softrl.data import ExperienceStore
+from softrl.rollout import EpisodeLimits, RolloutSpec, contexts_of, episodes
+from softrl.tasks.environment import Environment, FeedbackEnvironment
+from softrl.tasks.registry import load_task
+
+
+@pytest.fixture
+def setting(tiny):
+    directory, model, tokenizer = tiny
+    task = load_task("countdown", size=3)
+    spec = RolloutSpec.for_model(task, model, tokenizer, max_new_tokens=6, backend="hf", source="online")
+    contexts = contexts_of(spec, task.prompts(), lambda t: tokenizer(t, add_special_tokens=False)["input_ids"])
+    return spec, contexts, tokenizer, task
+
+
+class Calls:
+    """A generator that counts its generate calls and the rows of each."""
+
+    def __init__(self, inner):
+        self.inner, self.rows = inner, []
+
+    def generate(self, prompts, params):
+        self.rows.append(len(prompts) * params.n)
+        return self.inner.generate(prompts, params)
+
+
+def test_feedback_episodes_alternate_turns_with_the_environment_masked(setting):
+    from dataclasses import replace
+
+    spec, contexts, tokenizer, task = setting
+    calls = Calls(spec.generator)
+    rows = episodes(replace(spec, generator=calls), FeedbackEnvironment(task), contexts, 2, seed=0,
+                    limits=EpisodeLimits(max_turns=3), tokenizer=tokenizer)
+    assert len(rows) == 6 and [r.prompt_id for r in rows] == [c.prompt.id for c in contexts for _ in range(2)]
+    assert calls.rows[0] == 6 and len(calls.rows) <= 3  # one batched call a turn, for every live episode
+    assert isinstance(FeedbackEnvironment(task), Environment)
+    for row in rows:
+        roles = [t["role"] for t in row.turns]
+        assert roles[::2] == ["assistant"] * len(roles[::2]) and set(roles[1::2]) <= {"user"}
+        assert len(row.action_mask) == len(row.response_tokens) == len(row.behavior_logprobs)
+        environment = tokenizer.decode([t for t, m in zip(row.response_tokens, row.action_mask) if not m])
+        assert environment == "\nuser: That is not right. Try again.\nassistant: " * roles.count("user")
+        assert row.finish in ("done", "max_turns") and (row.finish == "done") == row.passed
+        assert all(lp == 0.0 for lp, m in zip(row.behavior_logprobs, row.action_mask) if not m)
+    assert any(len(r.turns) == 5 for r in rows)  # a random policy fails: three tries, feedback between them
+
+
+def test_a_faulty_environment_ends_its_own_episode_with_the_reason(setting):
+    spec, contexts, tokenizer, task = setting
+
+    class Faulty:
+        deterministic = True
+
+        def __init__(self, how):
+            self.how = how
+
+        def is_completed(self, messages, state):
+            return False
+
+        def env_response(self, messages, state):
+            if state["prompt_id"] != contexts[0].prompt.id:
+                return [{"role": "tool", "content": "fine"}], state
+            if self.how == "raises":
+                raise RuntimeError("the sandbox is gone")
+            if self.how == "hangs":
+                time.sleep(5)
+            if self.how == "floods":
+                return [{"role": "tool", "content": "x" * 100_000}], state
+            return [{"role": "robot", "content": "?"}], state
+
+    limits = EpisodeLimits(max_turns=2, timeout_s=0.5, max_env_chars=1000)
+    for how, said in (("raises", "env_error: RuntimeError: the sandbox is gone"),
+                      ("hangs", "timeout: the environment took longer than 0.5 s"),
+                      ("floods", "env_error: the environment answered with 100,000 characters, more than 1,000"),
+                      ("nonsense", "env_error: the environment answered with")):
+        rows = episodes(spec, Faulty(how), contexts, 1, seed=0, limits=limits, tokenizer=tokenizer)
+        assert rows[0].finish.startswith(said) and len(rows[0].turns) == 1, (how, rows[0].finish)
+        assert [r.finish for r in rows[1:]] == ["max_turns", "max_turns"] and len(rows[1].turns) == 3
+
+
+def test_an_async_environment_is_awaited(setting):
+    spec, contexts, tokenizer, task = setting
+
+    class Async:
+        deterministic = True
+
+        async def is_completed(self, messages, state):
+            return len(messages) > 3
+
+        async def env_response(self, messages, state):
+            return [{"role": "user", "content": "again"}], state
+
+    rows = episodes(spec, Async(), contexts[:1], 1, seed=0, limits=EpisodeLimits(max_turns=5), tokenizer=tokenizer)
+    assert [t["role"] for t in rows[0].turns] == ["assistant", "user", "assistant"] and rows[0].finish == "done"
+
+
+def test_episodes_store_export_as_chat_reimport_and_train_spo_offline(setting, tiny, tmp_path):
+    """The issue's first 'done when', through the library: episodes with two or more policy turns and the
+    environment's between them go to the store, export as chat messages, import again as text and train
+    SPO offline-only."""
+    import subprocess
+    import sys
+
+    from softrl.config import load_config
+    from softrl.runtime.local import train
+
+    spec, contexts, tokenizer, task = setting
+    rows = episodes(spec, FeedbackEnvironment(task), contexts, 2, seed=1, limits=EpisodeLimits(max_turns=3),
+                    tokenizer=tokenizer)
+    ExperienceStore(tmp_path / "online").append(rows)
+    out = tmp_path / "episodes.jsonl"
+    run = [sys.executable, "-m", "softrl", "data"]
+    assert subprocess.run([*run, "export", str(out), "--format", "chat", "--store", str(tmp_path / "online")],
+                          capture_output=True).returncode == 0
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    long = [r for r in exported if sum(m["role"] == "assistant" for m in r["messages"]) >= 2]
+    assert long and all(r["messages"][2]["role"] == "user" for r in long)
+    proc = subprocess.run([*run, "import", str(out), "--source", "episodes", "--store", str(tmp_path / "store")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    overrides = {"out_dir": tmp_path, "name": "spo", "data.store": f"{tmp_path}/store", "model.path": tiny[0],
+                 "task.size": 3, "task.eval_size": 2, "q0.k": 2, "sampling.prompts_per_step": 2,
+                 "sampling.samples_per_prompt": 2, "sampling.max_new_tokens": 6, "optim.steps": 2, "eval.samples": 2,
+                 "data.offline_sources": "[episodes]", "data.offline_passed_only": "false", "data.mix": "{offline: 1}"}
+    summary = train(load_config(None, [f"{k}={v}" for k, v in overrides.items()]), log=lambda m: None)
+    assert summary["steps"] == 2
