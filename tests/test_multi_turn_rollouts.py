@@ -134,3 +134,42 @@ def test_episodes_store_export_as_chat_reimport_and_train_spo_offline(setting, t
                  "data.offline_sources": "[episodes]", "data.offline_passed_only": "false", "data.mix": "{offline: 1}"}
     summary = train(load_config(None, [f"{k}={v}" for k, v in overrides.items()]), log=lambda m: None)
     assert summary["steps"] == 2
+
+
+class CoinFlip:
+    """A stochastic environment for the warning: a user who answers at random."""
+
+    deterministic = False
+
+    def is_completed(self, messages, state):
+        return False
+
+    def env_response(self, messages, state):
+        return [{"role": "user", "content": "heads"}], state
+
+
+def test_softrl_train_rolls_out_episodes_and_warns_of_a_biased_combination(tiny, tmp_path):
+    """`task.environment: feedback` makes the run's online rows episodes (sync and async runtimes); a
+    stochastic environment with SPO says in one line that the combination is biased; an environment that
+    does not load is refused naming task.environment."""
+    from softrl.config import ConfigError, load_config
+    from softrl.runtime.local import train
+
+    base = {"out_dir": tmp_path, "data.store": f"{tmp_path}/store", "model.path": tiny[0], "task.size": 3,
+            "task.eval_size": 2, "q0.k": 2, "sampling.prompts_per_step": 2, "sampling.samples_per_prompt": 2,
+            "sampling.max_new_tokens": 5, "optim.steps": 2, "eval.samples": 2, "data.mix": "{online: 1}",
+            "task.environment": "feedback", "task.max_turns": 2}
+    for mode in ("sync", "async"):
+        said = []
+        config = load_config(None, [f"{k}={v}" for k, v in {**base, "name": mode, "runtime.mode": mode}.items()])
+        assert train(config, log=said.append)["steps"] == 2
+        online = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id=mode).to_pylist()
+        assert online and all(r["turns"] and r["finish"].split(":")[0] in ("done", "max_turns") for r in online)
+        assert any(len(r["turns"]) == 3 for r in online) and not any("warning" in m for m in said)
+    said = []
+    stochastic = {**base, "name": "coin", "task.environment": "test_multi_turn_rollouts:CoinFlip"}
+    train(load_config(None, [f"{k}={v}" for k, v in stochastic.items()]), log=said.append)
+    assert [m for m in said if m.startswith("warning: spo with a stochastic environment")]
+    with pytest.raises(ConfigError, match="task.environment: 'nowhere:Env' does not load"):
+        train(load_config(None, [f"{k}={v}" for k, v in {**base, "name": "x", "task.environment": "nowhere:Env"}.items()]),
+              log=lambda m: None)

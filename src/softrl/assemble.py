@@ -18,7 +18,7 @@ from softrl.data.batched import BatchedAppender
 from softrl.models.device import Placement
 from softrl.models.loading import encode_prompt, encode_response, load_causal_lm, model_positions
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
-from softrl.rollout import RolloutSpec, RolloutWorker, check_prompt_lengths
+from softrl.rollout import EpisodeLimits, RolloutSpec, RolloutWorker, check_prompt_lengths
 from softrl.tasks.base import Task
 from softrl.training.learner import Learner
 
@@ -118,9 +118,60 @@ def rollout_spec(config: RunConfig, task: Task, model, tokenizer, source: str, g
 
 def rollout_worker(config: RunConfig, task: Task, model, tokenizer, store: ExperienceStore | None,
                    generator=None) -> RolloutWorker:
-    """Online rollouts of `model` on `task`, every trajectory written to `store`."""
+    """Online rollouts of `model` on `task` (episodes, where `task.environment` names one), every
+    trajectory written to `store`."""
+    env = load_environment(config, task)
     return RolloutWorker(rollout_spec(config, task, model, tokenizer, "online", generator),
-                         lambda text: encode_prompt(tokenizer, text), store)
+                         lambda text: encode_prompt(tokenizer, text), store, env,
+                         EpisodeLimits(max_turns=config.task.max_turns, timeout_s=config.task.env_timeout_s),
+                         tokenizer)
+
+
+# objectives that assume a trajectory is a function of the policy's tokens: exact with a deterministic
+# environment, biased with a stochastic one (docs/ALGORITHMS.md, "Episodes: which objectives stay exact")
+BIASED_WITH_STOCHASTIC_ENVIRONMENTS = ("spo", "agro-off", "oapl")
+
+
+def load_environment(config: RunConfig, task: Task):
+    """`task.environment` made for `task`: 'feedback' (`FeedbackEnvironment`) or module:Class (made with
+    the task where its constructor takes an argument); None for single-turn runs. A name that does not
+    load, or a class that is no environment, is a ConfigError naming task.environment."""
+    import importlib
+    import inspect
+
+    from softrl.tasks.environment import Environment, FeedbackEnvironment
+
+    name = config.task.environment
+    if name is None:
+        return None
+    if name == "feedback":
+        return FeedbackEnvironment(task)
+    module, _, attribute = name.partition(":")
+    try:
+        made = getattr(importlib.import_module(module), attribute) if attribute else None
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"task.environment: {name!r} does not load ({e})") from None
+    if made is None:
+        raise ConfigError(f"task.environment: {name!r}: use 'feedback' or module:Class")
+    if inspect.isclass(made):
+        made = made(task) if len(inspect.signature(made).parameters) else made()
+    if not isinstance(made, Environment):
+        raise ConfigError(f"task.environment: {name!r} is no environment: it needs deterministic, is_completed(messages, "
+                          "state) and env_response(messages, state)")
+    return made
+
+
+def environment_warning(config: RunConfig, env) -> str | None:
+    """One line when the run's objectives are biased with its environment (a stochastic one), else None."""
+    if env is None or env.deterministic:
+        return None
+    biased = sorted({config.data.objective_for(s).algorithm for s in config.data.mix}
+                    & set(BIASED_WITH_STOCHASTIC_ENVIRONMENTS))
+    if not biased:
+        return None
+    return (f"warning: {', '.join(biased)} with a stochastic environment ({config.task.environment}) is biased: it "
+            "takes the environment's draws for the policy's doing (docs/ALGORITHMS.md, 'Episodes: which objectives "
+            "stay exact'); kl-pg, rloo or ppo on-policy are exact there")
 
 
 @dataclass

@@ -84,6 +84,12 @@ class TaskConfig(Section):
     reward_range: tuple[float, float] | None = Field(
         None, description="[lo, hi] of reward functions' values (a plain sum), e.g. [-1, 2]; hi = solved; "
         "SPO, TOPR and Q0 see it mapped onto [0, 1] (none: [0, 1], weights summing to 1)")
+    environment: str | None = Field(
+        None, description="multi-turn episodes: the environment answering between the policy's turns, 'feedback' "
+        "(the task's grade, try again) or module:Class (docs/USAGE.md, 'Multi-turn episodes'); none: one turn")
+    max_turns: int = Field(3, ge=1, le=64, description="with an environment: policy turns an episode may take")
+    env_timeout_s: float = Field(30.0, gt=0, le=3600, description="with an environment: seconds one environment "
+                                 "call may take before its episode ends (finish: timeout)")
 
     @field_validator("reward_range")
     @classmethod

@@ -129,15 +129,22 @@ def rollouts(spec: RolloutSpec, contexts: list[Context], k: int, seed: int) -> l
 
 
 class RolloutWorker:
-    """Samples the policy its generator holds, on a task's prompts; every trajectory goes to `store`."""
+    """Samples the policy its generator holds, on a task's prompts (multi-turn episodes where an
+    environment `env` answers between turns, within `limits`); every trajectory goes to `store`."""
 
-    def __init__(self, spec: RolloutSpec, encode_prompt: Callable[[str], list[int]], store=None):
+    def __init__(self, spec: RolloutSpec, encode_prompt: Callable[[str], list[int]], store=None, env=None,
+                 limits: EpisodeLimits | None = None, tokenizer=None):
+        if env is not None and tokenizer is None:
+            raise ValueError("a rollout worker with an environment needs the tokenizer (its turns are tokenised)")
         self.spec, self.encode_prompt, self.store = spec, encode_prompt, store
+        self.env, self.limits, self.tokenizer = env, limits or EpisodeLimits(), tokenizer
         self._tokens: dict[str, list[int]] = {}
 
     def collect(self, prompts: list[Prompt], n: int, version: int, seed: int) -> list[Trajectory]:
         contexts = contexts_of(self.spec, prompts, self.encode_prompt, self._tokens)
-        rows = rollouts(replace(self.spec, policy_version=version), contexts, n, seed)
+        spec = replace(self.spec, policy_version=version)
+        rows = (rollouts(spec, contexts, n, seed) if self.env is None
+                else episodes(spec, self.env, contexts, n, seed, self.limits, self.tokenizer))
         if self.store is not None:
             self.store.append(rows)
         return rows
