@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 BEFORE_LANCE = "3e3c32d^"  # the commit that moved the store onto Lance, less one
@@ -152,7 +153,11 @@ def new_grow(root: str, staged: Path, commit_rows: int) -> dict:
 
     store, started, rows = ExperienceStore(root), time.perf_counter(), 0
     for path in sorted((staged / "trajectories").iterdir()):
-        table = pq.read_table(path).cast(TRAJECTORY_SCHEMA)  # Parquet names a list's values "element"
+        table = pq.read_table(path)
+        for field in TRAJECTORY_SCHEMA:  # the old store had no episodes: their columns null
+            if field.name not in table.column_names:
+                table = table.append_column(field, pa.nulls(len(table), field.type))
+        table = table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA)  # Parquet names a list's values "element"
         for start in range(0, len(table), commit_rows):
             store.tables["trajectories"].append(table.slice(start, commit_rows))
         rows += len(table)

@@ -205,3 +205,51 @@ def test_spo_trains_offline_on_logged_tool_traces_with_the_environment_masked(ti
     with pytest.raises(ConfigError, match=r"cispo weighs offline rows by pi/mu and none of the \d+ offline rows "
                                           r"has its sampler's log-probs"):
         train(load_config(None, [f"{k}={v}" for k, v in overrides.items()]), log=lambda m: None)
+
+
+def test_an_interrupted_upgrade_opens_and_an_old_store_opens_without_writing(tmp_path):
+    """Lance's add_columns drops the schema metadata, which a second commit restores: a table left between
+    the two (every column, no format key) opens; a format-2 store is upgraded at its first write, not
+    when it is read (a read-only copy stays readable)."""
+    import os
+    import stat
+
+    old = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name not in ("turns", "action_mask", "finish")]) \
+        .with_metadata({"softrl.store_format": "2"})
+    row = {k: v for k, v in Trajectory("p", "x", 1.0, True, task="t").to_row().items() if k in old.names}
+    lance.write_dataset(pa.Table.from_pylist([row], schema=old), str(tmp_path / "old" / "trajectories.lance"),
+                        schema=old)
+    ExperienceStore(tmp_path / "old")  # makes the other two tables
+    before = lance.dataset(str(tmp_path / "old" / "trajectories.lance")).latest_version
+    for path in (tmp_path / "old").rglob("*"):
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        if os.geteuid() != 0:  # root writes anyway
+            assert len(ExperienceStore(tmp_path / "old", create=False)) == 1
+    finally:
+        for path in (tmp_path / "old").rglob("*"):
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    assert lance.dataset(str(tmp_path / "old" / "trajectories.lance")).latest_version == before
+    halfway = TRAJECTORY_SCHEMA  # every column, and the metadata add_columns dropped
+    lance.write_dataset(pa.Table.from_pylist([Trajectory("p", "y", 1.0, True).to_row()], schema=halfway),
+                        str(tmp_path / "half" / "trajectories.lance"), schema=halfway)
+    store = ExperienceStore(tmp_path / "half")
+    assert len(store) == 1
+    store.append([Trajectory("p", "z", 0.0, False)])
+    assert lance.dataset(str(tmp_path / "half" / "trajectories.lance")).schema.metadata[b"softrl.store_format"] == b"3"
+
+
+def test_an_episode_of_the_run_s_tokens_without_its_mask_is_tokenised_again(tiny):
+    """A row with turns and the run's token ids but no action_mask (an edited import) is not taken as all
+    the policy's: it is tokenised from its turns, environment masked."""
+    from softrl.models.loading import tokenizer_fingerprint
+    from softrl.training.batch import make_batch
+    from softrl.models.loading import encode_episode, encode_prompt, encode_response
+
+    tok = tiny[2]
+    turns = read_trajectories_from(conversation())
+    row = Trajectory("p", "t", 1.0, True, prompt_text="q", prompt_tokens=[5, 6], response_tokens=[7, 8, 9],
+                     tokenizer=tokenizer_fingerprint(tok), turns=turns).to_row()
+    batch = make_batch([row], tokenizer_fingerprint(tok), tok.pad_token_id, lambda t: encode_prompt(tok, t),
+                       lambda t: encode_response(tok, t), {"p": 0.0}, lambda p, t: encode_episode(tok, p, t))
+    assert batch.action_mask[0].sum() < batch.padded.response_len[0] and batch.padded.response_len[0] > 3

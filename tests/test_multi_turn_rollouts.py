@@ -76,16 +76,66 @@ def test_a_faulty_environment_ends_its_own_episode_with_the_reason(setting):
                 time.sleep(5)
             if self.how == "floods":
                 return [{"role": "tool", "content": "x" * 100_000}], state
+            if self.how == "a text":
+                return "just text", state
+            if self.how == "no pair":
+                return [{"role": "user", "content": "x"}]
             return [{"role": "robot", "content": "?"}], state
 
     limits = EpisodeLimits(max_turns=2, timeout_s=0.5, max_env_chars=1000)
     for how, said in (("raises", "env_error: RuntimeError: the sandbox is gone"),
                       ("hangs", "timeout: the environment took longer than 0.5 s"),
                       ("floods", "env_error: the environment answered with 100,000 characters, more than 1,000"),
-                      ("nonsense", "env_error: the environment answered with")):
+                      ("nonsense", "env_error: the environment answered with"),
+                      ("a text", "env_error: the environment answered with 'just text'"),
+                      ("no pair", "env_error: env_response returned")):
         rows = episodes(spec, Faulty(how), contexts, 1, seed=0, limits=limits, tokenizer=tokenizer)
         assert rows[0].finish.startswith(said) and len(rows[0].turns) == 1, (how, rows[0].finish)
         assert [r.finish for r in rows[1:]] == ["max_turns", "max_turns"] and len(rows[1].turns) == 3
+
+
+def test_hung_calls_cost_a_turn_one_timeout_and_a_failed_start_or_reward_ends_only_that_episode(setting):
+    """Every episode's environment call is asked at once: three that hang cost the turn one timeout, not
+    three. An initial_state or a reward that raises ends its own episode (reward 0), with the reason."""
+    spec, contexts, tokenizer, task = setting
+
+    class Hangs:
+        deterministic = True
+
+        def is_completed(self, messages, state):
+            time.sleep(30)
+
+        def env_response(self, messages, state):
+            return [], state
+
+    started = time.monotonic()
+    rows = episodes(spec, Hangs(), contexts, 1, seed=0, limits=EpisodeLimits(max_turns=2, timeout_s=1.0),
+                    tokenizer=tokenizer)
+    assert time.monotonic() - started < 8 and all(r.finish.startswith("timeout") for r in rows)
+
+    class Fragile:
+        deterministic = True
+
+        def initial_state(self, prompt):
+            if prompt.id == contexts[0].prompt.id:
+                raise KeyError("no such board")
+            return {"id": prompt.id}
+
+        def is_completed(self, messages, state):
+            return True
+
+        def env_response(self, messages, state):
+            return [], state
+
+        def reward(self, messages, state):
+            if state["id"] == contexts[1].prompt.id:
+                raise ValueError("scorer down")
+            return 0.5
+
+    rows = episodes(spec, Fragile(), contexts, 1, seed=0, limits=EpisodeLimits(max_turns=2), tokenizer=tokenizer)
+    assert rows[0].finish.startswith("env_error: KeyError") and len(rows[0].turns) == 1
+    assert rows[1].finish == "env_error: reward: ValueError: scorer down" and rows[1].reward == 0.0
+    assert rows[2].finish == "done" and rows[2].reward == 0.5
 
 
 def test_an_async_environment_is_awaited(setting):
@@ -165,7 +215,8 @@ def test_softrl_train_rolls_out_episodes_and_warns_of_a_biased_combination(tiny,
         assert train(config, log=said.append)["steps"] == 2
         online = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id=mode).to_pylist()
         assert online and all(r["turns"] and r["finish"].split(":")[0] in ("done", "max_turns") for r in online)
-        assert any(len(r["turns"]) == 3 for r in online) and not any("warning" in m for m in said)
+        assert any(len(r["turns"]) == 3 for r in online) and not any("biased" in m for m in said)
+        assert [m for m in said if m.startswith("warning: Q0 comes from single-turn samples")]
     said = []
     stochastic = {**base, "name": "coin", "task.environment": "test_multi_turn_rollouts:CoinFlip"}
     train(load_config(None, [f"{k}={v}" for k, v in stochastic.items()]), log=said.append)

@@ -310,9 +310,11 @@ def test_bad_local_locations_are_one_line_and_write_nothing(tmp_path):
 def test_a_table_of_a_newer_softrl_is_refused(root):
     store = ExperienceStore(root)
     store.append([full_trajectory()])
+    from softrl.data.lance_table import FORMAT
+
     lance.dataset(f"{root}/trajectories.lance", storage_options=store.tables["trajectories"].options) \
-        .update_schema_metadata({"softrl.store_format": "3"})
-    with pytest.raises(StoreError, match=r"trajectories.lance: written by a newer softrl \(store format 3"):
+        .update_schema_metadata({"softrl.store_format": str(FORMAT + 1)})
+    with pytest.raises(StoreError, match=rf"trajectories.lance: written by a newer softrl \(store format {FORMAT + 1}"):
         ExperienceStore(root)
 
 

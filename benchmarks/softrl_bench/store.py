@@ -71,6 +71,8 @@ def chunk(start: int, n: int, columns: dict[str, pa.Array]) -> pa.Table:
         "decoding": pa.array([{"temperature": 1.0, "top_p": 1.0}] * n, TRAJECTORY_SCHEMA.field("decoding").type),
         "mc_targets": pa.array([[]] * n, TRAJECTORY_SCHEMA.field("mc_targets").type),
         "created_at": pa.array([datetime.now(timezone.utc)] * n, TRAJECTORY_SCHEMA.field("created_at").type)}
+    # single-turn rows: an episode's columns (turns, action_mask, finish) null
+    data |= {f.name: pa.nulls(n, f.type) for f in TRAJECTORY_SCHEMA if f.name not in data}
     return pa.table(data, schema=TRAJECTORY_SCHEMA)
 
 

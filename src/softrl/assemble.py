@@ -121,6 +121,8 @@ def rollout_worker(config: RunConfig, task: Task, model, tokenizer, store: Exper
     """Online rollouts of `model` on `task` (episodes, where `task.environment` names one), every
     trajectory written to `store`."""
     env = load_environment(config, task)
+    if env is not None:
+        check_template(config, tokenizer)
     return RolloutWorker(rollout_spec(config, task, model, tokenizer, "online", generator),
                          lambda text: encode_prompt(tokenizer, text), store, env,
                          EpisodeLimits(max_turns=config.task.max_turns, timeout_s=config.task.env_timeout_s),
@@ -147,31 +149,50 @@ def load_environment(config: RunConfig, task: Task):
     if name == "feedback":
         return FeedbackEnvironment(task)
     module, _, attribute = name.partition(":")
-    try:
-        made = getattr(importlib.import_module(module), attribute) if attribute else None
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"task.environment: {name!r} does not load ({e})") from None
-    if made is None:
+    if not attribute:
         raise ConfigError(f"task.environment: {name!r}: use 'feedback' or module:Class")
-    if inspect.isclass(made):
-        made = made(task) if len(inspect.signature(made).parameters) else made()
+    try:
+        made = getattr(importlib.import_module(module), attribute)
+        if inspect.isclass(made):  # given the task where its constructor asks for one by that name
+            made = made(task=task) if "task" in inspect.signature(made).parameters else made()
+    except Exception as e:  # noqa: BLE001 - a user's module: whatever it raises, one line naming the key
+        raise ConfigError(f"task.environment: {name!r} does not load ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
     if not isinstance(made, Environment):
         raise ConfigError(f"task.environment: {name!r} is no environment: it needs deterministic, is_completed(messages, "
                           "state) and env_response(messages, state)")
     return made
 
 
-def environment_warning(config: RunConfig, env) -> str | None:
-    """One line when the run's objectives are biased with its environment (a stochastic one), else None."""
-    if env is None or env.deterministic:
-        return None
-    biased = sorted({config.data.objective_for(s).algorithm for s in config.data.mix}
-                    & set(BIASED_WITH_STOCHASTIC_ENVIRONMENTS))
-    if not biased:
-        return None
-    return (f"warning: {', '.join(biased)} with a stochastic environment ({config.task.environment}) is biased: it "
-            "takes the environment's draws for the policy's doing (docs/ALGORITHMS.md, 'Episodes: which objectives "
-            "stay exact'); kl-pg, rloo or ppo on-policy are exact there")
+def check_template(config: RunConfig, tokenizer) -> None:
+    """A ConfigError where the model's chat template cannot split an episode by turns (one that renders
+    past turns differently once later ones follow, or insists on roles alternating otherwise)."""
+    from softrl.models.loading import turn_pieces
+
+    turns = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
+    try:
+        turn_pieces(tokenizer, "q", turns, policy_next=True)
+    except Exception as e:  # noqa: BLE001 - a template's error, whatever its kind
+        raise ConfigError(f"task.environment: the model's chat template cannot render an episode turn by turn "
+                          f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+
+
+def environment_warnings(config: RunConfig, env) -> list[str]:
+    """One line each where the run's objectives are biased with its environment (a stochastic one), and
+    where SPO's Q0 (estimated from single-turn samples of the reference) is not the episodes' value."""
+    if env is None:
+        return []
+    algorithms = {config.data.objective_for(s).algorithm for s in config.data.mix}
+    said = []
+    biased = sorted(algorithms & set(BIASED_WITH_STOCHASTIC_ENVIRONMENTS))
+    if biased and not env.deterministic:
+        said.append(f"warning: {', '.join(biased)} with a stochastic environment ({config.task.environment}) is "
+                    "biased: it takes the environment's draws for the policy's doing (docs/ALGORITHMS.md, 'Episodes: "
+                    "which objectives stay exact'); kl-pg, rloo or ppo on-policy are exact there")
+    if "spo" in algorithms:
+        said.append("warning: Q0 comes from single-turn samples of the reference (softrl q0), the value of a first "
+                    "turn, not of an episode: SPO's targets are shifted by the difference")
+    return said
 
 
 @dataclass

@@ -94,16 +94,22 @@ def contexts_of(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str]
     return [Context(p, known[p.id]) for p in prompts]
 
 
-def rollouts(spec: RolloutSpec, contexts: list[Context], k: int, seed: int) -> list[Trajectory]:
-    """k graded continuations of every context, grouped by context in order; each row's response is
-    the prefix followed by the continuation. A context that cannot fit the model's positions with
-    `max_new_tokens` after it is refused, naming its prompt (rather than run out of memory on it)."""
+def refuse_unfit(spec: RolloutSpec, contexts: list[Context]) -> None:
+    """A ValueError naming the first context that cannot fit the model's positions with `max_new_tokens`
+    after it (rather than run out of memory on it, or sample nothing)."""
     for c in contexts:
         length = len(c.prompt_tokens) + len(c.prefix)
         if spec.max_length and length + spec.max_new_tokens > spec.max_length:
             raise ValueError(f"prompt {c.prompt.id!r} of task {spec.task.name!r}: {length} tokens and "
                              f"max_new_tokens {spec.max_new_tokens} exceed the model's {spec.max_length} positions: "
                              "shorten the prompt or lower sampling.max_new_tokens")
+
+
+def rollouts(spec: RolloutSpec, contexts: list[Context], k: int, seed: int) -> list[Trajectory]:
+    """k graded continuations of every context, grouped by context in order; each row's response is
+    the prefix followed by the continuation. A context that cannot fit the model's positions with
+    `max_new_tokens` after it is refused, naming its prompt (rather than run out of memory on it)."""
+    refuse_unfit(spec, contexts)
     per_call = max(1, spec.max_per_call // k)
     samples = []
     for call, start in enumerate(range(0, len(contexts), per_call)):
@@ -187,30 +193,54 @@ def _turn(role: str, content: str, **extra) -> dict:
             "reward": None} | extra
 
 
-def _environment_turns(env, episode: Episode, limits: EpisodeLimits, pool) -> list[dict] | None:
-    """The environment's answer to the episode's last policy turn as turns (None: it ended the episode,
-    which then says why: done, timeout, env_error)."""
-    from concurrent.futures import TimeoutError as Late
+def _ask(method, args: tuple, timeout_s: float, deadline: float | None = None):
+    """`method(*args)` (awaited where it is a coroutine) on a daemon thread, waited for until `timeout_s`
+    or `deadline` (a time.monotonic() instant), whichever comes first: (answer, None), or (None, why).
+    A call that hangs is left behind on its daemon thread, which never holds the process at exit."""
+    import threading
+    import time
 
     from softrl.tasks.environment import call
 
-    def ask(method, *args):
-        return pool.submit(call, method, *args).result(timeout=limits.timeout_s)
+    box: dict = {}
 
-    try:
-        if ask(env.is_completed, episode.messages, episode.state):
-            episode.end("done")
-            return None
-        answer, episode.state = ask(env.env_response, episode.messages, episode.state)
-    except Late:
-        episode.end("timeout", f"the environment took longer than {limits.timeout_s:g} s")
+    def run() -> None:
+        try:
+            box["answer"] = call(method, *args)
+        except BaseException as e:  # noqa: BLE001 - whatever an environment raises ends its episode, not the run
+            box["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+    thread = threading.Thread(target=run, daemon=True, name="softrl-env")
+    thread.start()
+    wait = timeout_s if deadline is None else max(0.0, min(timeout_s, deadline - time.monotonic()))
+    thread.join(wait)
+    if thread.is_alive():
+        return None, f"timeout: the environment took longer than {timeout_s:g} s"
+    if "error" in box:
+        return None, f"env_error: {box['error']}"
+    return box.get("answer"), None
+
+
+def _environment_turns(env, episode: Episode, limits: EpisodeLimits) -> list[dict] | None:
+    """The environment's answer to the episode's last policy turn as turns (None: it ended the episode,
+    which then says why: done, timeout, env_error). Runs on a thread of its own (`_answer_all`)."""
+    completed, why = _ask(env.is_completed, (episode.messages, episode.state), limits.timeout_s)
+    if why is None and completed:
+        episode.end("done")
         return None
-    except Exception as e:  # noqa: BLE001 - whatever an environment raises ends its episode, not the run
-        episode.end("env_error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+    if why is None:
+        answer, why = _ask(env.env_response, (episode.messages, episode.state), limits.timeout_s)
+    if why is not None:
+        episode.end(*why.split(": ", 1))
         return None
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
+        episode.end("env_error", f"env_response returned {str(answer)[:120]!r}, not (messages, state)")
+        return None
+    messages, episode.state = answer
     turns = []
-    for message in answer if isinstance(answer, list) else [answer]:
-        role, content = (message or {}).get("role"), (message or {}).get("content")
+    for message in messages if isinstance(messages, list) else [messages]:
+        role = message.get("role") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
         if role not in ("tool", "user") or not isinstance(content, str):
             episode.end("env_error", f"the environment answered with {str(message)[:120]!r}: a tool or user message "
                         "with a 'content' text is needed")
@@ -219,93 +249,138 @@ def _environment_turns(env, episode: Episode, limits: EpisodeLimits, pool) -> li
             episode.end("env_error", f"the environment answered with {len(content):,} characters, more than "
                         f"{limits.max_env_chars:,}")
             return None
-        turns.append(_turn(role, content, tool_call_id=message.get("tool_call_id"), name=message.get("name")))
+        extra = {key: message[key] if isinstance(message.get(key), str) else None for key in ("tool_call_id", "name")}
+        turns.append(_turn(role, content, **extra))
     if not turns:
         episode.end("done")
     return turns or None
 
 
+def _answer_all(env, waiting: list[Episode], limits: EpisodeLimits) -> dict[int, list[dict] | None]:
+    """Every waiting episode's environment answer, asked at once (one thread each): a slow environment
+    costs a turn its slowest call, not the sum of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not waiting:
+        return {}
+    # each worker waits on its own daemon call thread (`_ask`), so none of these threads ever hangs
+    with ThreadPoolExecutor(max_workers=min(32, len(waiting)), thread_name_prefix="softrl-env-turn") as pool:
+        answers = list(pool.map(lambda e: _environment_turns(env, e, limits), waiting))
+    return {id(e): a for e, a in zip(waiting, answers)}
+
+
 def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int, limits: EpisodeLimits,
              tokenizer) -> list[Trajectory]:
     """k multi-turn episodes of every context, grouped by context in order: the policy samples a turn for
-    every live episode in one batched generate call, the environment answers each (`tasks.environment`),
-    until it says done or a limit ends the episode; the row says which (`finish`). Environment tokens are
-    tokenised as training tokenises them (`models.loading.turn_pieces`) and masked; the policy's keep
-    their behaviour log-probs. An environment that raises, hangs or floods ends its episode, never the run."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    every live episode in one batched generate call, the environment answers each (`tasks.environment`,
+    all at once), until it says done or a limit ends the episode; the row says which (`finish`).
+    Environment tokens are tokenised as training tokenises them (`models.loading.turn_pieces`) and
+    masked; the policy's keep their behaviour log-probs. An environment that raises, hangs or floods
+    ends its episode, never the run. Each episode has its own token budget: `token_budget`, or the
+    model's positions after its prompt."""
     from softrl.data.chat import prompt_messages, transcript
     from softrl.models.loading import turn_pieces
     from softrl.tasks.environment import initial_state
 
-    budget = limits.token_budget or (spec.max_length - max(len(c.prompt_tokens) for c in contexts)
-                                     if spec.max_length else 10**9)
-    live = [Episode(c, prompt_messages(c.prompt.text), initial_state(env, c.prompt), [], [], [], [])
-            for c in contexts for _ in range(k)]
-    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="softrl-env")
-    try:
-        for turn in range(limits.max_turns):
-            active = [e for e in live if e.finish is None]
-            if not active:
-                break
-            room = min(spec.max_new_tokens, budget - max(len(e.tokens) for e in active))
-            if room < 1:
-                for e in active:
-                    e.end("token_budget")
-                break
-            params = SamplingParams(n=1, max_new_tokens=room, temperature=spec.temperature, top_p=spec.top_p,
-                                    temperature_range=spec.temperature_range, seed=seed + 7919 * turn)
-            got = spec.generator.generate([e.context.prompt_tokens + e.tokens for e in active], params)
-            for e, s in zip(active, sorted(got, key=lambda s: s.prompt_index)):
-                text = spec.decode(s.tokens)
-                e.turns.append(_turn("assistant", text))
-                e.messages.append({"role": "assistant", "content": text})
-                e.tokens += s.tokens
-                e.mask += [True] * len(s.tokens)
-                e.logprobs += s.logprobs
-                e.temperature = s.temperature
-                if turn + 1 == limits.max_turns:
-                    e.end("max_turns")
-                    continue
-                answer = _environment_turns(env, e, limits, pool)
-                if answer is None:
-                    continue
-                start = len(e.turns)
-                e.turns += answer
-                e.messages += [{k_: v for k_, v in t.items() if v is not None and k_ != "reward"} for t in answer]
-                for piece in turn_pieces(tokenizer, e.context.prompt.text, e.turns, start, policy_next=True):
-                    e.tokens += piece
-                    e.mask += [False] * len(piece)
-                    e.logprobs += [0.0] * len(piece)
-                if len(e.tokens) >= budget:
-                    e.end("token_budget")
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind, not waited on
-    rewards = _episode_rewards(spec, env, live)
+    refuse_unfit(spec, contexts)
+    live = []
+    for c in contexts:
+        for _ in range(k):
+            state, why = _ask(initial_state, (env, c.prompt), limits.timeout_s)
+            e = Episode(c, prompt_messages(c.prompt.text), state if isinstance(state, dict) else {}, [], [], [], [])
+            e.why = why or ""  # a failed start ends the episode after its first policy turn
+            live.append(e)
+
+    def room(e: Episode) -> int:
+        budget = limits.token_budget or (spec.max_length - len(e.context.prompt_tokens) if spec.max_length else 10**9)
+        return budget - len(e.tokens)
+
+    for turn in range(limits.max_turns):
+        active = [e for e in live if e.finish is None]
+        if not active:
+            break
+        for e in active:
+            if room(e) < 1:
+                e.end("token_budget")
+        active = [e for e in active if e.finish is None]
+        if not active:
+            break
+        params = SamplingParams(n=1, max_new_tokens=max(min(spec.max_new_tokens, room(e)) for e in active),
+                                temperature=spec.temperature, top_p=spec.top_p,
+                                temperature_range=spec.temperature_range, seed=seed + 7919 * turn)
+        got = spec.generator.generate([e.context.prompt_tokens + e.tokens for e in active], params)
+        waiting = []
+        for e, sample in zip(active, sorted(got, key=lambda s: s.prompt_index)):
+            keep = min(spec.max_new_tokens, room(e))  # one call for all: each episode cut to its own room
+            tokens, logprobs = sample.tokens[:keep], sample.logprobs[:keep]
+            text = spec.decode(tokens)
+            e.turns.append(_turn("assistant", text))
+            e.messages.append({"role": "assistant", "content": text})
+            e.tokens += tokens
+            e.mask += [True] * len(tokens)
+            e.logprobs += logprobs
+            e.temperature = sample.temperature
+            if e.why:
+                e.end(*e.why.split(": ", 1))
+            elif turn + 1 == limits.max_turns:
+                e.end("max_turns")
+            else:
+                waiting.append(e)
+        answers = _answer_all(env, waiting, limits)
+        for e in waiting:
+            answer = answers[id(e)]
+            if answer is None:
+                continue
+            start = len(e.turns)
+            try:
+                pieces = turn_pieces(tokenizer, e.context.prompt.text, e.turns + answer, start, policy_next=True)
+            except Exception as error:  # noqa: BLE001 - a chat template's error is the episode's, not the run's
+                e.end("env_error", f"the environment's turn could not be tokenised: {type(error).__name__}: "
+                      f"{str(error).splitlines()[0][:200] if str(error) else ''}")
+                continue
+            tokens = [t for piece in pieces for t in piece]
+            if len(tokens) + 1 > room(e):  # no room for its tokens and one of the policy's after them
+                e.end("token_budget")
+                continue
+            e.turns += answer
+            e.messages += [{key: value for key, value in t.items() if value is not None and key != "reward"}
+                           for t in answer]
+            e.tokens += tokens
+            e.mask += [False] * len(tokens)
+            e.logprobs += [0.0] * len(tokens)
     rows = []
-    for e, (reward, passed) in zip(live, rewards):
+    for e, (reward, passed, why) in zip(live, _episode_rewards(spec, env, live, limits)):
+        finish = why or (f"{e.finish}: {e.why}" if e.why else e.finish)
         rows.append(Trajectory(e.context.prompt.id, transcript(e.turns), reward, passed, task=spec.task.name,
                                prompt_text=e.context.prompt.text, prompt_tokens=list(e.context.prompt_tokens),
                                response_tokens=e.tokens, tokenizer=spec.fingerprint, source=spec.source,
                                run_id=spec.run_id, policy_version=spec.policy_version, behavior_logprobs=e.logprobs,
                                decoding={"temperature": e.temperature, "top_p": spec.top_p}, turns=e.turns,
-                               action_mask=e.mask, finish=f"{e.finish}: {e.why}" if e.why else e.finish))
+                               action_mask=e.mask, finish=finish))
     return rows
 
 
-def _episode_rewards(spec: RolloutSpec, env, episodes_: list[Episode]) -> list[tuple[float, bool]]:
-    """Each episode's (reward, passed): the environment's `reward(messages, state)` where it has one
-    (passed: a reward of 1), else the task's grade of the last policy turn."""
-    from softrl.tasks.base import check_reward
-    from softrl.tasks.environment import call
+def _episode_rewards(spec: RolloutSpec, env, episodes_: list[Episode],
+                     limits: EpisodeLimits) -> list[tuple[float, bool, str | None]]:
+    """Each episode's (reward, passed, why the reward failed or None): the environment's
+    `reward(messages, state)` where it has one (passed: a reward of 1; one that raises, hangs or is no
+    number in [0, 1] gives 0, and the row's finish says why; an episode the environment already failed
+    gets 0 without asking it again), else the task's grade of the last policy turn."""
+    from softrl.tasks.base import RewardError, check_reward
 
     if hasattr(env, "reward"):
         out = []
         for e in episodes_:
-            reward = check_reward(call(env.reward, e.messages, e.state),
-                                  f"environment reward, prompt {e.context.prompt.id}")
-            out.append((reward, reward >= 1))
+            if e.finish in ("env_error", "timeout"):
+                out.append((0.0, False, None))
+                continue
+            value, why = _ask(env.reward, (e.messages, e.state), limits.timeout_s)
+            try:
+                reward = check_reward(value, "the environment's reward") if why is None else 0.0
+            except RewardError as error:
+                reward, why = 0.0, f"env_error: {error}"
+            out.append((reward, reward >= 1, why and f"{why.split(': ', 1)[0]}: reward: {why.split(': ', 1)[1]}"))
         return out
     last = [next(t["content"] for t in reversed(e.turns) if t["role"] == "assistant") for e in episodes_]
     grades = spec.task.grade_many([(e.context.prompt, text) for e, text in zip(episodes_, last)])
-    return [(g.reward, g.passed) for g in grades]
+    return [(g.reward, g.passed, None) for g in grades]

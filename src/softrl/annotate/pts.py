@@ -125,8 +125,9 @@ def annotate_store(spec: RolloutSpec, store: ExperienceStore, encode_prompt: Cal
     skipped unless `force`, so a killed run resumes. A trajectory whose tokens are not under
     this tokenizer is re-tokenised from its text and stored as a tokenised copy, which gets the targets."""
     prompts = {p.id: p for p in spec.task.prompts()}
+    # an episode's response holds the environment's turns: PTS continues single responses only
     candidates = [r for r in store.trajectories(task=spec.task.name, passed=True, source=sources).to_pylist()
-                  if r["prompt_id"] in prompts and r["source"] != "pts"]
+                  if r["prompt_id"] in prompts and r["source"] != "pts" and not r.get("turns")]
     stored, annotated = {r["id"] for r in candidates}, {r["id"] for r in candidates if r["mc_targets"]}
     rows, copies = [], []
     for row in candidates:

@@ -140,21 +140,34 @@ class LanceTable:
         if found > FORMAT:
             raise StoreError(f"{uri}: written by a newer softrl (store format {found}; this one reads up to "
                              f"{FORMAT}): upgrade softrl")
+        # add_columns (`_upgrade`) drops the metadata and only a second commit restores it: a table with
+        # every current column and no format key is an upgrade interrupted between the two
+        declared = found
+        if found < 1 and not self._missing(self.dataset):
+            found = FORMAT
         if found < 1:
             raise StoreError(f"{uri}: a Lance table, but not one of a softrl store (no {FORMAT_KEY} in its metadata)")
-        if any(f.name not in self.dataset.schema.names for f in schema):
-            self.dataset = with_retries(self._upgrade, uri)
+        self.current = declared == FORMAT and not self._missing(self.dataset)  # else `_upgrade` at the first write
+
+    def _missing(self, dataset: lance.LanceDataset) -> list[pa.Field]:
+        return [f for f in self.schema if f.name not in dataset.schema.names]
+
+    def _writable(self) -> None:
+        """Before a write: a table of an older format upgraded first (`_upgrade`); reads never need it."""
+        if not self.current:
+            self.dataset = with_retries(self._upgrade, self.uri)
+            self.current = True
 
     def _upgrade(self) -> lance.LanceDataset:
         """A table of an older format given the columns it lacks, all null (no row is rewritten): the
-        versions before stay as they were, and reads of them get the new columns as nulls (`_read_columns`)."""
+        versions before stay as they were, and reads of them get the new columns as nulls (`_read_columns`).
+        Another process upgrading it meanwhile is fine: what counts is that the columns are there after."""
         dataset = self._newest()
-        missing = [f for f in self.schema if f.name not in dataset.schema.names]
-        if missing:
+        if self._missing(dataset):
             try:
-                dataset.add_columns(missing)
-            except (OSError, ValueError) as e:
-                if "already exists" not in str(e) and "Duplicate field" not in str(e):  # another process upgraded it
+                dataset.add_columns(self._missing(dataset))
+            except (OSError, ValueError):
+                if self._missing(self._newest()):  # not another process's upgrade: a real failure
                     raise
             dataset = self._newest()
         if int((dataset.schema.metadata or {}).get(FORMAT_KEY.encode(), b"0")) < FORMAT:
@@ -245,11 +258,13 @@ class LanceTable:
 
     # --- writing ---------------------------------------------------------------------------------
     def append(self, rows: pa.Table) -> None:
+        self._writable()
         with_retries(lambda: lance.write_dataset(rows, self.uri, mode="append", storage_options=self.options),
                      self.uri)
 
     def stage(self, rows: pa.Table) -> Staged:
         """Data files that no version names yet; the Staged carries their fragments' metadata."""
+        self._writable()
         fragments = with_retries(lambda: [f.to_json() for f in lance.fragment.write_fragments(
             rows, self.uri, schema=self.schema, storage_options=self.options)], self.uri)
         return Staged(sum(f["physical_rows"] for f in fragments), tuple(fragments))
@@ -259,6 +274,7 @@ class LanceTable:
         fragments = [f for s in staged for f in s.detail]
         if not fragments:
             return
+        self._writable()
         metadata = [FragmentMetadata.from_json(json.dumps(f)) for f in fragments]
         tried = []
 
@@ -278,6 +294,7 @@ class LanceTable:
 
     def upsert(self, key: str, rows: pa.Table) -> None:
         """Lance retries a lost race itself."""
+        self._writable()
         with_retries(lambda: self._newest().merge_insert(key).when_matched_update_all()
                      .when_not_matched_insert_all().execute(rows), self.uri)
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 MARKER = "softrl-store.json"
-ADDED_COLUMNS = {"q0_rewards"}  # parts written before it read as null there
+ADDED_COLUMNS = {"q0_rewards", "turns", "action_mask", "finish"}  # parts written before them read as null there
 
 
 def is_legacy(root: str) -> bool:

@@ -110,7 +110,8 @@ def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: C
         raise ValueError("a batch needs at least one trajectory")
     prompts, responses, masks = [], [], []
     for row in rows:
-        if own_tokens(row, fingerprint):
+        # an episode's own tokens are taken only with the mask that says which are the policy's
+        if own_tokens(row, fingerprint) and (not row.get("turns") or row.get("action_mask")):
             prompt, response = list(row["prompt_tokens"]), list(row["response_tokens"])
             mask = list(row.get("action_mask") or [True] * len(response))
         elif row.get("turns"):
