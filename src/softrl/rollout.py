@@ -5,9 +5,10 @@ prefixes of a stored response, and a `RolloutWorker` samples the current policy 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, replace
 
-from softrl.data.schema import Trajectory
+from softrl.data.schema import Trajectory, new_turn
 from softrl.limits import MAX_CHARS_PER_TOKEN, MAX_RECORD_CHARS
 from softrl.models.generation import Generator, SamplingParams
 from softrl.tasks.base import Prompt, Task
@@ -183,22 +184,21 @@ class Episode:
     temperature: float = 1.0
     finish: str | None = None
     why: str = ""
+    failed_start: tuple[str, str] | None = None  # (finish, why) of an initial_state that failed
 
     def end(self, finish: str, why: str = "") -> None:
         self.finish, self.why = finish, why
 
+    @property
+    def finish_text(self) -> str:
+        return f"{self.finish}: {self.why}" if self.why else self.finish
 
-def _turn(role: str, content: str, **extra) -> dict:
-    return {"role": role, "content": content, "tool_calls": None, "tool_call_id": None, "name": None,
-            "reward": None} | extra
 
-
-def _ask(method, args: tuple, timeout_s: float, deadline: float | None = None):
-    """`method(*args)` (awaited where it is a coroutine) on a daemon thread, waited for until `timeout_s`
-    or `deadline` (a time.monotonic() instant), whichever comes first: (answer, None), or (None, why).
-    A call that hangs is left behind on its daemon thread, which never holds the process at exit."""
+def _ask(method, args: tuple, timeout_s: float) -> tuple[Any, tuple[str, str] | None]:
+    """`method(*args)` (awaited where it is a coroutine) on a daemon thread, waited for `timeout_s`:
+    (answer, None), or (None, (finish, why)) with finish timeout or env_error. A call that hangs is left
+    behind on its daemon thread, which never holds the process at exit."""
     import threading
-    import time
 
     from softrl.tasks.environment import call
 
@@ -212,26 +212,25 @@ def _ask(method, args: tuple, timeout_s: float, deadline: float | None = None):
 
     thread = threading.Thread(target=run, daemon=True, name="softrl-env")
     thread.start()
-    wait = timeout_s if deadline is None else max(0.0, min(timeout_s, deadline - time.monotonic()))
-    thread.join(wait)
+    thread.join(timeout_s)
     if thread.is_alive():
-        return None, f"timeout: the environment took longer than {timeout_s:g} s"
+        return None, ("timeout", f"the environment took longer than {timeout_s:g} s")
     if "error" in box:
-        return None, f"env_error: {box['error']}"
+        return None, ("env_error", box["error"])
     return box.get("answer"), None
 
 
 def _environment_turns(env, episode: Episode, limits: EpisodeLimits) -> list[dict] | None:
     """The environment's answer to the episode's last policy turn as turns (None: it ended the episode,
     which then says why: done, timeout, env_error). Runs on a thread of its own (`_answer_all`)."""
-    completed, why = _ask(env.is_completed, (episode.messages, episode.state), limits.timeout_s)
-    if why is None and completed:
+    completed, failure = _ask(env.is_completed, (episode.messages, episode.state), limits.timeout_s)
+    if failure is None and completed:
         episode.end("done")
         return None
-    if why is None:
-        answer, why = _ask(env.env_response, (episode.messages, episode.state), limits.timeout_s)
-    if why is not None:
-        episode.end(*why.split(": ", 1))
+    if failure is None:
+        answer, failure = _ask(env.env_response, (episode.messages, episode.state), limits.timeout_s)
+    if failure is not None:
+        episode.end(*failure)
         return None
     if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
         episode.end("env_error", f"env_response returned {str(answer)[:120]!r}, not (messages, state)")
@@ -250,7 +249,7 @@ def _environment_turns(env, episode: Episode, limits: EpisodeLimits) -> list[dic
                         f"{limits.max_env_chars:,}")
             return None
         extra = {key: message[key] if isinstance(message.get(key), str) else None for key in ("tool_call_id", "name")}
-        turns.append(_turn(role, content, **extra))
+        turns.append(new_turn(role, content, **extra))
     if not turns:
         episode.end("done")
     return turns or None
@@ -278,7 +277,7 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
     masked; the policy's keep their behaviour log-probs. An environment that raises, hangs or floods
     ends its episode, never the run. Each episode has its own token budget: `token_budget`, or the
     model's positions after its prompt."""
-    from softrl.data.chat import prompt_messages, transcript
+    from softrl.data.chat import prompt_messages, transcript, turn_message
     from softrl.models.loading import turn_pieces
     from softrl.tasks.environment import initial_state
 
@@ -286,10 +285,9 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
     live = []
     for c in contexts:
         for _ in range(k):
-            state, why = _ask(initial_state, (env, c.prompt), limits.timeout_s)
-            e = Episode(c, prompt_messages(c.prompt.text), state if isinstance(state, dict) else {}, [], [], [], [])
-            e.why = why or ""  # a failed start ends the episode after its first policy turn
-            live.append(e)
+            state, failure = _ask(initial_state, (env, c.prompt), limits.timeout_s)
+            live.append(Episode(c, prompt_messages(c.prompt.text), state if isinstance(state, dict) else {},
+                                [], [], [], [], failed_start=failure))  # it ends after its first policy turn
 
     def room(e: Episode) -> int:
         budget = limits.token_budget or (spec.max_length - len(e.context.prompt_tokens) if spec.max_length else 10**9)
@@ -314,14 +312,14 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
             keep = min(spec.max_new_tokens, room(e))  # one call for all: each episode cut to its own room
             tokens, logprobs = sample.tokens[:keep], sample.logprobs[:keep]
             text = spec.decode(tokens)
-            e.turns.append(_turn("assistant", text))
+            e.turns.append(new_turn("assistant", text))
             e.messages.append({"role": "assistant", "content": text})
             e.tokens += tokens
             e.mask += [True] * len(tokens)
             e.logprobs += logprobs
             e.temperature = sample.temperature
-            if e.why:
-                e.end(*e.why.split(": ", 1))
+            if e.failed_start:
+                e.end(*e.failed_start)
             elif turn + 1 == limits.max_turns:
                 e.end("max_turns")
             else:
@@ -343,14 +341,13 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
                 e.end("token_budget")
                 continue
             e.turns += answer
-            e.messages += [{key: value for key, value in t.items() if value is not None and key != "reward"}
-                           for t in answer]
+            e.messages += [turn_message(t) for t in answer]
             e.tokens += tokens
             e.mask += [False] * len(tokens)
             e.logprobs += [0.0] * len(tokens)
     rows = []
-    for e, (reward, passed, why) in zip(live, _episode_rewards(spec, env, live, limits)):
-        finish = why or (f"{e.finish}: {e.why}" if e.why else e.finish)
+    for e, (reward, passed, failure) in zip(live, _episode_rewards(spec, env, live, limits)):
+        finish = f"{failure[0]}: reward: {failure[1]}" if failure else e.finish_text
         rows.append(Trajectory(e.context.prompt.id, transcript(e.turns), reward, passed, task=spec.task.name,
                                prompt_text=e.context.prompt.text, prompt_tokens=list(e.context.prompt_tokens),
                                response_tokens=e.tokens, tokenizer=spec.fingerprint, source=spec.source,
@@ -361,8 +358,8 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
 
 
 def _episode_rewards(spec: RolloutSpec, env, episodes_: list[Episode],
-                     limits: EpisodeLimits) -> list[tuple[float, bool, str | None]]:
-    """Each episode's (reward, passed, why the reward failed or None): the environment's
+                     limits: EpisodeLimits) -> list[tuple[float, bool, tuple[str, str] | None]]:
+    """Each episode's (reward, passed, (finish, why) where the reward failed, else None): the environment's
     `reward(messages, state)` where it has one (passed: a reward of 1; one that raises, hangs or is no
     number in [0, 1] gives 0, and the row's finish says why; an episode the environment already failed
     gets 0 without asking it again), else the task's grade of the last policy turn."""
@@ -374,12 +371,12 @@ def _episode_rewards(spec: RolloutSpec, env, episodes_: list[Episode],
             if e.finish in ("env_error", "timeout"):
                 out.append((0.0, False, None))
                 continue
-            value, why = _ask(env.reward, (e.messages, e.state), limits.timeout_s)
+            value, failure = _ask(env.reward, (e.messages, e.state), limits.timeout_s)
             try:
-                reward = check_reward(value, "the environment's reward") if why is None else 0.0
+                reward = check_reward(value, "the environment's reward") if failure is None else 0.0
             except RewardError as error:
-                reward, why = 0.0, f"env_error: {error}"
-            out.append((reward, reward >= 1, why and f"{why.split(': ', 1)[0]}: reward: {why.split(': ', 1)[1]}"))
+                reward, failure = 0.0, ("env_error", str(error))
+            out.append((reward, reward >= 1, failure))
         return out
     last = [next(t["content"] for t in reversed(e.turns) if t["role"] == "assistant") for e in episodes_]
     grades = spec.task.grade_many([(e.context.prompt, text) for e, text in zip(episodes_, last)])

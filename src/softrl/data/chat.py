@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from softrl.data.schema import ENVIRONMENT_ROLES, POLICY_ROLE, TURN_KEYS
+from softrl.data.schema import ENVIRONMENT_ROLES, POLICY_ROLE, new_turn
 from softrl.tasks.records import RecordError, conversation_of, conversation_text
 
 PROMPT_ROLES = ("system", "user")
@@ -90,7 +90,7 @@ def episode_of(messages: Any, where: str) -> tuple[list[dict[str, str]], list[di
                               "conversation has no prompt")
         if role == "system":
             raise RecordError(f"{where}: message {i}: a system message after the conversation started")
-        turn = {key: None for key in TURN_KEYS} | {"role": role, "content": text}
+        turn = new_turn(role, text)
         if role == POLICY_ROLE:
             calls = _tool_calls(message, where, i)
             turn["tool_calls"] = json.dumps(calls, ensure_ascii=False) if calls else None
@@ -137,7 +137,7 @@ def turn_message(turn: dict[str, Any]) -> dict[str, Any]:
         message["tool_calls"] = json.loads(turn["tool_calls"])
     if turn.get("tool_call_id") is not None:
         message["tool_call_id"] = turn["tool_call_id"]
-    if turn.get("name") is not None and turn["role"] == "tool":
+    if turn.get("name") is not None:
         message["name"] = turn["name"]
     if turn.get("reward") is not None:
         message["reward"] = turn["reward"]

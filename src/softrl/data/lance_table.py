@@ -179,7 +179,7 @@ class LanceTable:
         version from before an upgrade reads what it has, and the rest comes back null."""
         present = set(dataset.schema.names)
         wanted = [f.name for f in self.schema] if columns is None else columns
-        return [c for c in wanted if c in present or c == ADDRESS], \
+        return [c for c in wanted if c in present], \
             [self.schema.field(c) for c in wanted if c not in present and c in self.schema.names]
 
     def _open(self, create: bool) -> lance.LanceDataset:

@@ -137,5 +137,10 @@ class Trajectory:
 
 
 TURN_KEYS = tuple(f.name for f in TURN)
+
+
+def new_turn(role: str, content: str, **given: Any) -> dict[str, Any]:
+    """A turn (TURN) with every key, those not given None."""
+    return {key: None for key in TURN_KEYS} | {"role": role, "content": content} | given
 FIELDS = fields(Trajectory)
 NAMES = frozenset(f.name for f in FIELDS)

@@ -187,13 +187,14 @@ def encode_response(tokenizer, text: str) -> list[int]:
 def episode_message(turn: dict) -> dict:
     """An episode's turn (data/schema.py's TURN) as the chat template takes it: tool calls with their
     arguments as objects, as templates render them."""
-    message = {"role": turn["role"], "content": turn["content"]}
-    if turn.get("tool_calls"):
+    from softrl.data.chat import turn_message
+
+    # the reward is the store's, not the template's; a call id and a tool name belong to tool messages
+    message = {key: value for key, value in turn_message(turn).items()
+               if key != "reward" and (turn["role"] == "tool" or key not in ("tool_call_id", "name"))}
+    if "tool_calls" in message:
         message["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                                 for c in json.loads(turn["tool_calls"])]
-    for key in ("tool_call_id", "name"):
-        if turn.get(key) is not None and turn["role"] == "tool":
-            message[key] = turn[key]
+                                 for c in message["tool_calls"]]
     return message
 
 
@@ -215,15 +216,14 @@ def turn_pieces(tokenizer, prompt_text: str, turns: list[dict], start: int = 0,
     turn ending with EOS. `policy_next`: a policy turn follows the last one (a rollout about to sample
     it). A template that renders earlier turns differently once later ones follow (one that drops
     reasoning from past turns) cannot be split so: a ValueError naming the turn."""
-    from softrl.tasks.records import conversation_of
+    from softrl.data.chat import prompt_messages
 
     def cue(i: int) -> bool:
         return turns[i + 1]["role"] == "assistant" if i + 1 < len(turns) else policy_next
 
     pieces = []
     if getattr(tokenizer, "chat_template", None):
-        messages = (conversation_of(prompt_text) or [{"role": "user", "content": prompt_text}]) \
-            + [episode_message(t) for t in turns[:start]]
+        messages = prompt_messages(prompt_text) + [episode_message(t) for t in turns[:start]]
         before = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=start == 0 or cue(start - 1))
         for i in range(start, len(turns)):
             messages.append(episode_message(turns[i]))
