@@ -157,6 +157,38 @@ AssertionError"""
     assert failure("") == "no output"
 
 
+def test_a_crashed_step_names_its_signal_and_the_crashing_frame():
+    """A segfault leaves no traceback: the last line of stderr was a warning (GPU lease, 2026-11-28)."""
+    from softrl_bench.systems import failure
+
+    dump = """  return Variable._execution_engine.run_backward(
+Fatal Python error: Segmentation fault
+
+Thread 0x00007f7aa1dff6c0 (most recent call first):
+  File "/usr/lib/python3.12/threading.py", line 1030 in _bootstrap
+
+Current thread 0x00007f7e92a4b140 (most recent call first):
+  File "/x/softrl/rollout.py", line 125 in rollouts
+  File "/x/softrl/eval/protocol.py", line 39 in sample"""
+    assert failure(dump, -11) == 'killed by SIGSEGV in File "/x/softrl/rollout.py", line 125 in rollouts'
+    assert failure("a warning", -9) == "killed by SIGKILL (no Python frame)"
+
+
+def test_a_segfaulting_process_is_reported_as_one():
+    """A real crash in a fresh process, as in_fresh_process runs it: faulthandler's frames come back."""
+    import subprocess
+    import sys
+
+    from softrl_bench.systems import failure
+
+    out = subprocess.run([sys.executable, "-X", "faulthandler", "-c",
+                          "import ctypes\ndef crash():\n    ctypes.string_at(0)\ncrash()"],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode < 0
+    said = failure(out.stderr, out.returncode)
+    assert said.startswith('killed by SIGSEGV in File "') and said.endswith("in string_at"), said
+
+
 def test_bench_systems_learner_steps_alternate_round_by_round(tiny, tmp_path):
     """SPO, PPO and GRPO each once a round for `pairs` rounds; the ratios are taken round by round."""
     from softrl_bench.report import systems_markdown

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -239,18 +240,27 @@ def release_device_memory() -> None:
 
 def in_fresh_process(function: str, **kwargs) -> dict | None:
     """`function(**kwargs)` (one of FRESH_PROCESS) in a fresh Python, so that each side's peak memory,
-    allocator policy (`Placement.host_allocator`) and caches are its own."""
-    out = subprocess.run([sys.executable, "-m", "softrl_bench.systems", function, json.dumps(kwargs, default=str)],
+    allocator policy (`Placement.host_allocator`) and caches are its own. With faulthandler on, a
+    process that crashes (a segfault in a CUDA graph, say) leaves the Python frames where it did."""
+    out = subprocess.run([sys.executable, "-X", "faulthandler", "-m", "softrl_bench.systems", function,
+                          json.dumps(kwargs, default=str)],
                          capture_output=True, text=True, check=False, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if out.returncode != 0:
-        raise RuntimeError(f"{function} failed: {failure(out.stderr)}")
+        raise RuntimeError(f"{function} failed: {failure(out.stderr, out.returncode)}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def failure(stderr: str) -> str:
+def failure(stderr: str, returncode: int = 1) -> str:
     """A failed process's error on one line: the last line of its stderr and, after a traceback, the
-    frame that raised it (a bare `AssertionError` names nothing else)."""
+    frame that raised it (a bare `AssertionError` names nothing else). A process killed by a signal
+    leaves no traceback, and its last line is whatever it printed before (a warning, on the GPU
+    lease of 2026-11-28): then the signal, and faulthandler's innermost frame of the crashing thread."""
     lines = stderr.strip().splitlines() or ["no output"]
+    if returncode < 0:
+        crashed = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), None)
+        frame = next((line.strip() for line in lines[crashed + 1:] if line.lstrip().startswith('File "')), None) \
+            if crashed is not None else None
+        return f"killed by {signal.Signals(-returncode).name}" + (f" in {frame}" if frame else " (no Python frame)")
     frames = [line.strip() for line in lines if line.lstrip().startswith('File "')]
     return lines[-1] + (f" ({frames[-1]})" if frames else "")
 
