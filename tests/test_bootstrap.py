@@ -65,7 +65,7 @@ def test_bootstrap_cli_prints_the_folder(tmp_path):
     assert {"success_per_sample", "pass@1", "pass@10", "distinct_correct_per_solved"} <= set(report)
     bad = subprocess.run([softrl, "bootstrap", "chess"], capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 2 and bad.stderr.strip() == (
-        "error: no bootstrap for task 'chess'; available: countdown, tinycode, tinycode-loops")
+        "error: no bootstrap for task 'chess'; available: countdown, tinycode, tinycode-loops, tinycode-feedback")
 
 
 def test_mini_tinycode_bootstrap_is_graded_in_the_sandbox(tmp_path, monkeypatch):
@@ -78,6 +78,19 @@ def test_mini_tinycode_bootstrap_is_graded_in_the_sandbox(tmp_path, monkeypatch)
     card = json.loads((directory / "softrl.json").read_text())
     assert card["config"]["task"] == "tinycode" and card["heldout"]["problems"] == 4
     assert directory.name.startswith("tinycode-s1-")
+
+
+def test_mini_tinycode_feedback_bootstrap_is_evaluated_in_episodes(tmp_path, monkeypatch):
+    """The multi-turn reference: trained on synthetic episodes (1024 positions for three turns), its card
+    has the last turn's pass@k, the first turn's, and the policy turns an episode took."""
+    monkeypatch.setenv("SOFTRL_CACHE", str(tmp_path))
+    directory = bootstrap("tinycode-feedback", seed=1, **{**MINI, "batch_size": 4, "eval_samples": 2})
+    card = json.loads((directory / "softrl.json").read_text())
+    heldout = card["heldout"]
+    assert card["config"]["task"] == "tinycode-feedback" and heldout["problems"] == 4
+    assert 1 <= heldout["turns_per_episode"] <= 3 and {"pass@1", "pass@10"} <= set(heldout["first_turn"])
+    assert heldout["first_turn"]["pass@1"] <= heldout["pass@1"]  # a later turn only adds tries
+    assert json.loads((directory / "config.json").read_text())["max_position_embeddings"] == 1024
 
 
 def test_tinycode_loops_bootstrap_learns_only_seen_combinations():

@@ -15,7 +15,7 @@ LAYERS = [
     {"config", "config_reference", "safe_yaml", "rewards", "plots"},
     {"tasks"},
     {"data", "models"},
-    {"rollout"},
+    {"rollout", "endpoint"},
     {"annotate", "eval", "training"},
     {"bootstrap", "assemble", "toy"},
     {"runtime"},

@@ -241,13 +241,15 @@ def evaluate(model: str | Path, *, dataset: Any = None, reward: Any = None, task
              size: int = 100, task_seed: int = 1, options: dict | None = None, samples: int = 20,
              temperature: float = 0.4, top_p: float = 0.95, max_new_tokens: int = 0,
              reference: str | Path | None = None, seed: int = 0, device: str = "auto",
-             dtype: str = "float32", reward_range: tuple[float, float] | None = None) -> dict:
+             dtype: str = "float32", reward_range: tuple[float, float] | None = None, max_turns: int = 3) -> dict:
     """The evaluation protocol of `softrl eval` (pass@1 and pass@10, unbiased; per-sample success;
     distinct correct answers; token entropy; KL to `reference` when given) of `model` (a directory,
     a hub id, or 'bootstrap:TASK') on `dataset` graded by `reward`, or on a task spec `task` (`size`
     prompts from `task_seed` where it generates them: by default the held-out split `softrl train`
-    evaluates on; `options` its keyword options). `reward_range` as the config's task.reward_range."""
+    evaluates on; `options` its keyword options). `reward_range` as the config's task.reward_range. A
+    multi-turn task (tinycode-feedback) is evaluated in episodes of up to `max_turns` policy turns."""
     from softrl.assemble import model_directory, task_model
+    from softrl.rollout import EpisodeLimits
     from softrl.eval.protocol import evaluate as protocol
     from softrl.models.loading import load_causal_lm
 
@@ -266,5 +268,5 @@ def evaluate(model: str | Path, *, dataset: Any = None, reward: Any = None, task
     if reference is not None:
         ref = load_causal_lm(model_directory(str(reference), s.task.name), dtype)[0].to(s.model.device)
     result = protocol(s.spec, s.task.prompts(), s.encode_prompt, samples, temperature, top_p, seed, stats=True,
-                      reference=ref)
+                      reference=ref, env=s.task.make_environment(), limits=EpisodeLimits(max_turns=max_turns))
     return {**result, "task": s.task.name, "model": s.model_id}

@@ -117,16 +117,17 @@ def rollout_spec(config: RunConfig, task: Task, model, tokenizer, source: str, g
 
 
 def rollout_worker(config: RunConfig, task: Task, model, tokenizer, store: ExperienceStore | None,
-                   generator=None) -> RolloutWorker:
-    """Online rollouts of `model` on `task` (episodes, where `task.environment` names one), every
-    trajectory written to `store`."""
-    env = load_environment(config, task)
+                   generator=None, env=None) -> RolloutWorker:
+    """Online rollouts of `model` on `task` (episodes where `env`, `load_environment`'s, answers between
+    turns), every trajectory written to `store`."""
     if env is not None:
         check_template(config, tokenizer)
     return RolloutWorker(rollout_spec(config, task, model, tokenizer, "online", generator),
-                         lambda text: encode_prompt(tokenizer, text), store, env,
-                         EpisodeLimits(max_turns=config.task.max_turns, timeout_s=config.task.env_timeout_s),
-                         tokenizer)
+                         lambda text: encode_prompt(tokenizer, text), store, env, episode_limits(config), tokenizer)
+
+
+def episode_limits(config: RunConfig) -> EpisodeLimits:
+    return EpisodeLimits(max_turns=config.task.max_turns, timeout_s=config.task.env_timeout_s)
 
 
 # objectives that assume a trajectory is a function of the policy's tokens: exact with a deterministic
@@ -136,8 +137,9 @@ BIASED_WITH_STOCHASTIC_ENVIRONMENTS = ("spo", "agro-off", "oapl")
 
 def load_environment(config: RunConfig, task: Task):
     """`task.environment` made for `task`: 'feedback' (`FeedbackEnvironment`) or module:Class (made with
-    the task where its constructor takes an argument); None for single-turn runs. A name that does not
-    load, or a class that is no environment, is a ConfigError naming task.environment."""
+    the task where its constructor takes an argument); unset, the task's own (`Task.make_environment`:
+    tinycode-feedback's), None for single-turn tasks. A name that does not load, or a class that is no
+    environment, is a ConfigError naming task.environment."""
     import importlib
     import inspect
 
@@ -145,7 +147,7 @@ def load_environment(config: RunConfig, task: Task):
 
     name = config.task.environment
     if name is None:
-        return None
+        return task.make_environment()
     if name == "feedback":
         return FeedbackEnvironment(task)
     module, _, attribute = name.partition(":")
@@ -186,7 +188,7 @@ def environment_warnings(config: RunConfig, env) -> list[str]:
     said = []
     biased = sorted(algorithms & set(BIASED_WITH_STOCHASTIC_ENVIRONMENTS))
     if biased and not env.deterministic:
-        said.append(f"warning: {', '.join(biased)} with a stochastic environment ({config.task.environment}) is "
+        said.append(f"warning: {', '.join(biased)} with a stochastic environment ({type(env).__name__}) is "
                     "biased: it takes the environment's draws for the policy's doing (docs/ALGORITHMS.md, 'Episodes: "
                     "which objectives stay exact'); kl-pg, rloo or ppo on-policy are exact there")
     if "spo" in algorithms:
@@ -249,6 +251,9 @@ class RunParts:
         `config.task`'s; a learner rank but 0 needs none."""
         self.config = config
         self.train_task, self.eval_task = (tasks or load_tasks(config)) if rank == 0 else (None, None)
+        # the environments of multi-turn runs (None: one turn), made once, before any weights load
+        self.env = load_environment(config, self.train_task) if rank == 0 else None
+        self.eval_env = load_environment(config, self.eval_task) if rank == 0 else None
         self.placement = placement(config)
         self.placement.deterministic(config.runtime.deterministic)
         self.model_path = resolve_model(config)
@@ -294,7 +299,7 @@ class RunParts:
 
     def worker(self, model) -> RolloutWorker:
         return rollout_worker(self.config, self.train_task, model, self.tokenizer, self.online_rows,
-                              self.generator(model))
+                              self.generator(model), self.env)
 
     def q0(self, progress=None, log=None, snapshot=None) -> dict[str, float]:
         """Q0 of every training prompt at the run's beta (sampled from the reference now where the
@@ -321,4 +326,4 @@ class RunParts:
         with self.placement.autocast():
             return evaluate(self.spec(model, "eval", self.eval_task), self.eval_task.prompts(), self.encode_prompt,
                             e.samples, e.temperature, e.top_p, seed=self.config.seed + 17, stats=e.stats,
-                            reference=self.reference.model)
+                            reference=self.reference.model, env=self.eval_env, limits=episode_limits(self.config))

@@ -22,15 +22,23 @@ import torch
 
 from softrl.models.chartok import build_char_tokenizer
 from softrl.files import cache_root
-from softrl.models.loading import built_once, encode_response, quiet_transformers
+from softrl.models.loading import built_once, encode_episode, encode_response, quiet_transformers
+from softrl.tasks.base import Prompt
 
-TASKS = ("countdown", "tinycode", "tinycode-loops")  # the tasks with a bootstrap recipe
+TASKS = ("countdown", "tinycode", "tinycode-loops", "tinycode-feedback")  # the tasks with a bootstrap recipe
 # tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell
 # from the statement, so the share of correct answers sets the success rate
 TASK_DEFAULTS = {"tinycode": dict(steps=300, batch_size=16, lr=3e-3, train_problems=1000, eval_problems=40, p_correct=0.8),
                  # composing seen parts into held-out programs takes longer; 200 held-out problems, 10 samples
                  "tinycode-loops": dict(steps=700, batch_size=16, lr=3e-3, train_problems=2000, eval_problems=200,
-                                        eval_samples=10, p_correct=0.4)}
+                                        eval_samples=10, p_correct=0.4),
+                 # episodes are about twice as long; a wrong first program is what the feedback is for
+                 "tinycode-feedback": dict(steps=700, batch_size=16, lr=3e-3, train_problems=2000, eval_problems=100,
+                                           eval_samples=10, p_correct=0.35)}
+# the model's positions: three turns of a program and two feedbacks need more than one turn's 512
+POSITIONS = {"tinycode-feedback": 1024}
+# the turns of the synthetic episodes a multi-turn task's reference learns from (its runs' task.max_turns)
+EPISODE_TURNS = {"tinycode-feedback": 3}
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,12 @@ class BootstrapConfig:
 
 def task_fingerprint(task: str):
     """What defines the task's problems: the countdown config, tinycode's families, or tinycode-loops'
-    combinations with their split and programs."""
+    combinations with their split and programs (and tinycode-feedback's episodes besides)."""
+    if task == "tinycode-feedback":
+        from softrl.tasks.feedback_code import MAX_SHOWN_CHARS, SHOWN
+
+        return {"episodes": [SHOWN, MAX_SHOWN_CHARS, POSITIONS[task], EPISODE_TURNS[task]],
+                "problems": task_fingerprint("tinycode-loops")}
     if task == "tinycode-loops":
         from softrl.tasks.loopcode import MUTATIONS, REDUCERS, combination_name, combinations, programs, split_of
 
@@ -112,18 +125,18 @@ def short_expressions(numbers: list[int]) -> dict[str, Fraction]:
     return out
 
 
-def sft_examples(config: BootstrapConfig) -> list[tuple[str, list[str], list[str]]]:
+def sft_examples(config: BootstrapConfig) -> list[tuple[Prompt, list[str], list[str]]]:
     """(prompt, correct responses, plausible wrong responses) for the training problems (their own seed)."""
-    if config.task == "tinycode-loops":  # the seen combinations only: the task's prompts are the others
+    if config.task in ("tinycode-loops", "tinycode-feedback"):  # the seen combinations only: the task's prompts are the others
         from softrl.tasks.loopcode import plausible_wrong
 
         task = make_task(config.task, config.train_problems, 1_000_000 + config.seed, split="seen")
-        return [(p.text, p.meta["solutions"], plausible_wrong(p)) for p in task.prompts()]
+        return [(p, p.meta["solutions"], plausible_wrong(p)) for p in task.prompts()]
     task = make_task(config.task, config.train_problems, 1_000_000 + config.seed)
     if config.task == "tinycode":
         from softrl.tasks.tinycode import wrong_programs
 
-        return [(p.text, p.meta["solutions"], wrong_programs(p.meta["solutions"], p.meta["tests"]))
+        return [(p, p.meta["solutions"], wrong_programs(p.meta["solutions"], p.meta["tests"]))
                 for p in task.prompts()]
     examples = []
     for prompt in task.prompts():
@@ -134,8 +147,27 @@ def sft_examples(config: BootstrapConfig) -> list[tuple[str, list[str], list[str
         # the signal of which expressions are right
         wrong = [e for e, v in exprs.items() if v != target and v.denominator == 1 and v > 0 and "(" not in e]
         if right and wrong:
-            examples.append((prompt.text, right, wrong))
+            examples.append((prompt, right, wrong))
     return examples
+
+
+def training_row(tokenizer, example: tuple[Prompt, list[str], list[str]], config: BootstrapConfig,
+                 rng: random.Random) -> tuple[list[int], list[int]]:
+    """(token ids, labels: -100 where there is no loss) of one supervised row: the prompt and one
+    response, right with probability `p_correct`, the loss on the response and its EOS; for a multi-turn
+    task a synthetic episode, the loss on the policy's turns only, never on the environment's."""
+    prompt, right, wrong = example
+    if config.task in EPISODE_TURNS:
+        from softrl.data.schema import new_turn
+        from softrl.tasks.feedback_code import synthetic_episode
+
+        turns = [new_turn(t["role"], t["content"])
+                 for t in synthetic_episode(prompt, right, wrong, rng, EPISODE_TURNS[config.task], config.p_correct)]
+        p, r, policy = encode_episode(tokenizer, prompt.text, turns)
+        return p + r, [-100] * len(p) + [t if mine else -100 for t, mine in zip(r, policy)]
+    response = rng.choice(right if rng.random() < config.p_correct else wrong)
+    p, r = tokenizer(prompt.text, add_special_tokens=False)["input_ids"], encode_response(tokenizer, response)
+    return p + r, [-100] * len(p) + r
 
 
 def make_model(config: BootstrapConfig, tokenizer):
@@ -145,7 +177,7 @@ def make_model(config: BootstrapConfig, tokenizer):
     return LlamaForCausalLM(LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=config.hidden, intermediate_size=config.mlp,
         num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.heads,
-        max_position_embeddings=512, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        max_position_embeddings=POSITIONS.get(config.task, 512), tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     ))
 
@@ -157,15 +189,13 @@ def train_sft(model, tokenizer, examples, config: BootstrapConfig, progress: Cal
     warmup = max(1, config.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, 0.1 + 0.9 * 0.5 * (
         1 + math.cos(math.pi * min(s, config.steps) / config.steps))))
-    encode = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     model.train()
     for step in range(config.steps):
         rows, labels = [], []
-        for prompt, right, wrong in rng.sample(examples, config.batch_size):
-            response = rng.choice(right if rng.random() < config.p_correct else wrong)
-            p, r = encode(prompt), encode_response(tokenizer, response)
-            rows.append(p + r)
-            labels.append([-100] * len(p) + r)
+        for example in rng.sample(examples, config.batch_size):
+            ids, labelled = training_row(tokenizer, example, config, rng)
+            rows.append(ids)
+            labels.append(labelled)
         width = max(map(len, rows))
         ids = torch.tensor([x + [tokenizer.pad_token_id] * (width - len(x)) for x in rows])
         lab = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
@@ -182,14 +212,16 @@ def train_sft(model, tokenizer, examples, config: BootstrapConfig, progress: Cal
 
 
 def evaluate(model, tokenizer, config: BootstrapConfig, temperature: float = 1.0, top_p: float = 1.0) -> dict:
-    """Held-out problems (their own seed): per-sample success, pass@1, pass@10, distinct correct answers."""
+    """Held-out problems (their own seed): per-sample success, pass@1, pass@10, distinct correct answers;
+    for a multi-turn task, of episodes of its synthetic data's turns, and of their first turns besides."""
     from softrl.eval.protocol import evaluate as run_protocol
-    from softrl.rollout import RolloutSpec
+    from softrl.rollout import EpisodeLimits, RolloutSpec
 
     task = make_task(config.task, config.eval_problems, 2_000_000 + config.seed)  # tinycode-loops: held out
     spec = RolloutSpec.for_model(task, model, tokenizer, task.max_new_tokens, source="eval")
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    return run_protocol(spec, task.prompts(), encode, config.eval_samples, temperature, top_p, config.seed)
+    return run_protocol(spec, task.prompts(), encode, config.eval_samples, temperature, top_p, config.seed,
+                        env=task.make_environment(), limits=EpisodeLimits(max_turns=EPISODE_TURNS.get(config.task, 1)))
 
 
 def bootstrap(task: str = "countdown", seed: int = 0, force: bool = False,

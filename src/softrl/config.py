@@ -73,7 +73,7 @@ class ModelConfig(Section):
 
 
 class TaskConfig(Section):
-    name: str = Field("countdown", description="task spec: countdown, tinycode, tinycode-loops, KIND:PATH, gym:NAME, "
+    name: str = Field("countdown", description="task spec: countdown, tinycode, tinycode-loops, tinycode-feedback (episodes), KIND:PATH, gym:NAME, "
                       "hf:DATASET[:CONFIG][:SPLIT] (with options.reward), module:Name")
     size: int = Field(200, ge=1, le=MAX_PROMPTS, description="training prompts")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the training prompts")

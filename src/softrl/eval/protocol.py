@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from softrl.algorithms.passk import mean_pass_at_k
-from softrl.rollout import RolloutSpec, contexts_of, rollouts
+from softrl.rollout import EpisodeLimits, RolloutSpec, contexts_of, episodes, rollouts
 from softrl.tasks.base import Prompt
 
 
@@ -33,21 +33,45 @@ def summarize(results: list[tuple[str, str, bool]], n: int, ks: tuple[int, ...] 
 
 
 def sample(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[str], list[int]], n: int = 20,
-           temperature: float = 0.4, top_p: float = 0.95, seed: int = 0) -> list:
-    """n graded responses per prompt at the protocol's decoding (Trajectory rows, grouped by prompt)."""
+           temperature: float = 0.4, top_p: float = 0.95, seed: int = 0, env=None,
+           limits: EpisodeLimits | None = None) -> list:
+    """n graded responses per prompt at the protocol's decoding (Trajectory rows, grouped by prompt):
+    episodes within `limits` where an environment `env` answers between turns."""
     spec = replace(spec, temperature=temperature, temperature_range=None, top_p=top_p)
-    return rollouts(spec, contexts_of(spec, prompts, encode_prompt), n, seed)
+    contexts = contexts_of(spec, prompts, encode_prompt)
+    if env is None:
+        return rollouts(spec, contexts, n, seed)
+    return episodes(spec, env, contexts, n, seed, limits or EpisodeLimits(), spec.generator.tokenizer)
+
+
+def first_turns(spec: RolloutSpec, prompts: list[Prompt], rows: list) -> list[tuple[str, str, bool]]:
+    """(prompt id, first policy turn, whether it alone passes) of every episode: what the policy does
+    before the environment's first answer. Only episodes of several turns are graded again."""
+    by_id = {p.id: p for p in prompts}
+    firsts = [next(t["content"] for t in r.turns if t["role"] == "assistant") for r in rows]
+    again = [i for i, r in enumerate(rows) if sum(t["role"] == "assistant" for t in r.turns) > 1]
+    grades = spec.task.grade_many([(by_id[rows[i].prompt_id], firsts[i]) for i in again])
+    passed = [r.passed for r in rows]
+    for i, grade in zip(again, grades):
+        passed[i] = grade.passed
+    return [(r.prompt_id, text, ok) for r, text, ok in zip(rows, firsts, passed)]
 
 
 def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[str], list[int]], n: int = 20,
              temperature: float = 0.4, top_p: float = 0.95, seed: int = 0, stats: bool = False,
-             reference=None) -> dict:
+             reference=None, env=None, limits: EpisodeLimits | None = None) -> dict:
     """Sample n responses per prompt at the protocol's decoding, grade them, summarize; with `stats`,
-    also the policy's mean token entropy along them and (given a reference model) KL(pi || pi0)."""
-    rows = sample(spec, prompts, encode_prompt, n, temperature, top_p, seed)
+    also the policy's mean token entropy along them and (given a reference model) KL(pi || pi0). With an
+    environment, n episodes per prompt graded at their last turn, and besides: policy turns per episode
+    and `first_turn`, the same numbers for the first turns alone."""
+    rows = sample(spec, prompts, encode_prompt, n, temperature, top_p, seed, env, limits)
     ks = tuple(sorted({1, 10, *range(1, n + 1)}))  # every k up to n (pass@k curves); pass@10 None below 10
     out = {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], n, ks),
            "temperature": temperature, "top_p": top_p}
+    if env is not None:
+        out["turns_per_episode"] = sum(sum(t["role"] == "assistant" for t in r.turns) for r in rows) / max(1, len(rows))
+        first = summarize(first_turns(spec, prompts, rows), n, (1, 10))
+        out["first_turn"] = {k: first[k] for k in ("pass@1", "pass@10", "success_per_sample")}
     if stats:
         from softrl.eval.diversity import token_stats
 

@@ -158,7 +158,7 @@ class Worker:
     def __init__(self, config: dict, model_path: str):
         import torch
 
-        from softrl.assemble import load_tasks, placement, rollout_worker
+        from softrl.assemble import load_environment, load_tasks, placement, rollout_worker
         from softrl.data import ExperienceStore
         from softrl.data.batched import StagedWriter
         from softrl.models.loading import load_causal_lm
@@ -174,7 +174,7 @@ class Worker:
         self.prompts = {p.id: p for p in task.prompts()}
         # its rows are staged here and committed by the run's one committer (the learner)
         self.staged = StagedWriter(ExperienceStore(cfg.data.store))
-        self.worker = rollout_worker(cfg, task, self.model, tokenizer, self.staged)
+        self.worker = rollout_worker(cfg, task, self.model, tokenizer, self.staged, env=load_environment(cfg, task))
 
     def pid(self) -> int:
         return os.getpid()

@@ -13,7 +13,7 @@ from functools import partial
 
 import torch
 
-from softrl.assemble import RunParts, environment_warnings, load_environment
+from softrl.assemble import RunParts, environment_warnings
 from softrl.config import RunConfig
 from softrl.data import StoreError
 from softrl.data.versions import hold_name, release
@@ -60,7 +60,7 @@ class Session:
         self.config = config
         self.on_eval = on_eval or (lambda record: None)
         self.run = RunParts(config, tasks=tasks)
-        for line in environment_warnings(config, load_environment(config, self.run.train_task)):  # refused early
+        for line in environment_warnings(config, self.run.env):  # refused early
             log(line)
         if group is not None:
             group.lead(self.run.learner)

@@ -84,6 +84,11 @@ class Task(ABC):
         """Known-correct responses (a solver's or humans'), for tests and offline data."""
         return []
 
+    def make_environment(self):
+        """The environment of a task that is multi-turn by nature (tinycode-feedback's shown tests), made
+        for this task; None for a task of one turn. A run's `task.environment` overrides it."""
+        return None
+
     # graders that wait on a sandbox process run in threads; graders that use signals must not
     parallel_grading: bool = False
 

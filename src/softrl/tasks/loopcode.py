@@ -115,10 +115,11 @@ class LoopCodeTask(GeneratedCodeTask):
             raise ValueError(f"size and tests must be >= 1, got size={size}, tests={tests}")
         self._sandbox = sandbox
         chosen = [c for c in combinations() if split_of(combination_name(*c)) == split]
-        self._prompts = [self._problem(chosen, seed, i, tests) for i in range(size)]
+        self._prompts = [self._problem(chosen, seed, i, tests, self.name) for i in range(size)]
 
     @staticmethod
-    def _problem(chosen: list[tuple[Part, Part, str]], seed: int, i: int, tests: int) -> Prompt:
+    def _problem(chosen: list[tuple[Part, Part, str]], seed: int, i: int, tests: int, name: str) -> Prompt:
+        """Problem `i` of `seed` (the same problems under every task built on these, ids of task `name`)."""
         rng = random.Random(f"tinycode-loops:{seed}:{i}")
         f, m, r = rng.choice(chosen)
         k_filter, k_map = (rng.choice(p.constants) if p.constants else 0 for p in (f, m))
@@ -129,7 +130,7 @@ class LoopCodeTask(GeneratedCodeTask):
         inputs = list(dict.fromkeys(_ints(rng) for _ in range(tests + 2)))
         cases = [(x, run_reference(solutions[0], x)) for x in inputs]
         examples = "\n".join(f"Input: {x}\nOutput: {y.strip()}" for x, y in cases[:2])
-        return Prompt(f"tinycode-loops-{seed}-{i}", f"{statement}\n{examples}\n",
+        return Prompt(f"{name}-{seed}-{i}", f"{statement}\n{examples}\n",
                       {"combination": combination_name(f, m, r), "tests": cases, "solutions": solutions,
                        "constants": (k_filter, k_map)})
 

@@ -10,7 +10,7 @@ from softrl.tasks.base import Task
 from softrl.tasks.records import records_of
 from softrl.tasks.reward_functions import RewardFunctionTask, reward_functions
 
-BUILTIN = ("countdown", "tinycode", "tinycode-loops")
+BUILTIN = ("countdown", "tinycode", "tinycode-loops", "tinycode-feedback")
 DATASETS = ("codecontests", "taco", "humaneval", "mbpp", "math")
 
 
@@ -41,6 +41,10 @@ def _load_task(spec: str, reward_range: tuple[float, float] | None, config: dict
         from softrl.tasks.loopcode import LoopCodeTask
 
         return LoopCodeTask(**config)
+    if kind == "tinycode-feedback" and not rest:
+        from softrl.tasks.feedback_code import FeedbackCodeTask
+
+        return FeedbackCodeTask(**config)
     if kind == "gym":
         from softrl.tasks.gym import GymTask
 
