@@ -98,7 +98,12 @@ def test_a_streamed_reply_is_server_sent_events_ending_with_done(endpoint):
                                                                          "tool_call_id": "c9"}]}, 400,
      "answers tool_call_id 'c9', which the assistant message before it did not make"),
     (None, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}, 400,
-     "temperature > 0"),
+     "temperature must be > 0"),
+    (None, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_p": 5}, 400, "top_p in (0, 1]"),
+    (None, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_p": "x"}, 400, "got 1.0 and 'x'"),
+    (None, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": 5}, 400, "stop must be a text"),
+    (None, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": True}, 400,
+     "max_tokens must be a positive integer"),
 ])
 def test_a_bad_request_is_one_line_and_the_endpoint_serves_on(endpoint, raw, body, status, said):
     got, text = post(endpoint, body, raw=raw)
@@ -126,3 +131,121 @@ def test_a_rewritten_history_keeps_the_text_and_drops_the_log_probs(endpoint):
     row = endpoint.trajectory("edited", reward=0.0)
     assert row.turns[0]["content"] == "an edited reply" and row.behavior_logprobs is None
     assert row.response_tokens is None and row.policy_version == -1 and not row.passed
+
+
+def test_softrl_serve_stores_a_session_when_its_reward_comes(tiny, tmp_path):
+    """An agent in another process: `softrl serve` answers its calls, and POST /v1/softrl/reward ends a
+    session, its conversation a row in the store; bad rewards and unknown sessions are one line."""
+    import signal
+    import subprocess
+    import sys
+
+    from softrl.data import ExperienceStore
+
+    proc = subprocess.Popen([sys.executable, "-m", "softrl", "serve", "--model", str(tiny[0]), "--port", "0",
+                             "--store", str(tmp_path / "store"), "--source", "agent", "--max-new-tokens", "6",
+                             "--name", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        base_url = proc.stdout.readline().strip()
+        assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1"), proc.stderr.read()
+
+        class At:
+            pass
+
+        served = At()
+        served.base_url = base_url
+        messages = [{"role": "user", "content": "3 4 -> 12?"}]
+        status, text = post(served, {"model": "tiny", "messages": messages}, session="run-7")
+        assert status == 200, text
+
+        def reward(body):
+            request = urllib.request.Request(base_url + "/softrl/reward", data=json.dumps(body).encode())
+            try:
+                with urllib.request.urlopen(request, timeout=60) as reply:
+                    return reply.status, json.loads(reply.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        status, said = reward({"session": "run-7", "reward": 2})
+        assert status == 400 and "reward must be a finite number in [0, 1], got 2" in said["error"]["message"]
+        assert reward({"session": "nobody", "reward": 1})[0] == 404
+        status, said = reward({"session": "run-7", "reward": 1, "task": "agent-task"})
+        assert status == 200 and said["turns"] == 1 and said["source"] == "agent"
+        assert reward({"session": "run-7", "reward": 1})[0] == 404  # a session ends once
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "stored " in err and "Traceback" not in err
+    rows = ExperienceStore(tmp_path / "store").trajectories(source="agent").to_pylist()
+    assert len(rows) == 1 and rows[0]["task"] == "agent-task" and rows[0]["reward"] == 1.0
+    assert rows[0]["prompt_text"] == "3 4 -> 12?" and rows[0]["turns"][0]["role"] == "assistant"
+
+
+def test_softrl_serve_on_a_port_in_use_is_one_line(tiny, tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "softrl", "serve", "--model", str(tiny[0]), "--port", str(port),
+                               "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and f"--port {port}: cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_call_asked_with_a_changed_conversation_or_another_temperature_keeps_no_log_probs(endpoint):
+    """Log-probs belong to the context and distribution they were sampled under: an agent that rewrote the
+    user's first message, or sampled its turns at two temperatures, gets a text row."""
+    def two_turns(session, first_user, later_user, temperatures):
+        status, text = post(endpoint, {"model": "tiny", "messages": [{"role": "user", "content": first_user}],
+                                       "temperature": temperatures[0]}, session=session)
+        reply = json.loads(text)["choices"][0]["message"]
+        post(endpoint, {"model": "tiny", "temperature": temperatures[1], "messages": [
+            {"role": "user", "content": later_user}, reply, {"role": "user", "content": "again"}]}, session=session)
+        return endpoint.trajectory(session, reward=1.0)
+
+    assert two_turns("same", "2 2 -> 4?", "2 2 -> 4?", (1.0, 1.0)).behavior_logprobs is not None
+    changed = two_turns("changed", "2 2 -> 4?", "2 2 -> 5?", (1.0, 1.0))
+    assert changed.behavior_logprobs is None and changed.prompt_text == "2 2 -> 5?"
+    assert two_turns("mixed", "2 2 -> 4?", "2 2 -> 4?", (1.0, 0.7)).behavior_logprobs is None
+
+
+def test_a_failed_generation_is_a_500_line_and_the_endpoint_serves_on(tiny):
+    _, model, tokenizer = tiny
+
+    class Flaky:
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def generate(self, prompts, params):
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("CUDA error: device-side assert triggered\nmore")
+            return self.inner.generate(prompts, params)
+
+    with ChatEndpoint(Flaky(make_generator(model, tokenizer, "hf")), tokenizer, "tiny", max_new_tokens=4) as served:
+        ask = {"model": "tiny", "messages": [{"role": "user", "content": "1 1 -> 2?"}]}
+        status, text = post(served, ask, session="s")
+        assert status == 500 and json.loads(text)["error"]["message"] == (
+            "generation failed: RuntimeError: CUDA error: device-side assert triggered")
+        assert "s" not in served.sessions  # a failed call is no turn of its session
+        assert post(served, ask, session="s")[0] == 200 and len(served.sessions["s"]) == 1
+
+
+def test_an_endpoint_closes_whether_or_not_it_started(tiny):
+    _, model, tokenizer = tiny
+    ChatEndpoint(make_generator(model, tokenizer, "hf"), tokenizer).close()  # returns, not hangs
+    served = ChatEndpoint(make_generator(model, tokenizer, "hf"), tokenizer, "tiny", max_new_tokens=4).start()
+    served.close()
+    assert not any(thread.is_alive() for thread in served._threads)
+
+
+def test_a_conversation_too_long_for_the_model_is_refused(tiny):
+    _, model, tokenizer = tiny
+    with ChatEndpoint(make_generator(model, tokenizer, "hf"), tokenizer, "tiny", max_length=16) as served:
+        status, text = post(served, {"model": "tiny", "messages": [{"role": "user", "content": "x" * 40}]})
+    assert status == 400 and "no room left in the model's 16 positions" in json.loads(text)["error"]["message"]

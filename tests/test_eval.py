@@ -89,3 +89,24 @@ def test_eval_command_on_a_math_file_with_default_options(tiny, tmp_path):
                            "--max-new-tokens", "4", "--json"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["problems"] == 2
+
+
+def test_an_episodes_environment_tokens_count_in_neither_entropy_nor_kl(tiny):
+    """token_stats over an episode row equals the same statistics over its policy tokens alone."""
+    from softrl.data.schema import Trajectory
+    from softrl.eval.diversity import policy_mask, token_stats
+
+    _, model, tokenizer = tiny
+    row = Trajectory("p", "t", 0.0, False, prompt_tokens=[5, 6, 7], response_tokens=[8, 9, 10, 11, 12],
+                     action_mask=[True, True, False, False, True])
+    assert policy_mask([row], 6).tolist() == [[1, 1, 0, 0, 1, 1]]
+    masked = token_stats(model, [row], tokenizer.pad_token_id)
+    whole = token_stats(model, [Trajectory("p", "t", 0.0, False, prompt_tokens=[5, 6, 7],
+                                           response_tokens=[8, 9, 10, 11, 12])], tokenizer.pad_token_id)
+    assert masked["mean_token_entropy"] != whole["mean_token_entropy"]
+    from softrl.models.logprobs import pad_batch
+    from softrl.models.logprobs import token_stats as chunked
+
+    stats = chunked(model, pad_batch([[5, 6, 7]], [[8, 9, 10, 11, 12]], tokenizer.pad_token_id), entropy=True)
+    chosen = stats.entropy[0, [0, 1, 4]]
+    assert abs(masked["mean_token_entropy"] - chosen.mean().item()) < 1e-5

@@ -69,7 +69,8 @@ def task_fingerprint(task: str):
     if task == "tinycode-feedback":
         from softrl.tasks.feedback_code import MAX_SHOWN_CHARS, SHOWN
 
-        return {"episodes": [SHOWN, MAX_SHOWN_CHARS, POSITIONS[task], EPISODE_TURNS[task]],
+        # "format": the feedback's wording and the synthetic episodes' recipe (feedback_code.py); one up on a change
+        return {"episodes": [SHOWN, MAX_SHOWN_CHARS, POSITIONS[task], EPISODE_TURNS[task]], "format": 1,
                 "problems": task_fingerprint("tinycode-loops")}
     if task == "tinycode-loops":
         from softrl.tasks.loopcode import MUTATIONS, REDUCERS, combination_name, combinations, programs, split_of

@@ -7,16 +7,19 @@ conversations become trajectories (docs/USAGE.md, "Agents through the endpoint")
         row = endpoint.trajectory(session, reward=1.0, task="my-agent")
 
 Concurrent requests are batched: a request waits up to `batch_window_s` for others, and every waiting
-request of the same temperature and top-p is sampled in one generate call. A request's prompt is
+request of the same temperature, top-p and stop texts is sampled in one generate call. A request's prompt is
 tokenised as an episode's turns are in training (`models.loading.turn_pieces`), so a conversation's
 tokens are the ones SPO and AGRO train on; each call's sampled tokens and their behaviour log-probs are
 recorded under its session (the `X-Session-ID` header verifiers sends, or the request's `user` field).
 `trajectory(session, ...)` makes the session's last conversation one row: an episode whose policy turns
-carry their sampled tokens and log-probs where re-tokenising reproduces them, else a text episode that
-each run tokenises itself (SPO and AGRO need no log-probs).
+carry their sampled tokens and log-probs where re-tokenising reproduces them and each call was asked
+with the conversation before it, else a text episode that each run tokenises itself (SPO and AGRO need
+no log-probs). A stop text stays at the end of its reply, as the generator returns it.
 
 Only what agents call is served: POST /v1/chat/completions (streamed as server-sent events where the
-request asks, else one JSON object) and GET /v1/models. A bad request (not JSON, a model that is not
+request asks, else one JSON object) and GET /v1/models; and, for an agent in another process (`softrl
+serve`), POST /v1/softrl/reward `{"session": ID, "reward": R[, "prompt_id", "task"]}`, which ends a
+session: its conversation becomes a row in the endpoint's store. A bad request (not JSON, a model that is not
 served, n other than 1, messages that are not a conversation) is answered 400 or 404 with one line
 naming what is wrong; the endpoint goes on serving.
 """
@@ -38,6 +41,10 @@ from softrl.models.generation import SamplingParams
 from softrl.models.loading import encode_episode, encode_prompt, tokenizer_fingerprint, turn_pieces
 from softrl.tasks.base import prompt_id_of
 from softrl.tasks.records import RecordError
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class RequestError(ValueError):
@@ -85,15 +92,21 @@ class ChatEndpoint:
     (entering) to `close()` (leaving). `port` 0 takes a free one."""
 
     def __init__(self, generator, tokenizer, model_name: str = "softrl-policy", max_new_tokens: int = 256,
-                 max_length: int = 0, port: int = 0, batch_window_s: float = 0.02, max_batch: int = 64):
+                 max_length: int = 0, port: int = 0, batch_window_s: float = 0.02, max_batch: int = 64,
+                 store=None, source: str = "endpoint", on_row=None, seed: int = 0):
+        """`store` (an ExperienceStore) takes the rows of sessions ended through /v1/softrl/reward, under
+        `source`; `on_row(row)` hears of each. `seed`: the first of the generate calls' seeds (one more
+        each call). The generator is the endpoint's while it serves: HF's sets torch's global seed."""
         self.generator, self.tokenizer, self.model_name = generator, tokenizer, model_name
+        self.store, self.source, self.on_row = store, source, on_row or (lambda row: None)
         self.max_new_tokens, self.max_length = max_new_tokens, max_length
         self.batch_window_s, self.max_batch = batch_window_s, max_batch
         self.sessions: dict[str, list[Call]] = {}
         self.batches: list[int] = []  # the size of each generate call, in order (batching is observable)
         self._pending: queue.Queue[Call | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._seed = 0
+        self._seed = seed * 1_000_003
+        self._closed = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         self._server.daemon_threads = True
         self._threads = [threading.Thread(target=self._server.serve_forever, daemon=True, name="softrl-endpoint"),
@@ -109,9 +122,20 @@ class ChatEndpoint:
         return self
 
     def close(self) -> None:
-        self._server.shutdown()
+        """Stop serving: the server and the batcher end (a generate call under way first finishes), and
+        any call still waiting is answered with an error."""
+        self._closed.set()
+        if self._threads[0].is_alive():  # shutdown() waits for serve_forever, which must have started
+            self._server.shutdown()
         self._server.server_close()
         self._pending.put(None)
+        if self._threads[1].is_alive():
+            self._threads[1].join()
+        while not self._pending.empty():
+            call = self._pending.get()
+            if call is not None:
+                call.error = "the endpoint closed"
+                call.done.set()
 
     def __enter__(self) -> ChatEndpoint:
         return self.start()
@@ -133,29 +157,38 @@ class ChatEndpoint:
             raise RequestError(400, "the conversation ends with an assistant message: the policy answers a "
                                "user or tool message")
         prompt_text = prompt_text_of(prompt)
-        tokens = encode_prompt(self.tokenizer, prompt_text) + [
-            t for piece in turn_pieces(self.tokenizer, prompt_text, turns, policy_next=True) for t in piece]
+        try:
+            tokens = encode_prompt(self.tokenizer, prompt_text) + [
+                t for piece in turn_pieces(self.tokenizer, prompt_text, turns, policy_next=True) for t in piece]
+        except Exception as e:  # noqa: BLE001 - a chat template's error (one that drops past reasoning, say)
+            raise RequestError(400, f"the conversation cannot be tokenised with the model's chat template "
+                               f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
         room = self.max_length - len(tokens) if self.max_length else self.max_new_tokens
         if room < 1:
             raise RequestError(400, f"the conversation is {len(tokens)} tokens: no room left in the model's "
                                f"{self.max_length} positions")
         asked = body.get("max_completion_tokens") or body.get("max_tokens") or self.max_new_tokens
-        temperature = body.get("temperature")
-        temperature = 1.0 if temperature is None else temperature
-        stop = body.get("stop") or ()
-        stop = (stop,) if isinstance(stop, str) else stop
-        if not (isinstance(asked, int) and asked >= 1 and isinstance(temperature, (int, float)) and temperature > 0
-                and all(isinstance(s, str) for s in stop)):
-            raise RequestError(400, f"max_tokens must be a positive integer, temperature > 0 (this endpoint samples) "
-                               f"and stop texts, got {asked!r}, {temperature!r}, {stop!r}")
+        temperature = 1.0 if body.get("temperature") is None else body["temperature"]
+        top_p = 1.0 if body.get("top_p") is None else body["top_p"]
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else stop
+        if not (isinstance(asked, int) and not isinstance(asked, bool) and asked >= 1):
+            raise RequestError(400, f"max_tokens must be a positive integer, got {asked!r}")
+        if not (_number(temperature) and temperature > 0 and _number(top_p) and 0 < top_p <= 1):
+            raise RequestError(400, f"temperature must be > 0 (this endpoint samples) and top_p in (0, 1], got "
+                               f"{temperature!r} and {top_p!r}")
+        if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+            raise RequestError(400, f"stop must be a text or a list of texts, got {stop!r}")
         call = Call(list(body["messages"]), tokens, min(asked, self.max_new_tokens, room), float(temperature),
-                    float(body.get("top_p") or 1.0), tuple(stop))
-        with self._lock:
-            self.sessions.setdefault(session, []).append(call)
+                    float(top_p), tuple(stop))
+        if self._closed.is_set():
+            raise RequestError(503, "the endpoint is closing")
         self._pending.put(call)
         call.done.wait()
         if call.error is not None:
             raise RequestError(500, call.error)
+        with self._lock:  # a session keeps the calls that sampled, in the order they were asked
+            self.sessions.setdefault(session, []).append(call)
         return call
 
     def _batcher(self) -> None:
@@ -203,6 +236,27 @@ class ChatEndpoint:
 
     # --- trajectories ------------------------------------------------------------------------------------
 
+    def reward(self, body: dict) -> Trajectory:
+        """End the session `body` names with its reward: its row goes to the store (RequestError: no
+        store, an unknown session, a reward that is no number in [0, 1])."""
+        from softrl.tasks.base import RewardError, check_reward
+
+        if self.store is None:
+            raise RequestError(400, "this endpoint keeps no store: end sessions with ChatEndpoint.trajectory")
+        session = body.get("session")
+        if session not in self.sessions:
+            raise RequestError(404, f"no calls were made in session {session!r}")
+        try:
+            reward = check_reward(body.get("reward"), f"session {session}")
+        except RewardError as e:
+            raise RequestError(400, str(e)) from None
+        extra = {k: body[k] for k in ("prompt_id", "task") if isinstance(body.get(k), str)}
+        row = self.trajectory(session, reward, source=self.source, **extra)
+        self.store.append([row])
+        self.forget(session)
+        self.on_row(row)
+        return row
+
     def trajectory(self, session: str, reward: float, passed: bool | None = None, task: str = "endpoint",
                    prompt_id: str | None = None, source: str = "online", run_id: str | None = None,
                    finish: str = "done") -> Trajectory:
@@ -217,7 +271,7 @@ class ChatEndpoint:
         prompt, turns = split_conversation([*last.messages, {"role": "assistant", "content": last.text}])
         prompt_text = prompt_text_of(prompt)
         prompt_tokens, response, mask = encode_episode(self.tokenizer, prompt_text, turns)
-        aligned = _aligned(response, mask, self._sampled_tokens(calls, turns))
+        aligned = _aligned(prompt_tokens, response, mask, _policy_calls(calls, turns))
         own = aligned is not None
         logprobs, mask = aligned if own else (None, mask)
         return Trajectory(prompt_id or prompt_id_of(prompt_text), transcript(turns), float(reward),
@@ -228,25 +282,35 @@ class ChatEndpoint:
                           decoding={"temperature": last.temperature, "top_p": last.top_p}, turns=turns,
                           action_mask=mask if own else None, finish=finish)
 
-    @staticmethod
-    def _sampled_tokens(calls: list[Call], turns: list[dict]) -> list[tuple[list[int], list[float]]] | None:
-        """(tokens, log-probs) of each policy turn of `turns` as a call sampled it; None where the
-        conversation's policy turns are not the calls' replies in order (the agent rewrote its history)."""
-        chosen, remaining = [], iter(calls)
-        for text in (t["content"] for t in turns if t["role"] == "assistant"):
-            match = next((c for c in remaining if c.text == text), None)  # the calls in order, some skipped
-            if match is None:
-                return None
-            chosen.append((match.tokens, match.logprobs))
-        return chosen
+    def forget(self, session: str) -> None:
+        """Drop a session's calls (an episode abandoned, or one whose row was made)."""
+        with self._lock:
+            self.sessions.pop(session, None)
 
 
-def _aligned(response: list[int], mask: list[bool], sampled) -> tuple[list[float], list[bool]] | None:
-    """(behaviour log-probs over `response`, the policy's mask) where each policy run of `mask` begins
-    with what its call sampled: the tokens after them in the run (an EOS or end-of-turn marker the
-    template adds to a reply cut at its length) are the template's, not the policy's, and are masked
-    with log-prob 0, as the environment's are. None where a run does not begin so."""
-    if sampled is None:
+def _policy_calls(calls: list[Call], turns: list[dict]) -> list[Call] | None:
+    """The call that sampled each policy turn of `turns`, in order (calls the conversation left out, an
+    agent's retries, skipped); None where a policy turn is no call's reply (the agent rewrote it), or the
+    calls sampled at different temperatures or top-p (their log-probs are of different distributions,
+    and a row has one `decoding`)."""
+    chosen, remaining = [], iter(calls)
+    for text in (t["content"] for t in turns if t["role"] == "assistant"):
+        match = next((c for c in remaining if c.text == text), None)
+        if match is None:
+            return None
+        chosen.append(match)
+    return chosen if len({(c.temperature, c.top_p) for c in chosen}) == 1 else None
+
+
+def _aligned(prompt_tokens: list[int], response: list[int], mask: list[bool],
+             calls: list[Call] | None) -> tuple[list[float], list[bool]] | None:
+    """(behaviour log-probs over `response`, the policy's mask) where each policy run of `mask` was
+    sampled by its call after exactly the tokens before it (the prompt and the response so far) and
+    begins with what the call sampled: the tokens after those in the run (an EOS or end-of-turn marker
+    the template adds to a reply cut at its length) are the template's, not the policy's, and are masked
+    with log-prob 0, as the environment's are. None where any of that does not hold: the agent changed
+    what a call was asked with, or a reply does not tokenise back to its sampled tokens."""
+    if calls is None:
         return None
     logprobs, policy, i, turn = [], [], 0, 0
     while i < len(response):
@@ -258,16 +322,16 @@ def _aligned(response: list[int], mask: list[bool], sampled) -> tuple[list[float
         j = i
         while j < len(response) and mask[j]:
             j += 1
-        if turn >= len(sampled):
+        if turn >= len(calls):
             return None
-        tokens, lps = sampled[turn]
-        if response[i : i + len(tokens)] != tokens or len(tokens) > j - i:
+        call = calls[turn]
+        n = len(call.tokens)
+        if call.prompt_tokens != prompt_tokens + response[:i] or n > j - i or response[i : i + n] != call.tokens:
             return None
-        extra = j - i - len(tokens)
-        logprobs += list(lps) + [0.0] * extra
-        policy += [True] * len(tokens) + [False] * extra
+        logprobs += list(call.logprobs) + [0.0] * (j - i - n)
+        policy += [True] * n + [False] * (j - i - n)
         turn, i = turn + 1, j
-    return (logprobs, policy) if turn == len(sampled) else None
+    return (logprobs, policy) if turn == len(calls) else None
 
 
 def _handler(endpoint: ChatEndpoint):
@@ -297,10 +361,16 @@ def _handler(endpoint: ChatEndpoint):
                 self._error(404, f"no such path {self.path!r}: this endpoint serves /v1/chat/completions and /v1/models")
 
         def do_POST(self) -> None:
-            if self.path.rstrip("/") != "/v1/chat/completions":
-                self._error(404, f"no such path {self.path!r}: this endpoint serves /v1/chat/completions")
+            path = self.path.rstrip("/")
+            if path not in ("/v1/chat/completions", "/v1/softrl/reward"):
+                self._error(404, f"no such path {self.path!r}: this endpoint serves /v1/chat/completions and "
+                            "/v1/softrl/reward")
                 return
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            except ValueError:
+                self._error(400, f"Content-Length must be a number of bytes, got {self.headers.get('Content-Length')!r}")
+                return
             try:
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -311,9 +381,16 @@ def _handler(endpoint: ChatEndpoint):
                 return
             session = self.headers.get("X-Session-ID") or str(body.get("user") or "") or uuid.uuid4().hex
             try:
+                if path == "/v1/softrl/reward":
+                    row = endpoint.reward(body)
+                    self._json(200, {"id": row.id, "turns": len(row.turns or []), "source": row.source})
+                    return
                 call = endpoint.complete(body, session)
             except RequestError as e:
                 self._error(e.status, str(e))
+                return
+            except Exception as e:  # noqa: BLE001 - whatever else breaks, the client gets one line, the endpoint serves on
+                self._error(500, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
                 return
             self._reply(body, call)
 

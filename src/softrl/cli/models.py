@@ -1,15 +1,17 @@
-"""`softrl bootstrap` (the built-in tasks' tiny reference models) and `softrl model prepare` (real
-pretrained models from local files, no downloads)."""
+"""`softrl bootstrap` (the built-in tasks' tiny reference models), `softrl model prepare` (real
+pretrained models from local files, no downloads) and `softrl serve` (a model behind an OpenAI-compatible
+endpoint for agent code)."""
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from softrl.cli.common import JSON_OPT, err, fail
+from softrl.cli.common import DEVICE_OPT, JSON_OPT, STORE_OPT, err, fail, one_line_errors, open_store
 from softrl.limits import MAX_SEED
 
 
@@ -68,5 +70,40 @@ def model_prepare(
     typer.echo(str(directory))
 
 
-COMMANDS = {"bootstrap": bootstrap}
+def serve(
+    model: str = typer.Option("bootstrap", "--model", help="model directory, hub id, or 'bootstrap' (the task's reference)"),
+    task: str = typer.Option("countdown", "--task", help="the task whose reference 'bootstrap' names"),
+    store: str = STORE_OPT,
+    source: str = typer.Option("agent", "--source", help="the store's source of the conversations"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="port on 127.0.0.1 (0: a free one)"),
+    name: str = typer.Option("softrl-policy", "--name", help="the model name requests must ask for"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="the most tokens of one reply"),
+    device: str = DEVICE_OPT,
+    dtype: str = typer.Option("float32", "--dtype"),
+) -> None:
+    """Serve MODEL at http://127.0.0.1:PORT/v1 (OpenAI chat completions, batched) for agent code; POST
+    /v1/softrl/reward {"session", "reward"} ends a session (X-Session-ID) and stores its conversation."""
+    from softrl.assemble import task_model
+    from softrl.endpoint import ChatEndpoint
+
+    with one_line_errors():
+        loaded = task_model(task, model, size=1, device=device, dtype=dtype, source="endpoint")
+    rows = open_store(store)
+    said = lambda row: err.print(f"stored {row.id} ({source}): {len(row.turns or [])} turns, reward {row.reward:g}",  # noqa: E731
+                                 highlight=False)
+    try:
+        endpoint = ChatEndpoint(loaded.spec.generator, loaded.tokenizer, name, max_new_tokens, loaded.spec.max_length,
+                                port, store=rows, source=source, on_row=said)
+    except OSError as e:
+        fail(f"--port {port}: cannot listen on 127.0.0.1:{port} ({e.strerror or e})")
+    with endpoint:
+        typer.echo(endpoint.base_url)
+        err.print(f"serving {loaded.model_id} as {name!r}; Ctrl-C stops", highlight=False)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            err.print("stopped", highlight=False)
+
+
+COMMANDS = {"bootstrap": bootstrap, "serve": serve}
 GROUPS = {"model": model_app}

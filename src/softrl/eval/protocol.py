@@ -66,7 +66,10 @@ def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[
     and `first_turn`, the same numbers for the first turns alone."""
     rows = sample(spec, prompts, encode_prompt, n, temperature, top_p, seed, env, limits)
     ks = tuple(sorted({1, 10, *range(1, n + 1)}))  # every k up to n (pass@k curves); pass@10 None below 10
-    out = {**summarize([(r.prompt_id, r.response_text, r.passed) for r in rows], n, ks),
+    # an episode's answer is its last policy turn (distinct answers, not distinct conversations)
+    answers = [r.response_text if env is None else next(t["content"] for t in reversed(r.turns) if t["role"] == "assistant")
+               for r in rows]
+    out = {**summarize([(r.prompt_id, text, r.passed) for r, text in zip(rows, answers)], n, ks),
            "temperature": temperature, "top_p": top_p}
     if env is not None:
         out["turns_per_episode"] = sum(sum(t["role"] == "assistant" for t in r.turns) for r in rows) / max(1, len(rows))

@@ -102,7 +102,9 @@ def synthetic_episode(prompt: Prompt, right: list[str], wrong: list[str], rng: r
     """An episode of the bootstrap's supervised data as chat messages (role and content): each program right
     with probability `p_correct`, else a plausible wrong one not written yet, with the feedback the environment gives it,
     until one passes the shown tests or `max_turns` programs are written. A wrong program that passes
-    the shown tests (it fails only hidden ones) ends the episode as it would in a rollout."""
+    the shown tests (it fails only hidden ones) ends the episode as it would in a rollout. Once every wrong
+    program has been written, the next is right. A change here changes the bootstrap's data: bump the
+    "format" of its fingerprint (bootstrap.task_fingerprint)."""
     turns: list[dict] = []
     for written in range(1, max_turns + 1):
         tried = {t["content"] for t in turns}
