@@ -105,3 +105,56 @@ def test_the_bootstraps_rows_train_the_policys_turns_only(seen):
     assert "Failed on input" not in trained and ("for x in" in trained or "xs = " in trained)
     assert labels.count(tokenizer.eos_token_id) == ids.count(tokenizer.eos_token_id)  # each program's EOS trained
     assert prompt.id.startswith("tinycode-feedback-")  # not tinycode-loops' ids: Q0 and rows are kept apart
+
+
+def test_softrl_train_on_tinycode_feedback_exports_episodes_that_reimport_and_train_spo_offline(tmp_path):
+    """The issue's first 'done when': `softrl train` on tinycode-feedback rolls out episodes (no
+    task.environment given: the task brings its own); its rows export as chat messages with two
+    assistant turns or more and the sandbox's feedback between them; they import again and SPO trains on
+    them offline only."""
+    import json
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from softrl.data import ExperienceStore
+    from softrl.models.chartok import build_char_tokenizer
+
+    model = tmp_path / "model"
+    tokenizer = build_char_tokenizer(model)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                                 pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)).save_pretrained(model)
+    softrl = [sys.executable, "-m", "softrl"]
+    common = [f"out_dir={tmp_path}", f"data.store={tmp_path}/store", f"model.path={model}", "task.name=tinycode-feedback",
+              "task.size=3", "task.eval_size=2", "q0.k=2", "sampling.prompts_per_step=2", "sampling.samples_per_prompt=2",
+              "sampling.max_new_tokens=12", "optim.steps=2", "eval.samples=2"]
+    online = subprocess.run([*softrl, "train", *common, "name=online", "data.mix={online: 1}"], capture_output=True,
+                            text=True, timeout=900)
+    assert online.returncode == 0, online.stderr[-2000:]
+    assert json.loads((tmp_path / "online" / "summary.json").read_text())["steps"] == 2
+    records = [json.loads(line) for line in (tmp_path / "online" / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in records if "eval/turns_per_episode" in r]  # evaluated in episodes too
+    assert len(evaluated) == 2 and all(1 <= r["eval/turns_per_episode"] <= 3 and "eval/first_turn_pass@1" in r
+                                       for r in evaluated)
+    rows = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id="online").to_pylist()
+    assert rows and all(r["turns"] and r["action_mask"] for r in rows)
+    out = tmp_path / "episodes.jsonl"
+    assert subprocess.run([*softrl, "data", "export", str(out), "--format", "chat", "--store", str(tmp_path / "store")],
+                          capture_output=True).returncode == 0
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    long = [r for r in exported if sum(m["role"] == "assistant" for m in r["messages"]) >= 2]
+    assert long and all(r["messages"][2]["role"] == "user" and r["messages"][2]["content"].startswith(
+        "Failed on input: ") for r in long)
+    imported = subprocess.run([*softrl, "data", "import", str(out), "--source", "feedback-logs", "--store",
+                               str(tmp_path / "logs")], capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr
+    offline = subprocess.run([*softrl, "train", *common, "name=offline", f"data.store={tmp_path}/logs",
+                              "data.offline_sources=[feedback-logs]", "data.offline_passed_only=false",
+                              "data.mix={offline: 1}"], capture_output=True, text=True, timeout=900)
+    assert offline.returncode == 0, offline.stderr[-2000:]
+    assert json.loads((tmp_path / "offline" / "summary.json").read_text())["steps"] == 2

@@ -166,10 +166,9 @@ def eval_command(
     table = Table(title=f"{model} on {task}: {result['problems']} prompts x {samples} samples, T={temperature}, top-p={top_p}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key, value in result.items():  # an episode task's first-turn numbers as first_turn/pass@1, ...
-        for name, number in (value.items() if isinstance(value, dict) else [(None, value)]):
-            if isinstance(number, float):
-                table.add_row(f"{key}/{name}" if name else key, f"{number:.4f}")
+    for key, value in result.items():
+        if isinstance(value, float):
+            table.add_row(key, f"{value:.4f}")
     stdout.print(table)
 
 

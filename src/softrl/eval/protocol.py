@@ -63,7 +63,7 @@ def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[
     """Sample n responses per prompt at the protocol's decoding, grade them, summarize; with `stats`,
     also the policy's mean token entropy along them and (given a reference model) KL(pi || pi0). With an
     environment, n episodes per prompt graded at their last turn, and besides: policy turns per episode
-    and `first_turn`, the same numbers for the first turns alone."""
+    and `first_turn_pass@k` (and `_success_per_sample`), the same numbers for the first turns alone."""
     rows = sample(spec, prompts, encode_prompt, n, temperature, top_p, seed, env, limits)
     ks = tuple(sorted({1, 10, *range(1, n + 1)}))  # every k up to n (pass@k curves); pass@10 None below 10
     # an episode's answer is its last policy turn (distinct answers, not distinct conversations)
@@ -74,7 +74,7 @@ def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[
     if env is not None:
         out["turns_per_episode"] = sum(sum(t["role"] == "assistant" for t in r.turns) for r in rows) / max(1, len(rows))
         first = summarize(first_turns(spec, prompts, rows), n, (1, 10))
-        out["first_turn"] = {k: first[k] for k in ("pass@1", "pass@10", "success_per_sample")}
+        out.update({f"first_turn_{k}": first[k] for k in ("pass@1", "pass@10", "success_per_sample")})
     if stats:
         from softrl.eval.diversity import token_stats
 
