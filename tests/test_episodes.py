@@ -117,7 +117,7 @@ def test_an_episode_is_tokenised_with_the_environment_masked(tiny):
     policy = tokenizer.decode([t for t, m in zip(response, mask) if m])
     environment = tokenizer.decode([t for t, m in zip(response, mask) if not m])
     assert tokenizer.decode(prompt) == "Make 24 from 3 8"
-    assert policy == 'Checking.\n<tool_call>{"name": "calc", "arguments": "{\\"expr\\": \\"3*8\\"}"}</tool_call><eos>3*8<eos>'
+    assert policy == 'Checking.\n<tool_call>{"name": "calc", "arguments": {"expr": "3*8"}}</tool_call><eos>3*8<eos>'
     assert environment == "\ntool: 24\nassistant: " and len(mask) == len(response)
 
     templated = type(tokenizer).from_pretrained(tiny[0])

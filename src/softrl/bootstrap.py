@@ -25,7 +25,7 @@ from softrl.files import cache_root
 from softrl.models.loading import built_once, encode_episode, encode_response, quiet_transformers
 from softrl.tasks.base import Prompt
 
-TASKS = ("countdown", "tinycode", "tinycode-loops", "tinycode-feedback")  # the tasks with a bootstrap recipe
+TASKS = ("countdown", "tinycode", "tinycode-loops", "tinycode-feedback", "countdown-tools")  # the tasks with a bootstrap recipe
 # tinycode's sequences are ~10x longer: smaller batches, fewer steps; the family is easy to tell
 # from the statement, so the share of correct answers sets the success rate
 TASK_DEFAULTS = {"tinycode": dict(steps=300, batch_size=16, lr=3e-3, train_problems=1000, eval_problems=40, p_correct=0.8),
@@ -34,11 +34,13 @@ TASK_DEFAULTS = {"tinycode": dict(steps=300, batch_size=16, lr=3e-3, train_probl
                                         eval_samples=10, p_correct=0.4),
                  # episodes are about twice as long; a wrong first program is what the feedback is for
                  "tinycode-feedback": dict(steps=700, batch_size=16, lr=3e-3, train_problems=2000, eval_problems=100,
-                                           eval_samples=10, p_correct=0.35)}
+                                           eval_samples=10, p_correct=0.35),
+                 # a call, the calculator's value, an answer: about three countdown responses long
+                 "countdown-tools": dict(steps=1000, batch_size=32, lr=2e-3, p_correct=0.5)}
 # the model's positions: three turns of a program and two feedbacks need more than one turn's 512
 POSITIONS = {"tinycode-feedback": 1024}
 # the turns of the synthetic episodes a multi-turn task's reference learns from (its runs' task.max_turns)
-EPISODE_TURNS = {"tinycode-feedback": 3}
+EPISODE_TURNS = {"tinycode-feedback": 3, "countdown-tools": 3}
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ def task_fingerprint(task: str):
         # "format": the feedback's wording and the synthetic episodes' recipe (feedback_code.py); one up on a change
         return {"episodes": [SHOWN, MAX_SHOWN_CHARS, POSITIONS[task], EPISODE_TURNS[task]], "format": 1,
                 "problems": task_fingerprint("tinycode-loops")}
+    if task == "countdown-tools":  # "format": the synthetic episodes' recipe (tools.py); one up on a change
+        return {"episodes": [EPISODE_TURNS[task], POSITIONS.get(task, 512)], "format": 1,
+                "problems": task_fingerprint("countdown")}
     if task == "tinycode-loops":
         from softrl.tasks.loopcode import MUTATIONS, REDUCERS, combination_name, combinations, programs, split_of
 
@@ -160,9 +165,11 @@ def training_row(tokenizer, example: tuple[Prompt, list[str], list[str]], config
     prompt, right, wrong = example
     if config.task in EPISODE_TURNS:
         from softrl.data.schema import new_turn
-        from softrl.tasks.feedback_code import synthetic_episode
+        from softrl.tasks import feedback_code, tools
 
-        turns = [new_turn(t["role"], t["content"])
+        synthetic_episode = {"tinycode-feedback": feedback_code, "countdown-tools": tools}[config.task].synthetic_episode
+        turns = [new_turn(t["role"], t["content"], **{k: json.dumps(v) if k == "tool_calls" else v
+                                                      for k, v in t.items() if k not in ("role", "content")})
                  for t in synthetic_episode(prompt, right, wrong, rng, EPISODE_TURNS[config.task], config.p_correct)]
         p, r, policy = encode_episode(tokenizer, prompt.text, turns)
         return p + r, [-100] * len(p) + [t if mine else -100 for t, mine in zip(r, policy)]

@@ -4,6 +4,8 @@ prefixes of a stored response, and a `RolloutWorker` samples the current policy 
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable
 from typing import Any
 from dataclasses import dataclass, replace
@@ -280,6 +282,7 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
     from softrl.data.chat import prompt_messages, transcript, turn_message
     from softrl.models.loading import turn_pieces
     from softrl.tasks.environment import initial_state
+    from softrl.tasks.tools import parse_tool_calls
 
     refuse_unfit(spec, contexts)
     live = []
@@ -312,8 +315,11 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
             keep = min(spec.max_new_tokens, room(e))  # one call for all: each episode cut to its own room
             tokens, logprobs = sample.tokens[:keep], sample.logprobs[:keep]
             text = spec.decode(tokens)
-            e.turns.append(new_turn("assistant", text))
-            e.messages.append({"role": "assistant", "content": text})
+            calls = None
+            if getattr(env, "tools", None):  # the calls its text carries, for an environment with tools
+                text, calls = parse_tool_calls(text, turn)
+            e.turns.append(new_turn("assistant", text, tool_calls=json.dumps(calls) if calls else None))
+            e.messages.append(turn_message(e.turns[-1]))
             e.tokens += tokens
             e.mask += [True] * len(tokens)
             e.logprobs += logprobs

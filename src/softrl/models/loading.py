@@ -198,12 +198,21 @@ def episode_message(turn: dict) -> dict:
     return message
 
 
+def _arguments(text: str):
+    """A call's arguments (JSON text in OpenAI messages) as the object they hold; text that is no JSON as is."""
+    try:
+        return json.loads(text)
+    except (TypeError, json.JSONDecodeError):
+        return text
+
+
 def plain_turn(turn: dict, next_is_policy: bool) -> str:
     """A turn as text for a tokenizer without a chat template: the policy's turn its content and tool
-    calls, the environment's a `role: content` line after the policy's EOS, then the next turn's cue."""
+    calls (Hermes-style blocks, arguments as the object they hold, as `tasks.tools.parse_tool_calls`
+    reads them), the environment's a `role: content` line after the policy's EOS, then the next turn's cue."""
     if turn["role"] == "assistant":
         return turn["content"] + "".join(
-            f"\n<tool_call>{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}"
+            f"\n<tool_call>{json.dumps({'name': c['function']['name'], 'arguments': _arguments(c['function']['arguments'])})}"
             "</tool_call>" for c in json.loads(turn.get("tool_calls") or "[]"))
     return f"\n{turn['role']}: {turn['content']}\n" + ("assistant: " if next_is_policy else "")
 

@@ -10,7 +10,7 @@ from softrl.tasks.base import Task
 from softrl.tasks.records import records_of
 from softrl.tasks.reward_functions import RewardFunctionTask, reward_functions
 
-BUILTIN = ("countdown", "tinycode", "tinycode-loops", "tinycode-feedback")
+BUILTIN = ("countdown", "countdown-tools", "tinycode", "tinycode-loops", "tinycode-feedback")
 DATASETS = ("codecontests", "taco", "humaneval", "mbpp", "math")
 
 
@@ -33,6 +33,10 @@ def _load_task(spec: str, reward_range: tuple[float, float] | None, config: dict
         from softrl.tasks.countdown import CountdownTask
 
         return CountdownTask(**config)
+    if kind == "countdown-tools" and not rest:
+        from softrl.tasks.tools import CountdownToolsTask
+
+        return CountdownToolsTask(**config)
     if kind == "tinycode" and not rest:
         from softrl.tasks.tinycode import TinyCodeTask
 
