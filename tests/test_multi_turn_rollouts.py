@@ -216,7 +216,12 @@ def test_softrl_train_rolls_out_episodes_and_warns_of_a_biased_combination(tiny,
         online = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id=mode).to_pylist()
         assert online and all(r["turns"] and r["finish"].split(":")[0] in ("done", "max_turns") for r in online)
         assert any(len(r["turns"]) == 3 for r in online) and not any("biased" in m for m in said)
-        assert [m for m in said if m.startswith("warning: Q0 comes from single-turn samples")]
+        assert not [m for m in said if m.startswith("warning")]
+    # Q0 from episodes of the reference (up to task.max_turns), kept apart from single-response Q0
+    q0 = ExperienceStore(tmp_path / "store").prompts()
+    assert q0 and all(row["meta"] == {"episodes": 2} for row in q0.values())
+    reference = ExperienceStore(tmp_path / "store").trajectories(source="reference").to_pylist()
+    assert reference and all(r["turns"] for r in reference)
     said = []
     stochastic = {**base, "name": "coin", "task.environment": "test_multi_turn_rollouts:CoinFlip"}
     train(load_config(None, [f"{k}={v}" for k, v in stochastic.items()]), log=said.append)

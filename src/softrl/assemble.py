@@ -180,8 +180,7 @@ def check_template(config: RunConfig, tokenizer) -> None:
 
 
 def environment_warnings(config: RunConfig, env) -> list[str]:
-    """One line each where the run's objectives are biased with its environment (a stochastic one), and
-    where SPO's Q0 (estimated from single-turn samples of the reference) is not the episodes' value."""
+    """One line where the run's objectives are biased with its environment (a stochastic one)."""
     if env is None:
         return []
     algorithms = {config.data.objective_for(s).algorithm for s in config.data.mix}
@@ -191,9 +190,6 @@ def environment_warnings(config: RunConfig, env) -> list[str]:
         said.append(f"warning: {', '.join(biased)} with a stochastic environment ({type(env).__name__}) is "
                     "biased: it takes the environment's draws for the policy's doing (docs/ALGORITHMS.md, 'Episodes: "
                     "which objectives stay exact'); kl-pg, rloo or ppo on-policy are exact there")
-    if "spo" in algorithms:
-        said.append("warning: Q0 comes from single-turn samples of the reference (softrl q0), the value of a first "
-                    "turn, not of an episode: SPO's targets are shifted by the difference")
     return said
 
 
@@ -314,7 +310,8 @@ class RunParts:
         with self.placement.autocast():
             rows = estimate_q0(spec, self.train_task.prompts(), self.encode_prompt,
                                self.store, c.q0.k, c.beta, model_id(self.model_path), seed=c.seed,
-                               progress=progress, log=log, snapshot=snapshot)
+                               progress=progress, log=log, snapshot=snapshot, env=self.env,
+                               limits=episode_limits(c))
         return soft_values(rows, c.beta)
 
     def evaluate(self, model) -> dict:

@@ -20,15 +20,18 @@ import torch
 
 from softrl.algorithms.spo import q0_from_rewards
 from softrl.data.store import ExperienceStore, Snapshot
-from softrl.rollout import RolloutSpec, contexts_of, refuse_long_prompts, rollouts
+from softrl.rollout import EpisodeLimits, RolloutSpec, contexts_of, episodes, refuse_long_prompts, rollouts
 from softrl.tasks.base import Prompt
 
 
-def q0_row(prompt: Prompt, task: str, rewards: list[float], passed: list[bool], beta: float, model: str) -> dict:
-    """The prompts-table row for one prompt's K samples (task rewards in [0, 1])."""
+def q0_row(prompt: Prompt, task: str, rewards: list[float], passed: list[bool], beta: float, model: str,
+           episodes: int = 0) -> dict:
+    """The prompts-table row for one prompt's K samples (task rewards in [0, 1]); `episodes`: the samples
+    were episodes of up to that many policy turns (0: single responses), kept in `meta`."""
     return {"prompt_id": prompt.id, "task": task, "text": prompt.text, "q0_k": len(rewards),
             "q0_hat": soft_value(rewards, beta), "q0_rewards": [float(r) for r in rewards],
-            "q0_success": sum(passed) / len(passed), "q0_beta": beta, "q0_model": model, "meta": {}}
+            "q0_success": sum(passed) / len(passed), "q0_beta": beta, "q0_model": model,
+            "meta": {"episodes": episodes} if episodes else {}}
 
 
 def soft_value(rewards: list[float], beta: float) -> float:
@@ -45,16 +48,19 @@ def binomial_stderr(success: float, k: int) -> float:
     return math.sqrt(max(success * (1 - success), 1.0 / k) / k)
 
 
-def is_done(row: dict | None, k: int, model: str) -> bool:
-    """Whether the store has Q0 for this model from K samples (rows written before the rewards were
-    kept are estimated again)."""
+def is_done(row: dict | None, k: int, model: str, episodes: int = 0) -> bool:
+    """Whether the store has Q0 for this model from K samples of the same kind: single responses, or
+    episodes of up to `episodes` policy turns (the value of a first turn is not an episode's). Rows
+    written before the rewards were kept are estimated again."""
+    meta = (row or {}).get("meta")
+    kind = meta.get("episodes", 0) if isinstance(meta, dict) else 0
     return (row is not None and row.get("q0_model") == model and (row.get("q0_k") or 0) >= k
-            and bool(row.get("q0_rewards")))
+            and bool(row.get("q0_rewards")) and kind == episodes)
 
 
-def usable(rows: dict[str, dict], k: int, model: str) -> dict[str, dict]:
-    """The prompts rows that hold Q0 for this model and K (`is_done`)."""
-    return {pid: row for pid, row in rows.items() if is_done(row, k, model)}
+def usable(rows: dict[str, dict], k: int, model: str, episodes: int = 0) -> dict[str, dict]:
+    """The prompts rows that hold Q0 for this model, K and kind of sample (`is_done`)."""
+    return {pid: row for pid, row in rows.items() if is_done(row, k, model, episodes)}
 
 
 def plan(prompts: int, k: int, known: int) -> str:
@@ -95,17 +101,22 @@ def store_q0_from_samples(store: ExperienceStore, rewards: pa.Table, beta: float
 def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str], list[int]], store: ExperienceStore,
                 k: int, beta: float, model: str, seed: int = 0, chunk: int = 4,
                 progress: Callable[[int, int], None] | None = None,
-                log: Callable[[str], None] | None = None, snapshot: Snapshot | None = None) -> dict[str, dict]:
+                log: Callable[[str], None] | None = None, snapshot: Snapshot | None = None, env=None,
+                limits: EpisodeLimits | None = None) -> dict[str, dict]:
     """Q0 rows for every prompt: those in the store (at `snapshot`, a pinned or resumed run's; else the
     newest) for this model and K are kept, the others sampled and written. Every prompt is checked to
     fit the model before any is sampled; `log` gets one line saying how many samples are to come,
-    `progress` (prompts done, prompts) from the start and after every chunk."""
+    `progress` (prompts done, prompts) from the start and after every chunk. With an environment `env`,
+    the K samples are episodes within `limits` (their value is Q0 of a multi-turn run), kept apart from
+    single-response Q0 of the same prompts."""
     if k < 1:
         raise ValueError(f"k must be >= 1 samples per prompt, got k={k}")
-    found = usable(store.prompts(snapshot, ids=[p.id for p in prompts]), k, model)
+    limits = limits or EpisodeLimits()
+    episodes_of = limits.max_turns if env is not None else 0
+    found = usable(store.prompts(snapshot, ids=[p.id for p in prompts]), k, model, episodes_of)
     missing = [p.id for p in prompts if p.id not in found]
     if snapshot is not None and missing:  # none at the snapshot: one written since (by this run's first start)
-        found.update(usable(store.prompts(ids=missing), k, model))
+        found.update(usable(store.prompts(ids=missing), k, model, episodes_of))
     todo = [p for p in prompts if p.id not in found]
     refuse_long_prompts(spec, todo)
     done = len(prompts) - len(todo)
@@ -117,10 +128,12 @@ def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str]
         rows, trajectories = [], []
         for prompt in todo[start : start + chunk]:
             # the seed depends on the prompt, not on where a resumed run starts
-            samples = rollouts(spec, contexts_of(spec, [prompt], encode), k, seed + zlib.crc32(prompt.id.encode()))
+            contexts, seeded = contexts_of(spec, [prompt], encode), seed + zlib.crc32(prompt.id.encode())
+            samples = (rollouts(spec, contexts, k, seeded) if env is None
+                       else episodes(spec, env, contexts, k, seeded, limits, spec.generator.tokenizer))
             trajectories += samples
             rows.append(q0_row(prompt, spec.task.name, [s.reward for s in samples], [s.passed for s in samples],
-                               beta, model))
+                               beta, model, episodes_of))
         store.append(trajectories)
         store.put_prompts(rows)
         done += len(rows)

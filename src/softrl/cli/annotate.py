@@ -103,6 +103,7 @@ def q0(
     target = open_store(store)  # after every option is checked: a refused command leaves no store behind
     with progress_bar(f"q0 {task} (K={k})") as update, one_line_errors():
         rows = estimate_q0(s.spec, s.task.prompts(), s.encode_prompt, target, k, beta, s.model_id, seed=seed,
+                           env=s.task.make_environment(),  # episodes, for a task that brings its environment
                            progress=lambda done, total: update(done, total),
                            log=lambda line: err.print(line, highlight=False, soft_wrap=True))
     success = [r["q0_success"] for r in rows.values()]
