@@ -308,7 +308,8 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
             break
         params = SamplingParams(n=1, max_new_tokens=max(min(spec.max_new_tokens, room(e)) for e in active),
                                 temperature=spec.temperature, top_p=spec.top_p,
-                                temperature_range=spec.temperature_range, seed=seed + 7919 * turn)
+                                temperature_range=spec.temperature_range, seed=seed + 7919 * turn,
+                                ignore_eos=spec.ignore_eos)
         got = spec.generator.generate([e.context.prompt_tokens + e.tokens for e in active], params)
         waiting = []
         for e, sample in zip(active, sorted(got, key=lambda s: s.prompt_index)):
