@@ -1,6 +1,6 @@
 """An OpenAI-compatible chat-completions endpoint on 127.0.0.1, served by the policy's batched generator,
 so that unmodified agent code (verifiers, an OpenAI client, any harness) rolls out through softrl and its
-conversations become trajectories (docs/USAGE.md, "Agents through the endpoint").
+conversations become trajectories (docs/USAGE.md, "Multi-turn episodes").
 
     with ChatEndpoint(generator, tokenizer, "policy") as endpoint:   # endpoint.base_url: http://127.0.0.1:PORT/v1
         ... the agent talks to endpoint.base_url ...
