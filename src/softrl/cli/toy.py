@@ -37,11 +37,14 @@ def toy(
     """Train every loss on an exact tabular problem and report KL(pi || pi*) (no model, no data); with
     --turns, on episodes where an environment answers between the policy's turns."""
     from softrl.tabular import SPO_BETA, TabularProblem
+    from softrl.tabular.problem import ENVIRONMENTS
     from softrl.toy import METHODS, plot_runs, run_all
 
     if length * math.log(vocab) > math.log(MAX_TOY_SEQUENCES):  # every sequence is enumerated
         fail(f"--vocab {vocab} --length {length} make {vocab}**{length} sequences, over the "
              f"{MAX_TOY_SEQUENCES:,} the exact problem enumerates: lower --vocab or --length")
+    if env not in ENVIRONMENTS:
+        fail(f"--env {env!r}: choose from {', '.join(ENVIRONMENTS)}")
     names = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [n for n in names if n not in METHODS]
     if unknown or not names:
