@@ -229,3 +229,22 @@ def test_softrl_train_rolls_out_episodes_and_warns_of_a_biased_combination(tiny,
     with pytest.raises(ConfigError, match="task.environment: 'nowhere:Env' does not load"):
         train(load_config(None, [f"{k}={v}" for k, v in {**base, "name": "x", "task.environment": "nowhere:Env"}.items()]),
               log=lambda m: None)
+
+
+def test_a_ray_run_rolls_out_episodes_in_its_workers(tiny, tmp_path):
+    """The Ray runtime's workers make the environment themselves and write episodes to the store."""
+    pytest.importorskip("ray")
+    from softrl.config import load_config
+    from softrl.runtime import ray_runtime
+
+    overrides = {"out_dir": tmp_path, "name": "ray", "data.store": f"{tmp_path}/store", "model.path": tiny[0],
+                 "task.size": 3, "task.eval_size": 2, "q0.k": 2, "sampling.prompts_per_step": 2,
+                 "sampling.samples_per_prompt": 2, "sampling.max_new_tokens": 5, "optim.steps": 2, "eval.samples": 2,
+                 "data.mix": "{online: 1}", "task.environment": "feedback", "task.max_turns": 2,
+                 "runtime.kind": "ray", "runtime.workers": 2}
+    summary = ray_runtime.train(load_config(None, [f"{k}={v}" for k, v in overrides.items()]), log=lambda m: None)
+    assert summary["steps"] == 2
+    online = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id="ray").to_pylist()
+    assert online and all(r["turns"] and r["action_mask"] and len(r["action_mask"]) == len(r["response_tokens"])
+                          for r in online)
+    assert any(len(r["turns"]) == 3 for r in online)  # a try, the feedback, another try
