@@ -84,7 +84,7 @@ needs_random() {  # the random models, built first where this machine has none y
 
 step() {
   case $1 in
-    learner|learner-ckpt|gen-big|e2e-mid|e2e-big) needs_random ;;
+    learner|learner-ckpt|gen-big|e2e-mid|e2e-big|episodes) needs_random ;;
   esac
   case $1 in
     env) run_step env 45 python3 benchmarks/gpu/env.py ;;
@@ -108,12 +108,15 @@ step() {
       run_step "$1" 530 "${SYSTEMS[@]}" --model "$model" "${E2E[@]}" --trl-generation "$settings" --modes "$modes" \
         --micro-batch-tokens "$micro" \
         --runs "$RESULTS/runs/$1" --report "$RESULTS/$1" ;;
+    episodes) run_step episodes 240 python3 benchmarks/episode_throughput.py \
+        --model "${SOFTRL_CACHE:-$HOME/.cache/softrl}/models/$MID" --prompts "$PROMPTS" --k 4 \
+        --turn-tokens "$NEW_TOKENS" --turns 3 --pairs 3 --json "$RESULTS/episodes.json" ;;
     demo) run_step demo 240 "${SOFTRL[@]}" demo --json --steps "$DEMO_STEPS" --device "$DEVICE" --out "$RESULTS/runs/demo" ;;
     learning) run_step learning 530 "${SOFTRL[@]}" bench learning --base benchmarks/smollm2-arithmetic.yaml \
         --task gym:basic_arithmetic --methods spo-half,grpo,ppo --seeds 1 --steps "$LEARNING_STEPS" --prompts 4 \
         --lr 2e-6 --eval-size "$EVAL_SIZE" --eval-every 8 --runs "$RESULTS/runs/bench-smollm2" --report "$RESULTS/learning" ;;
     *) echo "measure.sh: unknown step '$1' (env tests models smollm2 learner learner-ckpt gen-big gen-small" \
-            "e2e-small e2e-mid e2e-big demo learning)"; return 2 ;;
+            "e2e-small e2e-mid e2e-big episodes demo learning)"; return 2 ;;
   esac
 }
 
