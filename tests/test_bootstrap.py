@@ -65,7 +65,7 @@ def test_bootstrap_cli_prints_the_folder(tmp_path):
     assert {"success_per_sample", "pass@1", "pass@10", "distinct_correct_per_solved"} <= set(report)
     bad = subprocess.run([softrl, "bootstrap", "chess"], capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 2 and bad.stderr.strip() == (
-        "error: no bootstrap for task 'chess'; available: countdown, tinycode, tinycode-loops, tinycode-feedback")
+        "error: no bootstrap for task 'chess'; available: countdown, tinycode, tinycode-loops, tinycode-feedback, countdown-tools")
 
 
 def test_mini_tinycode_bootstrap_is_graded_in_the_sandbox(tmp_path, monkeypatch):
