@@ -23,7 +23,9 @@ def worker(address, epoch, dtype, out, die: bool, bucket: int = channel.BUCKET_E
         raise SystemExit(0)  # gone before the weights come
     net = model(seed=1).to(dtype)
     receiver.receive(net, dtype)
-    out.put([t.float() for t in channel.weight_tensors(net)])
+    # by value (numpy), not as tensors shared through the worker's file descriptors: those vanish with the
+    # worker if it exits before the test reads them (FileNotFoundError on a loaded machine, CI 2026-11-28)
+    out.put([t.float().numpy() for t in channel.weight_tensors(net)])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -37,7 +39,7 @@ def test_a_worker_receives_the_learners_weights(dtype, monkeypatch):
     proc.start()
     sender.open(0, 1, dtype)
     assert sender.send(learner, [0]) == {0: True}
-    got = out.get(timeout=60)
+    got = [torch.from_numpy(array) for array in out.get(timeout=60)]
     proc.join(timeout=60)
     sent = channel.weight_tensors(learner)
     assert len(got) == len(sent) == 4  # the embedding (= the head's weight, once), two biases, one weight

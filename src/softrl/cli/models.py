@@ -5,6 +5,7 @@ endpoint for agent code)."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from pathlib import Path
 
@@ -96,13 +97,15 @@ def serve(
                                 port, store=rows, source=source, on_row=said)
     except OSError as e:
         fail(f"--port {port}: cannot listen on 127.0.0.1:{port} ({e.strerror or e})")
+    stop = threading.Event()
+    for stopping in (signal.SIGINT, signal.SIGTERM):  # set here: a SIGINT its parent ignored stops it too
+        signal.signal(stopping, lambda *_: stop.set())
     with endpoint:
         typer.echo(endpoint.base_url)
-        err.print(f"serving {loaded.model_id} as {name!r}; Ctrl-C stops", highlight=False)
-        try:
-            threading.Event().wait()
-        except KeyboardInterrupt:
-            err.print("stopped", highlight=False)
+        err.print(f"serving {loaded.model_id} as {name!r}; Ctrl-C or SIGTERM stops", highlight=False)
+        while not stop.wait(0.5):
+            pass
+    err.print("stopped", highlight=False)
 
 
 COMMANDS = {"bootstrap": bootstrap, "serve": serve}
