@@ -94,12 +94,13 @@ def test_eval_command_on_a_math_file_with_default_options(tiny, tmp_path):
 def test_an_episodes_environment_tokens_count_in_neither_entropy_nor_kl(tiny):
     """token_stats over an episode row equals the same statistics over its policy tokens alone."""
     from softrl.data.schema import Trajectory
-    from softrl.eval.diversity import policy_mask, token_stats
+    from softrl.eval.diversity import token_stats
+    from softrl.models.logprobs import pad_masks
 
     _, model, tokenizer = tiny
     row = Trajectory("p", "t", 0.0, False, prompt_tokens=[5, 6, 7], response_tokens=[8, 9, 10, 11, 12],
                      action_mask=[True, True, False, False, True])
-    assert policy_mask([row], 6).tolist() == [[1, 1, 0, 0, 1, 1]]
+    assert pad_masks([row.action_mask], 6).tolist() == [[1, 1, 0, 0, 1, 0]]  # the policy's, never padding
     masked = token_stats(model, [row], tokenizer.pad_token_id)
     whole = token_stats(model, [Trajectory("p", "t", 0.0, False, prompt_tokens=[5, 6, 7],
                                            response_tokens=[8, 9, 10, 11, 12])], tokenizer.pad_token_id)

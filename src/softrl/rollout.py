@@ -152,8 +152,7 @@ class RolloutWorker:
     def collect(self, prompts: list[Prompt], n: int, version: int, seed: int) -> list[Trajectory]:
         contexts = contexts_of(self.spec, prompts, self.encode_prompt, self._tokens)
         spec = replace(self.spec, policy_version=version)
-        rows = (rollouts(spec, contexts, n, seed) if self.env is None
-                else episodes(spec, self.env, contexts, n, seed, self.limits, self.tokenizer))
+        rows = graded_samples(spec, contexts, n, seed, self.env, self.limits, self.tokenizer)
         if self.store is not None:
             self.store.append(rows)
         return rows
@@ -362,6 +361,16 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
                                decoding={"temperature": e.temperature, "top_p": spec.top_p}, turns=e.turns,
                                action_mask=e.mask, finish=finish))
     return rows
+
+
+def graded_samples(spec: RolloutSpec, contexts: list[Context], k: int, seed: int, env=None,
+                   limits: EpisodeLimits | None = None, tokenizer=None) -> list[Trajectory]:
+    """k graded samples of every context: single responses (`rollouts`), or, where an environment `env`
+    answers between turns, episodes within `limits` (`episodes`; the environment's turns tokenised with
+    `tokenizer`, by default the generator's)."""
+    if env is None:
+        return rollouts(spec, contexts, k, seed)
+    return episodes(spec, env, contexts, k, seed, limits or EpisodeLimits(), tokenizer or spec.generator.tokenizer)
 
 
 def _episode_rewards(spec: RolloutSpec, env, episodes_: list[Episode],

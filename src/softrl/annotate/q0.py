@@ -20,7 +20,7 @@ import torch
 
 from softrl.algorithms.spo import q0_from_rewards
 from softrl.data.store import ExperienceStore, Snapshot
-from softrl.rollout import EpisodeLimits, RolloutSpec, contexts_of, episodes, refuse_long_prompts, rollouts
+from softrl.rollout import EpisodeLimits, RolloutSpec, contexts_of, graded_samples, refuse_long_prompts
 from softrl.tasks.base import Prompt
 
 
@@ -128,11 +128,10 @@ def estimate_q0(spec: RolloutSpec, prompts: list[Prompt], encode: Callable[[str]
         rows, trajectories = [], []
         for prompt in todo[start : start + chunk]:
             # the seed depends on the prompt, not on where a resumed run starts
-            contexts, seeded = contexts_of(spec, [prompt], encode), seed + zlib.crc32(prompt.id.encode())
-            samples = (rollouts(spec, contexts, k, seeded) if env is None
-                       else episodes(spec, env, contexts, k, seeded, limits, spec.generator.tokenizer))
-            trajectories += samples
-            rows.append(q0_row(prompt, spec.task.name, [s.reward for s in samples], [s.passed for s in samples],
+            seeded = seed + zlib.crc32(prompt.id.encode())
+            drawn = graded_samples(spec, contexts_of(spec, [prompt], encode), k, seeded, env, limits)
+            trajectories += drawn
+            rows.append(q0_row(prompt, spec.task.name, [s.reward for s in drawn], [s.passed for s in drawn],
                                beta, model, episodes_of))
         store.append(trajectories)
         store.put_prompts(rows)

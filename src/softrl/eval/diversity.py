@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from softrl.models.logprobs import pad_batch
+from softrl.models.logprobs import pad_batch, pad_masks
 from softrl.models.logprobs import token_stats as chunked_stats
 
 
@@ -19,7 +19,8 @@ def token_stats(model, rows: list, pad_id: int, reference=None, batch_size: int 
         chunk = rows[start : start + batch_size]
         batch = pad_batch([r.prompt_tokens for r in chunk], [r.response_tokens for r in chunk], pad_id)
         stats = chunked_stats(model, batch, entropy=True, reference=reference)  # [b, T] each, chunked
-        mask = stats.mask * policy_mask(chunk, stats.mask.shape[1]).to(stats.mask.device)  # [b, T]
+        policy = pad_masks([r.action_mask or [True] * len(r.response_tokens) for r in chunk], stats.mask.shape[1])
+        mask = stats.mask * policy.to(stats.mask.device)  # [b, T]
         entropy_sum += (stats.entropy * mask).sum().item()
         tokens += int(mask.sum().item())
         if reference is not None:
@@ -28,13 +29,3 @@ def token_stats(model, rows: list, pad_id: int, reference=None, batch_size: int 
     if reference is not None:
         out["kl_to_reference"] = kl_sum / max(len(rows), 1)
     return out
-
-
-def policy_mask(rows: list, width: int) -> torch.Tensor:
-    """`[b, width]` 1 on the rows' policy tokens: all of a single-turn response, an episode's `action_mask`."""
-    mask = torch.ones(len(rows), width)
-    for i, row in enumerate(rows):
-        if getattr(row, "action_mask", None):
-            given = torch.tensor(row.action_mask[:width], dtype=torch.float32)
-            mask[i, : len(given)] = given
-    return mask

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from softrl.algorithms.passk import mean_pass_at_k
-from softrl.rollout import EpisodeLimits, RolloutSpec, contexts_of, episodes, rollouts
+from softrl.rollout import EpisodeLimits, RolloutSpec, contexts_of, graded_samples
 from softrl.tasks.base import Prompt
 
 
@@ -38,10 +38,7 @@ def sample(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[st
     """n graded responses per prompt at the protocol's decoding (Trajectory rows, grouped by prompt):
     episodes within `limits` where an environment `env` answers between turns."""
     spec = replace(spec, temperature=temperature, temperature_range=None, top_p=top_p)
-    contexts = contexts_of(spec, prompts, encode_prompt)
-    if env is None:
-        return rollouts(spec, contexts, n, seed)
-    return episodes(spec, env, contexts, n, seed, limits or EpisodeLimits(), spec.generator.tokenizer)
+    return graded_samples(spec, contexts_of(spec, prompts, encode_prompt), n, seed, env, limits)
 
 
 def first_turns(spec: RolloutSpec, prompts: list[Prompt], rows: list) -> list[tuple[str, str, bool]]:

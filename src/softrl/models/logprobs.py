@@ -79,6 +79,16 @@ class PaddedBatch:
         return self if self.input_ids.device == device else self.apply(lambda t: t.to(device))
 
 
+def pad_masks(masks: list[list[bool]], width: int) -> Tensor:
+    """`[B, width]` float, each row's mask from the left (cut at `width`), 0 after it: which response
+    tokens are the policy's (an episode's `action_mask`), padding never."""
+    out = torch.zeros(len(masks), width)
+    for i, mask in enumerate(masks):
+        mask = mask[:width]
+        out[i, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    return out
+
+
 def pad_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int, side: str = "right",
               share: bool = False) -> PaddedBatch:
     """`share`: also lay the rows out with their prompts shared (`SharedPrompts`), where that saves work."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from softrl.models.logprobs import PaddedBatch, pad_batch
+from softrl.models.logprobs import PaddedBatch, pad_batch, pad_masks
 
 
 @dataclass
@@ -126,9 +126,7 @@ def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: C
         masks.append(mask)
     padded = pad_batch(prompts, responses, pad_id, side="right", share=True)
     width = padded.max_response
-    action_mask = torch.zeros(len(rows), width)
-    for i, mask in enumerate(masks):
-        action_mask[i, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    action_mask = pad_masks(masks, width)
     missing = sorted({r["prompt_id"] for r in rows} - set(q0))
     if missing:
         raise ValueError(f"no Q0 for prompt {missing[0]!r}: run `softrl q0` on its task first")
