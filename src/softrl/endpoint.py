@@ -334,6 +334,28 @@ def _aligned(prompt_tokens: list[int], response: list[int], mask: list[bool],
     return (logprobs, policy) if turn == len(calls) else None
 
 
+def reply_payload(call: Call, body: dict, model_name: str, tokenizer) -> dict | list[dict]:
+    """The OpenAI reply to request `body`, which `call` answered: a `chat.completion` object, or, where the
+    request asks to stream, its `chat.completion.chunk` events (the whole reply in one delta, then the
+    finish, then the usage where `stream_options.include_usage` asks)."""
+    usage = {"prompt_tokens": len(call.prompt_tokens), "completion_tokens": len(call.tokens),
+             "total_tokens": len(call.prompt_tokens) + len(call.tokens)}
+    logprobs = {"content": [{"token": tokenizer.decode([t]), "logprob": lp}
+                            for t, lp in zip(call.tokens, call.logprobs)]} if body.get("logprobs") else None
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": model_name}
+    if not body.get("stream"):
+        return {**head, "object": "chat.completion", "usage": usage, "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": call.text}, "finish_reason": call.finish,
+             "logprobs": logprobs}]}
+    chunk = {**head, "object": "chat.completion.chunk"}
+    events = [{**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": call.text},
+                                     "logprobs": logprobs, "finish_reason": None}]},
+              {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": call.finish}]}]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append({**chunk, "choices": [], "usage": usage})
+    return events
+
+
 def _handler(endpoint: ChatEndpoint):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -349,9 +371,37 @@ def _handler(endpoint: ChatEndpoint):
             self.end_headers()
             self.wfile.write(data)
 
+        def _events(self, events: list[dict]) -> None:
+            """Server-sent events, then `[DONE]`, and the connection closed."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for event in events:
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
         def _error(self, status: int, message: str) -> None:
             kind = "not_found_error" if status == 404 else "invalid_request_error" if status < 500 else "server_error"
             self._json(status, {"error": {"message": message, "type": kind, "code": status}})
+
+        def _body(self) -> dict:
+            """The request's JSON object (RequestError: a Content-Length, body or object that is none)."""
+            try:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            except ValueError:
+                raise RequestError(400, f"Content-Length must be a number of bytes, got "
+                                   f"{self.headers.get('Content-Length')!r}") from None
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise RequestError(400, f"the request body is not JSON ({e})") from None
+            if not isinstance(body, dict):
+                raise RequestError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+            return body
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") == "/v1/models":
@@ -367,60 +417,22 @@ def _handler(endpoint: ChatEndpoint):
                             "/v1/softrl/reward")
                 return
             try:
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            except ValueError:
-                self._error(400, f"Content-Length must be a number of bytes, got {self.headers.get('Content-Length')!r}")
-                return
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                self._error(400, f"the request body is not JSON ({e})")
-                return
-            if not isinstance(body, dict):
-                self._error(400, f"the request body must be a JSON object, got {type(body).__name__}")
-                return
-            session = self.headers.get("X-Session-ID") or str(body.get("user") or "") or uuid.uuid4().hex
-            try:
+                body = self._body()
                 if path == "/v1/softrl/reward":
                     row = endpoint.reward(body)
                     self._json(200, {"id": row.id, "turns": len(row.turns or []), "source": row.source})
                     return
-                call = endpoint.complete(body, session)
+                session = self.headers.get("X-Session-ID") or str(body.get("user") or "") or uuid.uuid4().hex
+                payload = reply_payload(endpoint.complete(body, session), body, endpoint.model_name, endpoint.tokenizer)
             except RequestError as e:
                 self._error(e.status, str(e))
                 return
             except Exception as e:  # noqa: BLE001 - whatever else breaks, the client gets one line, the endpoint serves on
                 self._error(500, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
                 return
-            self._reply(body, call)
-
-        def _reply(self, body: dict, call: Call) -> None:
-            ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-            usage = {"prompt_tokens": len(call.prompt_tokens), "completion_tokens": len(call.tokens),
-                     "total_tokens": len(call.prompt_tokens) + len(call.tokens)}
-            logprobs = {"content": [{"token": endpoint.tokenizer.decode([t]), "logprob": lp}
-                                    for t, lp in zip(call.tokens, call.logprobs)]} if body.get("logprobs") else None
-            head = {"id": ident, "created": created, "model": endpoint.model_name}
-            if not body.get("stream"):
-                self._json(200, {**head, "object": "chat.completion", "usage": usage, "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": call.text},
-                     "finish_reason": call.finish, "logprobs": logprobs}]})
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            chunk = {**head, "object": "chat.completion.chunk"}
-            events = [{**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": call.text},
-                                             "logprobs": logprobs, "finish_reason": None}]},
-                      {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": call.finish}]}]
-            if (body.get("stream_options") or {}).get("include_usage"):
-                events.append({**chunk, "choices": [], "usage": usage})
-            for event in events:
-                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-            self.close_connection = True
+            if isinstance(payload, list):
+                self._events(payload)
+            else:
+                self._json(200, payload)
 
     return Handler
