@@ -193,13 +193,14 @@ def episode_message(turn: dict) -> dict:
     message = {key: value for key, value in turn_message(turn).items()
                if key != "reward" and (turn["role"] == "tool" or key not in ("tool_call_id", "name"))}
     if "tool_calls" in message:
-        message["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+        message["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _arguments(c["function"]["arguments"])}}
                                  for c in message["tool_calls"]]
     return message
 
 
 def _arguments(text: str):
-    """A call's arguments (JSON text in OpenAI messages) as the object they hold; text that is no JSON as is."""
+    """A call's arguments (JSON text in OpenAI messages) as the object they hold, for a template or the plain
+    format to render; text that is no JSON (a policy's call may carry such) as is."""
     try:
         return json.loads(text)
     except (TypeError, json.JSONDecodeError):
