@@ -208,7 +208,7 @@ def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkey
     builds = []
 
     def fake_bootstrap(task):  # a "model": one weights file whose bytes say which build it is
-        final = cs.reference_dir()
+        final = cs.reference_dir(s)
         final.mkdir(parents=True, exist_ok=True)
         (final / "model.safetensors").write_bytes(f"build {len(builds)}".encode())
         (final / "softrl.json").write_text(json.dumps({"config": asdict(BootstrapConfig(task=task, **TASK_DEFAULTS[task]))}))
@@ -217,17 +217,17 @@ def test_the_code_study_keeps_its_reference_beside_its_outcomes(tmp_path, monkey
 
     monkeypatch.setattr("softrl.bootstrap.bootstrap", fake_bootstrap)
     s = cs.Settings(tmp_path / "runs", kept=tmp_path / "report" / "study-code-runs.jsonl")
-    assert cs.install_reference(s) == cs.reference_dir() and builds == ["tinycode-loops"]
+    assert cs.install_reference(s) == cs.reference_dir(s) and builds == ["tinycode-loops"]
     kept = tmp_path / "report" / "study-code-reference"
-    assert weights_digest(kept) == weights_digest(cs.reference_dir()) is not None
+    assert weights_digest(kept) == weights_digest(cs.reference_dir(s)) is not None
     config = cs.run_config(s, "spo-online", s.lrs[0], cs.TUNE_SEED)
     assert settings_of(config)["model.weights"] == weights_digest(kept)  # kept outcomes name the weights
     by_alias = config_from({"task.name": "countdown", "model.path": "bootstrap:tinycode-loops"})
     assert settings_of(by_alias)["model.weights"] == weights_digest(kept)  # so do those naming "bootstrap"
     shutil.rmtree(tmp_path / "cache")  # another machine: the kept reference is installed, not rebuilt
     cs.install_reference(s)
-    assert builds == ["tinycode-loops"] and weights_digest(cs.reference_dir()) == weights_digest(kept)
-    (cs.reference_dir() / "model.safetensors").write_bytes(b"another machine's build")
+    assert builds == ["tinycode-loops"] and weights_digest(cs.reference_dir(s)) == weights_digest(kept)
+    (cs.reference_dir(s) / "model.safetensors").write_bytes(b"another machine's build")
     with pytest.raises(ConfigError, match="reference is not the one the kept outcomes were made with"):
         cs.install_reference(s)
     (kept / "softrl.json").write_text(json.dumps({"config": {"task": "tinycode-loops", "steps": 1}}))
@@ -239,11 +239,11 @@ def test_code_study_arms_generate_the_same_samples(tmp_path):
     from softrl_bench import code_study as cs
 
     s = cs.Settings(tmp_path)
-    tuning = cs.tuning_plan(s, list(cs.ARMS))
-    assert len(tuning) == len(cs.ARMS) * len(s.lrs) and {c.seed for c in tuning} == {cs.TUNE_SEED}
+    tuning = cs.tuning_plan(s, list(s.study.arms))
+    assert len(tuning) == len(s.study.arms) * len(s.lrs) and {c.seed for c in tuning} == {cs.TUNE_SEED}
     assert {c.task.name for c in tuning} == {"tinycode-loops"}
     # the reference by its recipe's folder, so that outcomes kept from another recipe's are refused
-    assert {c.model.path for c in tuning} == {str(cs.reference_dir())} and "tinycode-loops-s0-" in tuning[0].model.path
+    assert {c.model.path for c in tuning} == {str(cs.reference_dir(s))} and "tinycode-loops-s0-" in tuning[0].model.path
     generated = {c.sampling.prompts_per_step * c.sampling.samples_per_prompt for c in tuning}
     assert generated == {s.prompts * s.samples_per_prompt}  # equal generation; the half arms' batches are larger
     by_arm = {c.name.split("-lr")[0]: c for c in tuning}
@@ -382,3 +382,111 @@ def test_bench_study_code_quick(tiny, tmp_path):
     other.write_text(base.read_text() + "q0:\n  k: 3\n")
     refused = CliRunner().invoke(app, [*args[:4], "--base", str(other), *args[6:]])
     assert refused.exit_code == 2 and "q0.k" in refused.output and "Traceback" not in refused.output
+
+
+# --- the feedback study (softrl_bench.code_study.FEEDBACK): issue 50's benchmark --------------------------------
+def test_feedback_study_arms_generate_alike_and_the_logged_ones_nothing(tmp_path):
+    """Online arms generate the same episodes a step; the four arms from logged traces read every logged row
+    (passed or not: the traces carry rewards, not log-probs) and generate none; GRPO with TIS sees
+    spo-half's data; the arms that generate nothing come first, so a study cut short has them whole."""
+    from softrl_bench import code_study as cs
+
+    s = cs.Settings(tmp_path, cs.FEEDBACK)
+    tuning = cs.tuning_plan(s, list(s.study.arms))
+    assert {c.task.name for c in tuning} == {"tinycode-feedback"} and {c.seed for c in tuning} == {cs.TUNE_SEED}
+    assert "tinycode-feedback-s0-" in tuning[0].model.path and tuning[0].data.store.startswith(str(tmp_path))
+    by_arm = {c.name.split("-lr")[0]: c for c in tuning}
+    logged = [arm for arm in s.study.arms if arm.endswith("-logged")]
+    assert list(s.study.arms)[:4] == logged
+    assert {by_arm[a].data.objective.algorithm for a in logged} == {"spo", "agro-off", "topr", "kl-pg"}
+    for arm in logged:
+        c = by_arm[arm]
+        assert c.data.mix == {"offline": 1.0} and c.data.offline_sources == ["logged"] and not c.data.offline_passed_only
+    online = [by_arm[a] for a in s.study.arms if a not in logged]
+    assert {c.sampling.prompts_per_step * c.sampling.samples_per_prompt for c in online} == {s.prompts * s.samples_per_prompt}
+    tis, half = by_arm["grpo-tis-half"], by_arm["spo-half"]
+    assert tis.data.objective.is_correction == "token_truncate" and tis.data.mix == half.data.mix
+    assert tis.data.offline_sources == half.data.offline_sources == ["reference"] and half.data.offline_passed_only
+    assert len({c.data.store for c in tuning}) == len(tuning)
+
+
+def test_logged_traces_are_another_agents_conversations_graded_by_the_task(tmp_path):
+    """The logged data: chat records with no log-probs, each an episode whose environment turns are the
+    sandbox's real feedback, rewarded by the task's own grading of the last program; read back as
+    `softrl data import` reads a chat file, as episodes of the training prompts."""
+    from softrl_bench import code_study as cs
+    from softrl.config import config_from
+    from softrl.assemble import load_tasks
+
+    s = cs.Settings(tmp_path, cs.FEEDBACK, task_size=6)
+    task = load_tasks(config_from({"task.name": "tinycode-feedback", "task.size": 6}))[0]
+    rows = cs.logged_rows(task, s)
+    records = [json.loads(line) for line in (s.where / "logged-traces.jsonl").read_text().splitlines()]
+    assert len(rows) == len(records) == 6 * cs.LOGGED_PER_PROMPT
+    assert all(set(r) == {"messages", "reward", "passed", "prompt_id", "task"} for r in records)  # no log-probs
+    prompts = {p.id: p for p in task.prompts()}
+    revised = 0
+    for record, row in zip(records, rows):
+        messages = record["messages"]
+        assert messages[0] == {"role": "user", "content": prompts[record["prompt_id"]].text}
+        assert [m["role"] for m in messages[1:]] == ["assistant", "user"] * (len(messages) // 2 - 1) + ["assistant"]
+        for m in messages[2:-1:2]:
+            assert m["content"].startswith("Failed on input") or "Error" in m["content"]
+        revised += len(messages) > 2
+        grade = task.grade(prompts[record["prompt_id"]], messages[-1]["content"])
+        assert (record["reward"], record["passed"]) == (grade.reward, grade.passed)
+        assert row.source == "logged" and row.policy_version == -1 and row.prompt_id == record["prompt_id"]
+        if len(messages) == 2:  # right at once: a single-turn row, as any one-answer chat record is
+            assert row.turns is None and row.response_text == messages[1]["content"]
+        else:
+            assert [t["content"] for t in row.turns] == [m["content"] for m in messages[1:]]
+        assert row.reward == record["reward"]
+    assert revised and {r.passed for r in rows} == {True, False}  # revisions happen; both outcomes are there
+
+
+def test_bench_study_feedback_quick(tmp_path, monkeypatch):
+    """--quick end to end on a small random model, two of the study's arms (one from logged traces, one
+    online): the pool holds Q0 from the reference's episodes and the logged traces as source "logged";
+    the report has the episodes' table (turns, first-turn pass@1, tokens per solved episode);
+    `--report-only` rebuilds it from the kept outcomes alone, and refuses in one line where there are none."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from softrl_bench import code_study as cs
+    from softrl.models.chartok import build_char_tokenizer
+
+    model = tmp_path / "model"
+    tokenizer = build_char_tokenizer(model)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                                 pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)).save_pretrained(model)
+    two = {arm: cs.FEEDBACK.arms[arm] for arm in ("spo-logged", "spo-online")}
+    monkeypatch.setitem(cs.STUDIES, "feedback", cs.Study("feedback", "tinycode-feedback", two, [
+        c for c in cs.FEEDBACK.claims if {c[1], c[2]} <= set(two)], cs.logged_rows, cs.FEEDBACK.defaults))
+    base = tmp_path / "base.yaml"
+    base.write_text(f"model:\n  path: {model}\nsampling:\n  max_new_tokens: 8\nq0:\n  k: 2\n")
+    report = tmp_path / "report"
+    args = ["bench", "study", "feedback", "--quick", "--seeds", "1", "--base", str(base), "--runs",
+            str(tmp_path / "runs"), "--report", str(report)]
+    missing = CliRunner().invoke(app, [*args, "--report-only"])
+    assert missing.exit_code == 2 and "no finished runs" in missing.output and "Traceback" not in missing.output
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads((report / "study-feedback.json").read_text())
+    assert set(data["tuned"]) == set(data["runs"]) == set(two)
+    final_point = data["runs"]["spo-online"]["0"][-1]
+    assert final_point["turns_per_episode"] >= 1 and final_point["tokens_per_sample"] > 0
+    assert data["runs"]["spo-logged"]["0"][-1]["samples"] == 0  # learns from the logs alone
+    table = (report / "study-feedback.md").read_text()
+    assert "Episodes at the end" in table and "| spo-logged |" in table and "tokens per solved episode" in table
+    pool = ExperienceStore(tmp_path / "runs/tinycode-feedback/pool")
+    logged = pool.trajectories(source="logged").to_pylist()
+    assert len(logged) == 6 * cs.LOGGED_PER_PROMPT and any(r["turns"] for r in logged)
+    assert all(r["turns"] for r in pool.trajectories(source="reference").to_pylist())  # Q0 from episodes
+    shutil.rmtree(tmp_path / "runs")
+    again = CliRunner().invoke(app, [*args, "--report-only"])
+    assert again.exit_code == 0, again.output
+    assert json.loads((report / "study-feedback.json").read_text())["runs"] == data["runs"]
+    assert not (tmp_path / "runs/tinycode-feedback/feedback").exists()  # nothing trained

@@ -111,3 +111,15 @@ def test_an_episodes_environment_tokens_count_in_neither_entropy_nor_kl(tiny):
     stats = chunked(model, pad_batch([[5, 6, 7]], [[8, 9, 10, 11, 12]], tokenizer.pad_token_id), entropy=True)
     chosen = stats.entropy[0, [0, 1, 4]]
     assert abs(masked["mean_token_entropy"] - chosen.mean().item()) < 1e-5
+
+
+def test_policy_tokens_count_only_what_the_policy_wrote():
+    """Tokens per episode (the multi-turn benchmark's cost) leave the environment's turns out; a row
+    without an action mask is all the policy's."""
+    from softrl.data import Trajectory
+    from softrl.eval.protocol import policy_tokens
+
+    episode = Trajectory("p", "x", 0.0, False, response_tokens=[1, 2, 3, 4, 5, 6], action_mask=[True, True, False,
+                                                                                               False, False, True])
+    single = Trajectory("p", "y", 1.0, True, response_tokens=[7, 8, 9])
+    assert policy_tokens([episode]) == 3 and policy_tokens([episode, single]) == 6

@@ -159,7 +159,7 @@ def anydata(
 
 @bench_app.command("study")
 def study(
-    name: str = typer.Argument(..., help="loss, reverse, mc, code, agro or grow"),
+    name: str = typer.Argument(..., help="loss, reverse, mc, code, feedback, agro or grow"),
     seeds: int = typer.Option(None, min=1, help="seeds 0..N-1 (lineages for grow); default: the study's (3, code 2)"),
     steps: int = typer.Option(None, min=1, help="learner steps of every run (grow: of run A); default: the study's"),
     later_steps: int = typer.Option(180, min=1, help="grow: learner steps of baseline, B and C"),
@@ -168,16 +168,20 @@ def study(
     eval_size: int = typer.Option(None, min=1, help="held-out prompts per evaluation; default: the study's"),
     eval_every: int = typer.Option(None, min=1, help="learner steps between evaluations; default: the study's"),
     toy: bool = typer.Option(True, "--toy/--no-toy", help="agro: the tabular sweep first"),
-    quick: bool = typer.Option(False, "--quick", help="code: a few steps on a few problems (a smoke test, no result)"),
-    jobs: int = typer.Option(1, min=1, help="code: runs at once, each with its share of the CPU threads"),
-    kept: Path = typer.Option(None, help="code: the finished runs' outcomes, one JSON line each (default: "
-                              "REPORT/study-code-runs.jsonl); a kept run is never retrained"),
+    quick: bool = typer.Option(False, "--quick", help="code, feedback: a few steps on a few problems (a smoke test, "
+                               "no result)"),
+    jobs: int = typer.Option(1, min=1, help="code, feedback: runs at once, each with its share of the CPU threads"),
+    kept: Path = typer.Option(None, help="code, feedback: the finished runs' outcomes, one JSON line each (default: "
+                              "REPORT/study-NAME-runs.jsonl); a kept run is never retrained"),
+    report_only: bool = typer.Option(False, "--report-only", help="code, feedback: train nothing, report the runs "
+                                     "finished so far (a study run in chunks)"),
     base: Path = BASE_OPT,
     runs: Path = typer.Option(Path("runs/studies"), help="where the runs and their stores go; finished runs are reused"),
     report: Path = typer.Option(Path("runs/studies/report"), help="where the tables, JSON and PNGs go"),
 ) -> None:
     """One of the papers' claims `bench learning` leaves out: SPO's loss, reverse-Q and MC-target ablations,
-    code, on-policy AGRO's working region, experience that grows across runs."""
+    code in one turn and in episodes with feedback, on-policy AGRO's working region, experience that grows across
+    runs."""
     from softrl_bench.learning import aggregate, collect, run_all
     from softrl_bench.report import markdown, plot_learning, write_report
     from softrl_bench.studies import STUDIES, check_claims, plan, prepare
@@ -186,8 +190,8 @@ def study(
     if name == "grow":
         return _grow(seeds or 3, steps or 120, later_steps, lr or 2e-4, rows or 32, eval_size or 80, eval_every or 20,
                      base, runs, report)
-    if name == "code":
-        return _code(quick, seeds, steps, eval_size, eval_every, jobs, kept, base, runs, report)
+    if name in ("code", "feedback"):
+        return _code(name, quick, seeds, steps, eval_size, eval_every, jobs, kept, base, runs, report, report_only)
     if name not in STUDIES:
         fail(f"unknown study {name!r} (use {', '.join(STUDIES)}, grow)")
     s = STUDIES[name]
@@ -221,17 +225,22 @@ def study(
     typer.echo(f"{table}\nplot: {png}")
 
 
-def _code(quick: bool, seeds: int | None, steps: int | None, eval_size: int | None, eval_every: int | None,
-          jobs: int, kept: Path | None, base: Path | None, runs: Path, report: Path) -> None:
+def _code(name: str, quick: bool, seeds: int | None, steps: int | None, eval_size: int | None,
+          eval_every: int | None, jobs: int, kept: Path | None, base: Path | None, runs: Path, report: Path,
+          report_only: bool) -> None:
     from softrl_bench import code_study
     from softrl.config import ConfigError
 
+    kept = kept or report / f"study-{name}-runs.jsonl"
+    if report_only and not kept.is_file():  # before the reference is installed: a build takes an hour
+        fail(f"--report-only: no finished runs in {kept} (give --kept FILE)")
     try:
-        s = code_study.settings(quick, seeds, steps, eval_size, eval_every, kept, base, runs, report)
+        s = code_study.settings(code_study.STUDIES[name], runs, quick, seeds, steps, eval_size, eval_every, kept,
+                                base)
     except (ValueError, ConfigError) as e:
         fail(str(e))
     with progress_bar("setup") as update, one_line_errors():
-        table, png = code_study.study(s, jobs, report, update, say)
+        table, png = code_study.study(s, jobs, report, update, say, train=not report_only)
     typer.echo(f"{table}\nplot: {png}")
 
 

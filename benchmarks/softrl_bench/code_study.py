@@ -1,27 +1,34 @@
-"""`softrl bench study code`: the SPO paper's central comparison on code with headroom (tinycode-loops,
-held-out combinations the reference rarely solves).
+"""`softrl bench study code` and `softrl bench study feedback`: the SPO paper's central comparison on code with
+headroom, held-out combinations the reference rarely solves, in one turn (tinycode-loops) and in episodes
+with the shown tests' feedback between turns (tinycode-feedback, issue 50).
 
 Arms, each generating the same samples per learner step (`prompts x samples_per_prompt`; a half arm's
-batch is twice that, its other half from the store):
-- spo-online; spo-half (the other half: the reference's passed samples); spo-human (the other half: the
-  problems' known, human-written solutions);
-- ppo and grpo, online;
-- cispo-half: of the off-policy baselines (GRPO with TIS, CISPO, TOPR) the one with the best pass@1 at lag 1
-  in `bench frontier`, on spo-half's data.
+batch is twice that, its other half from the store; an arm from logged data generates nothing):
+- code: spo-online; spo-half (the other half: the reference's passed samples); spo-human (the other half:
+  the problems' known, human-written solutions); ppo and grpo, online; cispo-half: of the off-policy
+  baselines (GRPO with TIS, CISPO, TOPR) the one with the best pass@1 at lag 1 in `bench frontier`, on
+  spo-half's data.
+- feedback: spo-online, spo-half, ppo, grpo and grpo-tis-half (GRPO with TIS on spo-half's data: online
+  alone, in the sync runtime, its weights are 1); then spo, agro-off, topr and kl-pg offline from logged
+  traces of another agent (`logged_traces`: its conversations, rewards and no log-probs, imported as
+  `softrl data import` reads a chat file).
 
 Each arm's learning rate is tuned on a tuning seed (the best final pass@1 over `lrs`, extended by up to
 `extend` points of the 1-3-10 ladder past an edge where the best lies) and reported on seeds 0..N-1. The
-study's pool (a store with the training prompts' Q0 from the reference's samples, and the known
-solutions as rows of source "human") is made once; every run trains on its own copy of it
-(`softrl_bench.frontier.run`: several at once with `jobs`), and its outcome with every evaluation is kept as one
-JSON line in `kept` (`bench.frontier_runs`), so a study resumes on any machine from that file.
+study's pool (a store with the training prompts' Q0 from the reference's samples, and the other sources'
+rows) is made once; every run trains on its own copy of it (`softrl_bench.frontier.run`: several at once
+with `jobs`), and its outcome with every evaluation is kept as one JSON line in `kept`
+(`bench.frontier_runs`), so a study resumes on any machine from that file. Arms are listed cheapest first
+(no generation, then online), so that a study cut short has whole arms.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import shutil
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from softrl_bench import reference
@@ -29,32 +36,163 @@ from softrl_bench.frontier_runs import outcome
 from softrl_bench.learning import base_overrides, best_lr, final, judged, grown_lrs, settings_of, slug, with_base
 from softrl.config import ConfigError, RunConfig, config_from
 
-TASK = "tinycode-loops"
 TUNE_SEED = 100
 SPO = {"algorithm": "spo"}
 HALF = {"online": 0.5, "offline": 0.5}
+OFFLINE = {"offline": 1.0}
 
 
 @dataclass(frozen=True)
 class Arm:
     objective: dict
     mix: dict
-    sources: tuple[str, ...] = ("reference",)  # where the offline half comes from
+    sources: tuple[str, ...] = ("reference",)  # where the offline part comes from
+    passed_only: bool = True  # of those rows, only the passed ones (the half arms); logged data: all, graded
 
 
-ARMS: dict[str, Arm] = {
+PAPER_MARGIN = 0.03  # the paper's claim: SPO's pass@10 at least PPO's + 0.03
+
+
+def distinct_per_solved(curve_: list[dict]) -> float:
+    return curve_[-1]["distinct_correct_per_solved"]
+
+
+def distinct_per_problem(curve_: list[dict]) -> float:
+    """Distinct correct programs per held-out problem at the end (the issue's diversity): the count per
+    solved problem times the share solved, which with 10 samples a problem is pass@10. Per solved problem
+    alone would rate an arm lower for newly solving a hard problem once."""
+    return curve_[-1]["distinct_correct_per_solved"] * curve_[-1]["pass@10"]
+
+
+DIVERSITY = {"distinct per problem": distinct_per_problem, "distinct per solved": distinct_per_solved}
+
+
+def diversity(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[str, list[float]]]:
+    """arm -> each `DIVERSITY` measure -> its final value per seed."""
+    return {arm: {m: [f(c) for c in by_seed.values()] for m, f in DIVERSITY.items()} for arm, by_seed in runs.items()}
+
+
+def human_rows(task, s: "Settings") -> list:
+    """The known solutions of the training prompts as source "human", each checked against its tests."""
+    from softrl.data.io import task_solutions
+
+    human = task_solutions(task, "human")
+    wrong = [r for r in human if not r.passed]
+    if wrong:
+        raise ValueError(f"{task.name}: a known solution of prompt {wrong[0].prompt_id} fails its own tests")
+    return human
+
+
+LOGGED_PER_PROMPT = 2
+LOGGED_P_CORRECT = 0.35  # the bootstrap's own share of right programs: the same agent's style, on these prompts
+
+
+def logged_traces(task, out: Path, seed: int = 0) -> Path:
+    """Another agent's logs of the training prompts as a chat file (`messages` and `reward`, no log-probs):
+    an agent that knows each problem's solutions writes a right program with probability
+    LOGGED_P_CORRECT, else a plausible wrong one, reads the shown tests' feedback and revises
+    (`feedback_code.synthetic_episode`, the bootstrap's recipe, on prompts the bootstrap never saw). Each
+    episode's reward is its last program graded on every test, by the task."""
+    from softrl.bootstrap import EPISODE_TURNS
+    from softrl.data.chat import prompt_messages
+    from softrl.tasks.feedback_code import synthetic_episode
+    from softrl.tasks.loopcode import plausible_wrong
+
+    rng = random.Random(seed)
+    episodes = [(p, synthetic_episode(p, p.meta["solutions"], plausible_wrong(p), rng, EPISODE_TURNS[task.name],
+                                      LOGGED_P_CORRECT))
+                for p in task.prompts() for _ in range(LOGGED_PER_PROMPT)]
+    grades = task.grade_many([(p, turns[-1]["content"]) for p, turns in episodes])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
+        for (p, turns), g in zip(episodes, grades):
+            f.write(json.dumps({"messages": prompt_messages(p.text) + turns, "reward": g.reward, "passed": g.passed,
+                                "prompt_id": p.id, "task": task.name}) + "\n")
+    return out
+
+
+def logged_rows(task, s: "Settings") -> list:
+    """`logged_traces` read back as `softrl data import --source logged` reads a chat file."""
+    from softrl.data.io import read_trajectories, task_prompt_ids
+
+    return read_trajectories(logged_traces(task, s.where / "logged-traces.jsonl"), "logged", task.name,
+                             task_prompt_ids(task))
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    task: str
+    arms: dict[str, Arm]
+    claims: list  # (claim, a, b, compared, key, expected, margin)
+    other_rows: Callable  # (task, Settings) -> the pool's rows beside the reference's
+    defaults: dict = field(default_factory=dict)  # Settings' values where the study's differ
+
+
+CODE = Study("code", "tinycode-loops", {
     "spo-online": Arm(SPO, {"online": 1.0}),
     "spo-half": Arm(SPO, HALF),
     "spo-human": Arm(SPO, HALF, ("human",)),
     "ppo": Arm({"algorithm": "ppo"}, {"online": 1.0}),
     "grpo": Arm({"algorithm": "grpo"}, {"online": 1.0}),
     "cispo-half": Arm({"algorithm": "cispo"}, HALF),
-}
+}, [
+    ("SPO's pass@10 beats PPO's by 0.03 (online)", "spo-online", "ppo", "final pass@10", "pass@10", "higher",
+     PAPER_MARGIN),
+    ("SPO's pass@10 beats PPO's by 0.03 (half-online)", "spo-half", "ppo", "final pass@10", "pass@10", "higher",
+     PAPER_MARGIN),
+    ("SPO's pass@10 beats GRPO's", "spo-online", "grpo", "final pass@10", "pass@10", "higher", 0.0),
+    ("SPO's pass@1 is below PPO's (the paper's trade)", "spo-online", "ppo", "final pass@1", "pass@1",
+     "lower|within 2 SE", 0.0),
+    ("learning from the known solutions raises pass@1 at the same generation budget", "spo-human", "spo-online",
+     "final pass@1", "pass@1", "higher", 0.0),
+    ("the known solutions beat the reference's own passed samples as offline data", "spo-human", "spo-half",
+     "final pass@1", "pass@1", "higher", 0.0),
+    ("SPO keeps more distinct correct programs than PPO", "spo-online", "ppo", "distinct per problem",
+     "distinct per problem", "higher", 0.0),
+    ("SPO keeps more distinct correct programs than PPO", "spo-online", "ppo", "distinct per solved",
+     "distinct per solved", "higher", 0.0),
+    ("half-online SPO matches the best off-policy baseline on the same data (pass@1)", "spo-half", "cispo-half",
+     "final pass@1", "pass@1", "higher|within 2 SE", 0.0),
+    ("half-online SPO matches the best off-policy baseline on the same data (pass@10)", "spo-half", "cispo-half",
+     "final pass@10", "pass@10", "higher|within 2 SE", 0.0),
+], human_rows)
+
+LOGGED = ("logged",)
+FEEDBACK = Study("feedback", "tinycode-feedback", {
+    "spo-logged": Arm(SPO, OFFLINE, LOGGED, passed_only=False),
+    "agro-logged": Arm({"algorithm": "agro-off"}, OFFLINE, LOGGED, passed_only=False),
+    "topr-logged": Arm({"algorithm": "topr"}, OFFLINE, LOGGED, passed_only=False),
+    "kl-pg-logged": Arm({"algorithm": "kl-pg"}, OFFLINE, LOGGED, passed_only=False),
+    "spo-online": Arm(SPO, {"online": 1.0}),
+    "spo-half": Arm(SPO, HALF),
+    "grpo-tis-half": Arm({"algorithm": "grpo", "is_correction": "token_truncate"}, HALF),
+    "grpo": Arm({"algorithm": "grpo"}, {"online": 1.0}),
+    "ppo": Arm({"algorithm": "ppo"}, {"online": 1.0}),
+}, [
+    ("SPO's pass@10 beats PPO's (online, episodes)", "spo-online", "ppo", "final pass@10", "pass@10", "higher", 0.0),
+    ("SPO's pass@10 beats GRPO's (online, episodes)", "spo-online", "grpo", "final pass@10", "pass@10", "higher", 0.0),
+    ("half-online SPO matches GRPO with TIS on the same data (pass@1)", "spo-half", "grpo-tis-half", "final pass@1",
+     "pass@1", "higher|within 2 SE", 0.0),
+    ("logged traces without log-probs raise pass@1 over online SPO", "spo-logged", "spo-online", "final pass@1",
+     "pass@1", "higher", 0.0),
+    ("SPO learns from logged traces as well as AGRO", "spo-logged", "agro-logged", "final pass@1", "pass@1",
+     "higher|within 2 SE", 0.0),
+    ("SPO learns from logged traces as well as TOPR (no log-probs: its positives alone)", "spo-logged", "topr-logged",
+     "final pass@1", "pass@1", "higher|within 2 SE", 0.0),
+    ("SPO learns from logged traces as well as KL-PG", "spo-logged", "kl-pg-logged", "final pass@1", "pass@1",
+     "higher|within 2 SE", 0.0),
+    ("SPO keeps more distinct correct programs than PPO", "spo-online", "ppo", "distinct per problem",
+     "distinct per problem", "higher", 0.0),
+], logged_rows, {"steps": 50, "task_size": 200, "eval_size": 50})
+
+STUDIES = {s.name: s for s in (CODE, FEEDBACK)}
 
 
 @dataclass(frozen=True)
 class Settings:
     root: Path
+    study: Study = CODE
     steps: int = 100
     prompts: int = 4
     samples_per_prompt: int = 4
@@ -69,8 +207,12 @@ class Settings:
     kept: Path | None = None  # the finished runs' outcomes, one JSON line each
 
     @property
+    def task(self) -> str:
+        return self.study.task
+
+    @property
     def where(self) -> Path:
-        return self.root / slug(TASK)
+        return self.root / slug(self.task)
 
     @property
     def pool(self) -> Path:
@@ -83,34 +225,34 @@ POOL_KEYS = ("model.path", "model.weights", "task.name", "task.size", "task.seed
 QUICK = dict(steps=1, lrs=(1e-4, 1e-3), extend=0, seeds=2, eval_size=2, eval_every=1, eval_samples=10, task_size=6)
 
 
-def reference_dir() -> Path:
+def reference_dir(s: Settings) -> Path:
     """The bootstrap reference's folder, named by its recipe's key (installed or built by `install_reference`): a
     run names it rather than "bootstrap", so outcomes kept from another recipe's reference are refused."""
-    return reference.reference_dir(TASK)
+    return reference.reference_dir(s.task)
 
 
 def kept_reference(s: Settings) -> Path | None:
     """Where the reference that the kept outcomes were made with is kept, beside them."""
-    return s.kept.parent / "study-code-reference" if s.kept is not None else None
+    return s.kept.parent / f"study-{s.study.name}-reference" if s.kept is not None else None
 
 
 def install_reference(s: Settings) -> Path:
-    """The runs' reference in the cache (`reference_dir()`), the one kept beside the kept outcomes
+    """The runs' reference in the cache (`reference_dir`), the one kept beside the kept outcomes
     (`softrl_bench.reference.install`)."""
-    return reference.install(TASK, kept_reference(s), s.kept)
+    return reference.install(s.task, kept_reference(s), s.kept)
 
 
 def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
-    """One run, RUNS/tinycode-loops/code/ARM-lrLR-sSEED, on its own copy of the pool beside it."""
-    a = ARMS[arm]
-    overrides = base_overrides(TASK, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size, s.eval_every,
+    """One run, RUNS/TASK/STUDY/ARM-lrLR-sSEED, on its own copy of the pool beside it."""
+    a = s.study.arms[arm]
+    overrides = base_overrides(s.task, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size, s.eval_every,
                                s.eval_samples, s.extra)
     overrides.update({
-        "model.path": str(reference_dir()),
-        "name": (name := f"{arm}-lr{lr:g}-s{seed}"), "out_dir": str(s.where / "code"),
-        "data.store": str(s.where / "code-stores" / name),
+        "model.path": str(reference_dir(s)),
+        "name": (name := f"{arm}-lr{lr:g}-s{seed}"), "out_dir": str(s.where / s.study.name),
+        "data.store": str(s.where / f"{s.study.name}-stores" / name),
         "task.size": s.task_size, "data.mix": a.mix, "data.objective": a.objective,
-        "data.offline_sources": list(a.sources),
+        "data.offline_sources": list(a.sources), "data.offline_passed_only": a.passed_only,
         # on this task's long samples (200 new tokens, prompts of 130-180) the static cache measured 1.2-1.65x
         # (16 rows) to 3.8-4.0x (250 rows, the evaluation's) hf's speed: docs/MODELS.md
         "sampling.backend": "static",
@@ -175,62 +317,19 @@ def collect(s: Settings, chosen: dict[str, dict]) -> dict[str, dict[int, list[di
     return out
 
 
-def distinct_per_solved(curve_: list[dict]) -> float:
-    return curve_[-1]["distinct_correct_per_solved"]
-
-
-def distinct_per_problem(curve_: list[dict]) -> float:
-    """Distinct correct programs per held-out problem at the end (the issue's diversity): the count per
-    solved problem times the share solved, which with 10 samples a problem is pass@10. Per solved problem
-    alone would rate an arm lower for newly solving a hard problem once."""
-    return curve_[-1]["distinct_correct_per_solved"] * curve_[-1]["pass@10"]
-
-
-DIVERSITY = {"distinct per problem": distinct_per_problem, "distinct per solved": distinct_per_solved}
-
-
-def diversity(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[str, list[float]]]:
-    """arm -> each `DIVERSITY` measure -> its final value per seed."""
-    return {arm: {m: [f(c) for c in by_seed.values()] for m, f in DIVERSITY.items()} for arm, by_seed in runs.items()}
-
-
-PAPER_MARGIN = 0.03  # the paper's claim: SPO's pass@10 at least PPO's + 0.03
-CLAIMS = [  # (claim, a, b, compared, key, expected, margin)
-    ("SPO's pass@10 beats PPO's by 0.03 (online)", "spo-online", "ppo", "final pass@10", "pass@10", "higher",
-     PAPER_MARGIN),
-    ("SPO's pass@10 beats PPO's by 0.03 (half-online)", "spo-half", "ppo", "final pass@10", "pass@10", "higher",
-     PAPER_MARGIN),
-    ("SPO's pass@10 beats GRPO's", "spo-online", "grpo", "final pass@10", "pass@10", "higher", 0.0),
-    ("SPO's pass@1 is below PPO's (the paper's trade)", "spo-online", "ppo", "final pass@1", "pass@1",
-     "lower|within 2 SE", 0.0),
-    ("learning from the known solutions raises pass@1 at the same generation budget", "spo-human", "spo-online",
-     "final pass@1", "pass@1", "higher", 0.0),
-    ("the known solutions beat the reference's own passed samples as offline data", "spo-human", "spo-half",
-     "final pass@1", "pass@1", "higher", 0.0),
-    ("SPO keeps more distinct correct programs than PPO", "spo-online", "ppo", "distinct per problem",
-     "distinct per problem", "higher", 0.0),
-    ("SPO keeps more distinct correct programs than PPO", "spo-online", "ppo", "distinct per solved",
-     "distinct per solved", "higher", 0.0),
-    ("half-online SPO matches the best off-policy baseline on the same data (pass@1)", "spo-half", "cispo-half",
-     "final pass@1", "pass@1", "higher|within 2 SE", 0.0),
-    ("half-online SPO matches the best off-policy baseline on the same data (pass@10)", "spo-half", "cispo-half",
-     "final pass@10", "pass@10", "higher|within 2 SE", 0.0),
-]
-
-
-def check_claims(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
+def check_claims(s: Settings, runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
     return [judged(runs, text, "SPO", a, b, compared, DIVERSITY.get(key) or final(key), expected, margin)
-            for text, a, b, compared, key, expected, margin in CLAIMS]
+            for text, a, b, compared, key, expected, margin in s.study.claims]
 
 
 def prepare_pool(s: Settings, progress=None) -> dict:
     """The store every run copies, once (a marker `pool.json` when whole): the training prompts with Q0
-    from the reference's samples, and the known solutions of those prompts as source "human" (each
-    checked against its tests), `progress(done, prompts)` while the reference samples. Returns rows per
-    source. The reference is installed first (`install_reference`: the CLI does it before anything else)."""
+    from the reference's samples, and the study's other rows (the known solutions as source "human", or
+    another agent's logged traces as source "logged"), `progress(done, prompts)` while the reference
+    samples. Returns rows per source. The reference is installed first (`install_reference`: the CLI does
+    it before anything else)."""
     from softrl.assemble import RunParts, load_tasks
     from softrl.data import ExperienceStore
-    from softrl.data.io import task_solutions
 
     first = run_config(s, "spo-online", s.lrs[0], TUNE_SEED)
     made_with = {k: v for k, v in settings_of(first).items() if k in POOL_KEYS}
@@ -247,13 +346,11 @@ def prepare_pool(s: Settings, progress=None) -> dict:
     shutil.rmtree(s.pool, ignore_errors=True)  # one half made when killed
     config = first.model_copy(update={"data": first.data.model_copy(update={"store": str(s.pool)})})
     RunParts(config).q0(progress=progress)
-    human = task_solutions(load_tasks(config)[0], "human")
-    wrong = [r for r in human if not r.passed]
-    if wrong:
-        raise ValueError(f"{TASK}: a known solution of prompt {wrong[0].prompt_id} fails its own tests")
+    other = s.study.other_rows(load_tasks(config)[0], s)
     store = ExperienceStore(s.pool)
-    store.append(human)
-    counts = {"reference": len(store.trajectories(source="reference", columns=["id"])), "human": len(human)}
+    store.append(other)
+    counts = {"reference": len(store.trajectories(source="reference", columns=["id"])),
+              **{source: sum(r.source == source for r in other) for source in sorted({r.source for r in other})}}
     marker.write_text(json.dumps({"rows": counts, "settings": made_with}))
     return counts
 
@@ -266,24 +363,26 @@ def reference_card(config: RunConfig) -> dict:
     return json.loads(card.read_text()) if card.is_file() else {}
 
 
-def settings(quick: bool, seeds: int | None, steps: int | None, eval_size: int | None, eval_every: int | None,
-             kept: Path | None, base: Path | None, runs: Path, report: Path) -> Settings:
-    """The study's Settings from the command line's options (None: the study's default; `quick`: a smoke
+def settings(study_: Study, runs: Path, quick: bool, seeds: int | None, steps: int | None, eval_size: int | None,
+             eval_every: int | None, kept: Path, base: Path | None) -> Settings:
+    """A study's Settings from the command line's options (None: the study's default; `quick`: a smoke
     test's), its reference installed where the runs will look for it."""
     from softrl.config import read_settings
 
     extra = read_settings(base) if base is not None else None
     given = {k: v for k, v in (("seeds", seeds), ("steps", steps), ("eval_size", eval_size),
                                ("eval_every", eval_every)) if v is not None}
-    s = Settings(runs, **{**(QUICK if quick else {}), **given}, extra=extra, kept=kept or report / "study-code-runs.jsonl")
-    if run_config(s, "spo-online", s.lrs[0], TUNE_SEED).model.path == str(reference_dir()):
+    s = Settings(runs, study_, **{**study_.defaults, **(QUICK if quick else {}), **given}, extra=extra,
+                 kept=kept)
+    if run_config(s, "spo-online", s.lrs[0], TUNE_SEED).model.path == str(reference_dir(s)):
         install_reference(s)  # before any kept outcome is read: they name its weights
     return s
 
 
-def study(s: Settings, jobs: int, report: Path, update, say) -> tuple[str, Path]:
-    """SPO vs PPO vs GRPO on tinycode-loops: every arm's learning rate tuned, then the report seeds; the
-    report written under `report`. Returns its table and the plot's path."""
+def study(s: Settings, jobs: int, report: Path, update, say, train: bool = True) -> tuple[str, Path]:
+    """SPO against the baselines on the study's task: every arm's learning rate tuned, then the report seeds
+    (`train` False: none, the report of what is finished so far); the report written under `report` as
+    study-NAME.{md,json,png}. Returns its table and the plot's path."""
     from softrl_bench.frontier import run_stage
     from softrl_bench.learning import aggregate
     from softrl_bench.report import code_markdown, plot_learning, write_report
@@ -292,16 +391,20 @@ def study(s: Settings, jobs: int, report: Path, update, say) -> tuple[str, Path]
         return prepare_pool(s, progress=lambda done, total: update(
             done, total=total, description="pool: Q0 of the training prompts from the reference's samples"))
 
-    chosen = tune(s, list(ARMS), lambda plan: run_stage(s, plan, jobs, update, "tuning", pool, say))
-    run_stage(s, report_plan(s, chosen), jobs, update, "report seeds", pool, say)
+    arms = list(s.study.arms)
+    if train:
+        chosen = tune(s, arms, lambda plan: run_stage(s, plan, jobs, update, "tuning", pool, say))
+        run_stage(s, report_plan(s, chosen), jobs, update, "report seeds", pool, say)
+    chosen = tuned_lrs(s, arms)
     by_arm = collect(s, chosen)
-    agg, claims, spread = aggregate(by_arm), check_claims(by_arm), diversity(by_arm)
-    table = code_markdown(agg, claims, s.seeds, chosen, reference_card(run_config(s, "spo-online", s.lrs[0], TUNE_SEED)),
-                          spread)
-    write_report(report, "study-code", table, {"study": "code: tinycode-loops", "settings": {
-        k: v for k, v in vars(s).items() if k != "root"}, "tuned": chosen, "curves": agg, "claims": claims,
-        "diversity": spread, "runs": by_arm})
-    png = plot_learning(agg, report / "study-code.png",
-                        f"code (tinycode-loops, held-out combinations): {s.steps} steps x "
+    agg, claims, spread = aggregate(by_arm), check_claims(s, by_arm), diversity(by_arm)
+    first = run_config(s, "spo-online", s.lrs[0], TUNE_SEED)
+    table = code_markdown(agg, claims, s.seeds, chosen, reference_card(first), spread)
+    stem = f"study-{s.study.name}"
+    write_report(report, stem, table, {"study": f"{s.study.name}: {s.task}", "settings": {
+        k: v for k, v in vars(s).items() if k not in ("root", "study")}, "tuned": chosen, "curves": agg,
+        "claims": claims, "diversity": spread, "runs": by_arm})
+    png = plot_learning(agg, report / f"{stem}.png",
+                        f"{s.study.name} ({s.task}, held-out combinations): {s.steps} steps x "
                         f"{s.prompts * s.samples_per_prompt} generated, tuned lr, {s.seeds} seed(s)")
     return table, png

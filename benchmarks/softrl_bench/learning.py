@@ -48,6 +48,7 @@ TASK_BASES = {
     "countdown": {"task.size": 1000, "q0.k": 32},
     "tinycode": {"task.size": 300, "q0.k": 16},
     "tinycode-loops": {"task.size": 300, "q0.k": 16},
+    "tinycode-feedback": {"task.size": 200, "q0.k": 8},  # an episode costs about 3 samples: Q0 of 1,600 of them
 }
 
 
@@ -247,7 +248,8 @@ def check_same_settings(config: RunConfig) -> None:
 
 
 EVAL_KEYS = ("pass@1", "pass@10", "success_per_sample", "kl_to_reference", "mean_token_entropy",
-             "distinct_correct_per_solved")
+             "distinct_correct_per_solved", "tokens_per_sample", "turns_per_episode", "first_turn_pass@1",
+             "first_turn_pass@10")  # the last three: episodes only
 
 
 def curves(run_dir: Path) -> list[dict]:

@@ -73,6 +73,7 @@ def code_markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int, tu
     for arm, t in tuned.items():
         cells = [f"{t['grid'][lr]:.3f}" if lr in t["grid"] else "-" for lr in lrs]
         lines.append(f"| {arm} | " + " | ".join(f"**{c}**" if lr == t["lr"] else c for lr, c in zip(lrs, cells)) + " |")
+    lines += episodes_table(agg, seeds > 1)
     held = card.get("heldout")
     if held:
         at = f"T {held['temperature']:g}" if "temperature" in held else "its card's temperature"
@@ -80,6 +81,25 @@ def code_markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int, tu
                       f"samples each at {at}; the study evaluates at T 0.4): pass@1 {held['pass@1']:.3f}, "
                       f"pass@10 {held['pass@10']:.3f}."]
     return markdown(agg, claims, seeds) + "\n".join(lines) + "\n"
+
+
+def episodes_table(agg: dict[str, list[dict]], spread: bool) -> list[str]:
+    """For runs of episodes (their evaluations count turns): each arm's last and first turn, turns used and
+    the policy's tokens per episode and per solved episode (tokens per episode / success per sample) at
+    the end; [] for single-turn runs."""
+    if not any(not math.isnan(p.get("turns_per_episode", math.nan)) for points in agg.values() for p in points):
+        return []
+    lines = ["", "Episodes at the end (the reward is the last turn's; mean ± sd over seeds):", "",
+             "| arm | pass@1 (last turn) | pass@1 (first turn) | pass@10 (first turn) | turns | policy tokens "
+             "per episode | tokens per solved episode |", "|---|---|---|---|---|---|---|"]
+    first = next(iter(agg.values()))[0]
+    for name, point in [("reference (step 0)", first), *((arm, points[-1]) for arm, points in agg.items())]:
+        solved = point["success_per_sample"]
+        per_solved = f"{point['tokens_per_sample'] / solved:,.0f}" if solved and not math.isnan(solved) else "-"
+        lines.append(f"| {name} | {_pm(point, 'pass@1', spread)} | {_pm(point, 'first_turn_pass@1', spread)} | "
+                     f"{_pm(point, 'first_turn_pass@10', spread)} | {_pm(point, 'turns_per_episode', spread, 2)} | "
+                     f"{_pm(point, 'tokens_per_sample', spread, 0)} | {per_solved} |")
+    return lines
 
 
 def plot_learning(agg: dict[str, list[dict]], out: Path, title: str) -> Path:

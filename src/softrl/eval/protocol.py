@@ -41,6 +41,11 @@ def sample(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[st
     return graded_samples(spec, contexts_of(spec, prompts, encode_prompt), n, seed, env, limits)
 
 
+def policy_tokens(rows: list) -> int:
+    """The tokens the policy generated in `rows` (an episode's environment turns are not its)."""
+    return sum(sum(r.action_mask) if r.action_mask is not None else len(r.response_tokens) for r in rows)
+
+
 def first_turns(spec: RolloutSpec, prompts: list[Prompt], rows: list) -> list[tuple[str, str, bool]]:
     """(prompt id, first policy turn, whether it alone passes) of every episode: what the policy does
     before the environment's first answer. Only episodes of several turns are graded again."""
@@ -57,7 +62,8 @@ def first_turns(spec: RolloutSpec, prompts: list[Prompt], rows: list) -> list[tu
 def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[str], list[int]], n: int = 20,
              temperature: float = 0.4, top_p: float = 0.95, seed: int = 0, stats: bool = False,
              reference=None, env=None, limits: EpisodeLimits | None = None) -> dict:
-    """Sample n responses per prompt at the protocol's decoding, grade them, summarize; with `stats`,
+    """Sample n responses per prompt at the protocol's decoding, grade them, summarize (with the policy's
+    tokens per response, `tokens_per_sample`); with `stats`,
     also the policy's mean token entropy along them and (given a reference model) KL(pi || pi0). With an
     environment, n episodes per prompt graded at their last turn, and besides: policy turns per episode
     and `first_turn_pass@k` (and `_success_per_sample`), the same numbers for the first turns alone."""
@@ -67,7 +73,7 @@ def evaluate(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[
     answers = [r.response_text if env is None else next(t["content"] for t in reversed(r.turns) if t["role"] == "assistant")
                for r in rows]
     out = {**summarize([(r.prompt_id, text, r.passed) for r, text in zip(rows, answers)], n, ks),
-           "temperature": temperature, "top_p": top_p}
+           "temperature": temperature, "top_p": top_p, "tokens_per_sample": policy_tokens(rows) / max(1, len(rows))}
     if env is not None:
         out["turns_per_episode"] = sum(sum(t["role"] == "assistant" for t in r.turns) for r in rows) / max(1, len(rows))
         first = summarize(first_turns(spec, prompts, rows), n, (1, 10))
