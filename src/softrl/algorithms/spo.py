@@ -54,6 +54,34 @@ def q0_from_rewards(rewards: Tensor, beta: float) -> Tensor:
     return m.squeeze(-1) + beta * (torch.logsumexp((rewards - m) / beta, dim=-1) - math.log(rewards.shape[-1]))
 
 
+Q0_CORRECTIONS = ("none", "jackknife")
+
+
+def q0_from_samples(rewards: Tensor, log_w: Tensor, beta: float, correction: str = "none") -> Tensor:
+    """Q0 of a reference pi0 from K samples of a policy mu, over the last axis `[..., K] -> [...]`:
+
+        Q0_hat = beta * log (1/K) sum_k w_k exp(r_k / beta),   w_k = pi0(y_k) / mu(y_k)   (log_w = log w_k)
+
+    (w = 1 where mu = pi0: `q0_from_rewards`). The mean inside the log is unbiased; its log is not: by
+    Jensen the estimate is low on average, by about beta Var(w e^(r/beta)) / (2 K mean^2) for large K.
+    `correction` "jackknife" removes that 1/K term, `K f(all) - (K - 1) mean_j f(all but y_j)` (K >= 2);
+    where one rare sample carries the mean, the expansion fails and so may the correction
+    (docs/ALGORITHMS.md, "A reference that moves", measures both)."""
+    beta = check_beta(beta)
+    if correction not in Q0_CORRECTIONS:
+        raise ValueError(f"correction must be one of {', '.join(Q0_CORRECTIONS)}, got correction={correction!r}")
+    check_shape("log_w", log_w, rewards.shape)
+    k = rewards.shape[-1]
+    terms = log_w + rewards / beta  # [..., K]
+    whole = beta * (torch.logsumexp(terms, -1) - math.log(k))  # [...]
+    if correction == "none" or k < 2:
+        return whole
+    left_out = torch.eye(k, dtype=torch.bool, device=terms.device)  # [K, K]: row j leaves y_j out
+    others = terms.unsqueeze(-2).masked_fill(left_out, -math.inf)  # [..., K, K]
+    leave_one_out = beta * (torch.logsumexp(others, -1) - math.log(k - 1))  # [..., K]
+    return k * whole - (k - 1) * leave_one_out.mean(-1)
+
+
 def success_to_prob(success: Tensor, beta: float) -> Tensor:
     """Target `exp(Q/beta)` for binary {0, -1} rewards with success rate S: `S + (1 - S) exp(-1/beta)`."""
     beta = check_beta(beta)

@@ -89,6 +89,23 @@ class TabularProblem:
         reward[passing] = 0.0
         return cls(vocab, length, beta, ref, reward, env_logp)
 
+    def with_reference(self, logits: list[Tensor]) -> "TabularProblem":
+        """The same problem (rewards, environment) with `logits` as its reference: what SPO optimises
+        after its reference moves to a snapshot of the policy."""
+        return TabularProblem(self.vocab, self.length, self.beta, [x.detach().clone() for x in logits], self.reward,
+                              self.env_logp)
+
+    def mirror_descent_seq_logp(self, k: int) -> Tensor:
+        """`log pi_k(y) = log pi0(y) + k r(y) / beta - log Z_k`: `[N]`. Where each reference is the soft
+        optimum against the one before, `pi_k ~ pi_(k-1) exp(r / beta)` (mirror descent on the
+        KL-regularised objective, step 1 / beta), so after k moves the policy is pi0 tilted k times as
+        hard: the same fixed point as one optimum at beta / k. Deterministic environments (with a
+        stochastic one a single optimum is not of this form: `optimal_seq_logp`)."""
+        if self.stochastic:
+            raise ValueError("the closed form holds with a deterministic environment (or none)")
+        logp = self.seq_logp(self.ref_logits) + k * self.reward / self.beta
+        return logp - torch.logsumexp(logp, 0)
+
     @property
     def policy_mask(self) -> Tensor:
         """`[L]`: 1 at the policy's positions, 0 at the environment's."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from softrl.algorithms.spo import q0_from_samples
 from softrl.tabular.problem import TabularPolicy, TabularProblem
 
 DATA_KINDS = ("on-policy", "off-policy")
@@ -84,8 +85,12 @@ def make_batch(
     old_values: Tensor,
     group_size: int,
     weights: Tensor | None,
+    q0: str = "exact",
 ) -> TabularBatch:
-    """Gather every per-sequence quantity of the current policy for the sequences `index`."""
+    """Gather every per-sequence quantity of the current policy for the sequences `index`. `q0`: "exact"
+    (the problem's V*), or estimated from each group of `group_size` consecutive rows, as a run without a
+    stored Q0 would (`spo.q0_from_samples`, importance-weighted by pi0 / mu; "group" plain, "jackknife"
+    corrected)."""
     logits = policy.policy_parameters()
     full = problem.next_token_logp(logits)  # [N, T, V]
     ref_full = problem.ref_next_token_logp  # [N, T, V]
@@ -110,11 +115,26 @@ def make_batch(
         old_values=old_values[index],
         mask=mask[index],
         reward=problem.reward[index],
-        q0=torch.full((index.shape[0],), problem.v_star, dtype=logp.dtype),
+        q0=batch_q0(problem, index, behavior_logp, group_size, q0),
         beta=problem.beta,
         group_size=group_size,
         weights=weights,
     )
+
+
+Q0_ESTIMATES = ("exact", "group", "jackknife")
+
+
+def batch_q0(problem: TabularProblem, index: Tensor, behavior_logp: Tensor, group_size: int, how: str) -> Tensor:
+    """Each row's Q0: the exact V*, or its group's estimate from the group's own rewards: `[B]`."""
+    if how not in Q0_ESTIMATES:
+        raise ValueError(f"q0 must be one of {', '.join(Q0_ESTIMATES)}, got q0={how!r}")
+    if how == "exact":
+        return torch.full((index.shape[0],), problem.v_star, dtype=torch.float64)
+    log_w = (problem.seq_logp(problem.ref_logits) - behavior_logp.sum(-1))[index].view(-1, group_size)  # [G, n]
+    estimate = q0_from_samples(problem.reward[index].view(-1, group_size), log_w, problem.beta,
+                               "jackknife" if how == "jackknife" else "none")  # [G]
+    return estimate.repeat_interleave(group_size)
 
 
 def value_table(problem: TabularProblem, policy: TabularPolicy) -> Tensor:
@@ -137,6 +157,8 @@ def train(
     max_grad_norm: float | None = None,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    q0: str = "exact",
+    start_logits: list[Tensor] | None = None,
 ) -> TrainResult:
     """Adam on the policy's tables, starting at pi = pi0, learning rate decayed by a cosine from `lr`
     to `lr * final_lr_ratio` (BCE's kink at log-probability 0 makes a constant rate oscillate there).
@@ -144,13 +166,14 @@ def train(
     data: `on-policy` samples from the current pi (mu = pi, detached); `off-policy` from the fixed
     `behaviour_logits` (default pi0). `samples=None` uses exact expectations, otherwise `samples`
     sequences per step (`group_size` must divide it). `epochs` > 1 reuses each batch (PPO-style).
+    `q0`: the rows' Q0 (`batch_q0`). `start_logits`: where pi starts (default pi0).
     """
     if data not in DATA_KINDS:
         raise ValueError(f"data must be one of {DATA_KINDS}, got data={data!r}")
     if samples is not None and (samples < group_size or samples % group_size):
         raise ValueError(f"samples={samples} must be a positive multiple of group_size={group_size}")
     behaviour = problem.ref_logits if behaviour_logits is None else behaviour_logits
-    policy = TabularPolicy(problem.ref_logits)
+    policy = TabularPolicy(problem.ref_logits if start_logits is None else start_logits)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps * epochs, eta_min=lr * final_lr_ratio)
     gen = torch.Generator().manual_seed(seed)
@@ -168,7 +191,7 @@ def train(
             index, weights = torch.multinomial(probs, samples, replacement=True, generator=gen), None
         result.kl.append(problem.kl_to_optimal(policy.policy_parameters()))
         for _ in range(epochs):
-            loss = loss_fn(make_batch(problem, policy, index, old_logp, mu_logp, old_values, group_size, weights))
+            loss = loss_fn(make_batch(problem, policy, index, old_logp, mu_logp, old_values, group_size, weights, q0))
             optimizer.zero_grad()
             if not torch.isfinite(loss):
                 result.skipped_steps += 1
