@@ -88,3 +88,91 @@ def test_importance_weights_make_another_policys_samples_estimate_the_reference(
     assert q0_from_samples(rewards, torch.zeros_like(rewards), 0.3, "jackknife").item() == pytest.approx(jack)
     with pytest.raises(ValueError, match="correction"):
         q0_from_samples(rewards, torch.zeros_like(rewards), 0.3, "bootstrap")
+
+
+# --- the learner's moving reference (training/moving_reference.py) -------------------------------------------
+def test_the_reference_moves_to_a_snapshot_and_each_version_pools_its_own_samples():
+    """Every `every` steps the copy becomes the policy (the starting model it was copied from is left
+    alone); a version's Q0 of a prompt pools that version's samples, importance-weighted, and forgets the
+    last version's; prompts with none keep the stored estimate; rows of unknown samplers add nothing."""
+    from softrl.models.device import CPU
+    from softrl.models.wrappers import ReferenceModel
+    from softrl.training.moving_reference import MovingReference
+
+    torch.manual_seed(0)
+    start, policy = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    moving = MovingReference(ReferenceModel(start, None), CPU, every=3, beta=0.5)
+    stored = torch.tensor([-0.7, -0.7, -0.9], dtype=torch.float64)
+    counts = {}
+    same = moving.q0(["a", "a", "b"], stored, torch.ones(3), torch.zeros(3), torch.ones(3, dtype=torch.bool), counts)
+    assert torch.equal(same, stored) and counts == {"q0/stored_rows": 3}  # version 0: pi0's stored Q0
+    assert not moving.after_step(2, policy) and moving.version == 0
+    assert moving.after_step(3, policy) and moving.version == 1
+    assert torch.equal(moving.model.model.weight, policy.weight) and not torch.equal(start.weight, policy.weight)
+    counts = {}
+    reward, log_w = torch.tensor([1.0, 0.0, 1.0]), torch.log(torch.tensor([2.0, 0.5, 1.0]))
+    got = moving.q0(["a", "a", "c"], stored, reward, log_w, torch.tensor([True, True, False]), counts)
+    assert got[0] == got[1] == pytest.approx(0.5 * math.log((2.0 * math.exp(2) + 0.5) / 2))
+    assert got[2] == stored[2] and counts == {"q0/online_rows": 2, "q0/stored_rows": 1, "q0/samples_per_row": 4}
+    again = moving.q0(["a"], stored[:1], torch.tensor([0.0]), torch.zeros(1), torch.tensor([True]), {})
+    assert again[0] == pytest.approx(0.5 * math.log((2.0 * math.exp(2) + 0.5 + 1.0) / 3))  # pooled over steps
+    moving.after_step(6, policy)
+    assert moving.version == 2 and moving.sums == {}
+    state = moving.state_dict()
+    other = MovingReference(ReferenceModel(torch.nn.Linear(3, 2), None), CPU, every=3, beta=0.5)
+    other.load_state_dict(state)
+    assert other.version == 2 and torch.equal(other.model.model.weight, policy.weight)
+
+
+def test_a_run_with_a_moving_reference_records_its_versions_and_resumes_them(tiny, tmp_path):
+    import softrl
+
+    def answered(prompts, completions, answer, **kwargs):
+        return [float(str(a) in c) for c, a in zip(completions, answer)]
+
+    records = [{"prompt": "1 2 -> 3\n", "answer": 3}, {"prompt": "2 2 -> 4\n", "answer": 4}]
+    config = {"out_dir": str(tmp_path), "name": "moving", "data.store": str(tmp_path / "store"),
+              "model.path": str(tiny[0]), "q0.k": 2, "eval.samples": 2, "log.checkpoint_every": 2,
+              "sampling": {"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 4},
+              "data.objective": {"algorithm": "spo", "reference_update": {"every": 2}}, "optim.steps": 4}
+    run = softrl.train(config, dataset=records, reward=answered, progress=False)
+    steps = [m for m in run.metrics if "reference/version" in m]
+    assert [m["reference/version"] for m in steps] == [0, 1, 1, 2]
+    assert steps[0]["q0/stored_rows"] == 4 and "q0/online_rows" not in steps[0]  # pi0: the store's Q0
+    assert steps[2]["q0/online_rows"] == 4 and steps[2]["q0/samples_per_row"] >= 2  # its own group at least
+    resumed = softrl.train({**config, "optim.steps": 6}, dataset=records, reward=answered, resume=True, progress=False)
+    later = [m["reference/version"] for m in resumed.metrics if "reference/version" in m]
+    assert later[-2:] == [2, 3]  # the version came back with the checkpoint
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"runtime.learners": 2}, "runtime.learners=1"),
+    ({"data.mix": {"offline": 1.0}}, "no online share"),
+    ({"sampling.temperature": 0.7}, "temperature=1"),
+    ({"data.mix": {"online": 0.5, "offline": 0.5},
+      "data.objectives": {"offline": {"algorithm": "spo", "reference_update": {"every": 2}}}}, "one reference"),
+])
+def test_a_moving_reference_is_refused_where_it_cannot_work(change, says):
+    from softrl.config import ConfigError, config_from
+
+    with pytest.raises(ConfigError, match=says):
+        config_from({"data.objective": {"algorithm": "spo", "reference_update": {"every": 2}}, **change})
+    assert config_from({"data.objective": {"algorithm": "agro-off", "reference_update": {"every": 2}},
+                        "data.mix": {"offline": 1.0}}).data.objective.reference_update.every == 2  # no Q0 needed
+
+
+def test_softrl_toy_reference_moves_prints_the_rounds_and_the_bias_as_json():
+    import json
+
+    from typer.testing import CliRunner
+
+    from softrl.cli import app
+
+    result = CliRunner().invoke(app, ["toy", "--reference-moves", "2", "--length", "3", "--steps", "150", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["beta"] == 0.5 and {r["q0"] for r in data["rounds"]} == {"exact", "group of 4", "jackknife of 4"}
+    assert [r["round"] for r in data["rounds"] if r["q0"] == "exact"] == [1, 2]
+    assert all(b["bias"] < 0 for b in data["q0_bias"]) and [b["group"] for b in data["q0_bias"]] == [2, 4, 8, 16, 64]
+    refused = CliRunner().invoke(app, ["toy", "--reference-moves", "1", "--methods", "grpo"])
+    assert refused.exit_code == 2 and "valid on any data" in refused.output and "Traceback" not in refused.output

@@ -256,6 +256,7 @@ class RunConfig(Section):
                 how = f" with is_correction={options.is_correction}" if hasattr(options, "is_correction") else ""
                 raise ValueError(f"{key}: {objective.name}{how} weighs rows by pi/mu, and online samples have mu's "
                                  "log-probs only at sampling.temperature=1 and top_p=1 without temperature_range")
+        self._check_reference_update()
         rc = self.runtime
         if rc.policy_lag and (rc.kind != "local" or rc.mode != "sync" or rc.model_update_interval != 1):
             raise ValueError("runtime.policy_lag: needs runtime.kind=local, runtime.mode=sync and "
@@ -266,6 +267,29 @@ class RunConfig(Section):
             raise ValueError(f"model.device: {self.model.device} with runtime.learners > 1: use cuda or auto "
                              "(each learner process takes its own GPU, rank r the r-th)")
         return self
+
+    def _check_reference_update(self) -> None:
+        """A moving reference is the run's one reference: set on data.objective; SPO's Q0 of each version
+        comes from online samples with mu's log-probs (training/moving_reference.py)."""
+        for source, options in self.data.objectives.items():
+            if getattr(options, "reference_update", None) is not None:
+                raise ValueError(f"data.objectives.{source}.reference_update: a run has one reference; set it on "
+                                 "data.objective")
+        options = self.data.objective
+        if getattr(options, "reference_update", None) is None:
+            return
+        if self.runtime.learners > 1:
+            raise ValueError("data.objective.reference_update: needs runtime.learners=1 (the moved reference is "
+                             "not sharded yet)")
+        if options.algorithm == "spo":
+            s = self.sampling
+            if not self.generates:
+                raise ValueError("data.objective.reference_update: SPO estimates each new reference's Q0 from the "
+                                 "run's online samples, and data.mix has no online share")
+            if s.temperature != 1 or s.top_p != 1 or s.temperature_range is not None:
+                raise ValueError("data.objective.reference_update: SPO weighs its online samples by ref/mu to "
+                                 "estimate Q0, and they have mu's log-probs only at sampling.temperature=1 and "
+                                 "top_p=1 without temperature_range")
 
     @property
     def generates(self) -> bool:

@@ -8,23 +8,23 @@ from pydantic import Field
 from torch import Tensor
 
 from softrl.algorithms import agro
-from softrl.objectives.base import LossInputs, Objective, Options, register
+from softrl.objectives.base import LossInputs, MovingReferenceOptions, Objective, register
 
 Estimator = Literal["g1", "g2", "g3"]
 ESTIMATOR_HELP = "regulariser-gradient estimator (g3 needs full next-token distributions)"
 
 
-class AgroOffOptions(Options):
+class AgroOffOptions(MovingReferenceOptions):
     algorithm: Literal["agro-off"] = "agro-off"
     estimator: Estimator = Field("g1", description=ESTIMATOR_HELP)
 
 
-class AgroOnOptions(Options):
+class AgroOnOptions(MovingReferenceOptions):
     algorithm: Literal["agro-on"] = "agro-on"
     estimator: Estimator = Field("g1", description=ESTIMATOR_HELP)
 
 
-class KLPGOptions(Options):
+class KLPGOptions(MovingReferenceOptions):
     algorithm: Literal["kl-pg"] = "kl-pg"
     kl: Literal["sequence", "token"] = Field("sequence", description="KL term: sequence log-ratio, or exact token KL")
 

@@ -60,6 +60,19 @@ class Options(StrictModel):
     weight: float = Field(1.0, ge=0, description="weight of this source's loss in the total")
 
 
+class ReferenceUpdate(StrictModel):
+    every: int = Field(..., ge=1, description="learner steps between moves of the reference to the policy")
+
+
+class MovingReferenceOptions(Options):
+    """Options of an objective regularised towards a reference that may move (SPO, AGRO, KL-PG)."""
+
+    reference_update: ReferenceUpdate | None = Field(
+        None, description="{every: K}: every K learner steps the reference becomes a snapshot of the policy (one "
+        "more copy of the weights); SPO's Q0 of each new reference is estimated from the run's own samples "
+        "(docs/ALGORITHMS.md, 'A reference that moves'). null: the reference stays the starting model")
+
+
 Data = Literal["any", "on-policy", "online"]
 
 

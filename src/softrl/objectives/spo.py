@@ -10,10 +10,10 @@ from torch import Tensor
 
 from softrl.algorithms import spo
 from softrl.algorithms.offpolicy import importance_weights, truncated_fraction
-from softrl.objectives.base import LossInputs, Objective, Options, register
+from softrl.objectives.base import LossInputs, MovingReferenceOptions, Objective, register
 
 
-class SPOOptions(Options):
+class SPOOptions(MovingReferenceOptions):
     algorithm: Literal["spo"] = "spo"
     terminal: float = Field(1.0, ge=0, description="weight of the terminal Q-regression")
     reverse: float = Field(0.0, ge=0, description="weight of the reverse-Q (non-terminal) targets")

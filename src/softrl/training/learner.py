@@ -24,6 +24,7 @@ from softrl.objectives import LossInputs, objective_loss
 from softrl.training.batch import Batch
 from softrl.training.data_parallel import (Shards, groups_by_source, my_rows, same_as_rank_0, same_layout, sum_metrics,
                                        whole)
+from softrl.training.moving_reference import MovingReference
 
 
 def _add(metrics: dict[str, Tensor], key: str, value: Tensor) -> None:
@@ -83,6 +84,9 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
         self.version = 0  # optimizer steps taken: the policy version of what it generates next
         self.nonfinite_in_row = 0
+        moves = getattr(config.data.objective, "reference_update", None)
+        self.moving = MovingReference(reference, placement, moves.every, config.beta) if moves else None
+        self.q0_counts: dict[str, float] = {}  # this step's rows by the Q0 they had (a moving reference's)
 
     def group_size(self, source: str) -> int:
         """Rows per group: online rows come in prompts' groups whatever the objective."""
@@ -93,22 +97,30 @@ class Learner:
         """The objective's inputs for `part`, and the policy's token entropy `[B, T]` (diagnostics).
         Log-probs, entropy and token KL are computed chunk by chunk (`models.logprobs.token_stats`)."""
         objective = registry.get(options.algorithm)
+        reference = self.reference if self.moving is None else self.moving.model
         if objective.distributions(options):  # the token KL: one pass of the reference gives its log-probs too
-            policy = self.trained.stats(part.padded, entropy=True, reference=self.reference)
+            policy = self.trained.stats(part.padded, entropy=True, reference=reference)
             ref_logp = policy.ref_logp
         else:
             policy = self.trained.stats(part.padded, entropy=True)
-            ref_logp = self.reference.stats(part.padded).logp
+            ref_logp = reference.stats(part.padded).logp
         values = self.value.values(part.padded) if self.value is not None else None
         # one update per batch: PPO's pi_old is the policy now; a row's own sampler mu is behavior_logp
         # only the policy's tokens are trained on: an episode's environment tokens are context, not actions
         mask = policy.mask * part.action_mask[:, : policy.mask.shape[1]].to(policy.mask.dtype)
+        behavior_logp = part.behavior_logp[:, : policy.logp.shape[1]]
+        q0 = part.q0
+        if self.moving is not None:  # only this run's own samples are unfiltered draws of their sampler
+            log_w = ((ref_logp - behavior_logp) * mask).sum(-1)  # [B] log ref(y) / mu(y)
+            online = torch.tensor([s == "online" for s in part.sources], device=log_w.device)
+            q0 = self.moving.q0([r["prompt_id"] for r in part.rows], part.q0, part.reward, log_w,
+                                part.has_behavior & online, self.q0_counts)
         return LossInputs(
-            policy.logp, ref_logp, policy.logp.detach(), mask, self.rewards(part.reward, objective), part.q0,
+            policy.logp, ref_logp, policy.logp.detach(), mask, self.rewards(part.reward, objective), q0,
             self.config.beta,
             group_size, token_kl=policy.kl, values=values, old_values=None if values is None else values.detach(),
             mc_positions=part.mc_positions, mc_success=part.mc_success, mc_mask=part.mc_mask,
-            behavior_logp=part.behavior_logp[:, : policy.logp.shape[1]], has_behavior=part.has_behavior), policy.entropy
+            behavior_logp=behavior_logp, has_behavior=part.has_behavior), policy.entropy
 
     def rewards(self, unit: Tensor, objective: registry.Objective) -> Tensor:
         """The rows' rewards (kept on [0, 1] in batches and the store) on the scale `objective` asks."""
@@ -128,6 +140,7 @@ class Learner:
         cfg = self.config
         total_rows = len(batch)
         metrics: dict[str, Tensor] = {}
+        self.q0_counts = {}
         clock = self.placement.clock()
         pieces = self.pieces(batch)
         hosts = [batch.subset(index) for _, index, _ in pieces]
@@ -172,6 +185,12 @@ class Learner:
             if self.shards is not None:
                 self.shards.publish(self.policy.model if self.rank == 0 else None)
         self.version += 1
+        if self.moving is not None:
+            self.moving.after_step(self.version, self.trained.model)
+            rows = max(1.0, self.q0_counts.get("q0/online_rows", 0.0) + self.q0_counts.get("q0/stored_rows", 0.0))
+            metrics.update({k: torch.tensor(v / rows if k == "q0/samples_per_row" else v)
+                            for k, v in self.q0_counts.items()})
+            metrics["reference/version"] = torch.tensor(float(self.moving.version))
         device = self.placement.device  # one copy to the host for all of them
         out = dict(zip(metrics, torch.stack([v.detach().double().to(device) for v in metrics.values()]).cpu().tolist()))
         out.update({f"time/{name}": seconds for name, seconds in clock.seconds().items()})
@@ -229,7 +248,8 @@ class Learner:
             value = self.value.state_dict() if self.shards is None else self.shards.value_state()
         optimizer = self.optimizer.state_dict() if self.shards is None else self.shards.optimizer_state(self.optimizer)
         return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
-                "version": self.version, "nonfinite_in_row": self.nonfinite_in_row, "value": value}
+                "version": self.version, "nonfinite_in_row": self.nonfinite_in_row, "value": value,
+                "moving_reference": None if self.moving is None else self.moving.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """`state`, and in a group the weights of rank 0's `policy` (restored by then), on every rank."""
@@ -242,3 +262,5 @@ class Learner:
                 self.value.load_state_dict(state["value"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version, self.nonfinite_in_row = state["version"], state["nonfinite_in_row"]
+        if self.moving is not None and state.get("moving_reference"):
+            self.moving.load_state_dict(state["moving_reference"])

@@ -1,0 +1,78 @@
+"""The learner's reference when it moves (`data.objective.reference_update`, issue 51).
+
+SPO's regulariser anchors the policy to pi0; the paper's section 7 names the next step, "update the
+reference model ... would require online estimation of Q_0". Every `every` learner steps the reference
+becomes a snapshot of the policy (a frozen copy of its own: the evaluation's KL stays against pi0). Each
+version k >= 1 needs its own Q0(x) = beta log E_ref[exp(r / beta)], which the store's Monte-Carlo
+estimate (of pi0) is not. It is estimated from the samples the run draws anyway: every online row of
+prompt x since the last move adds `w exp(r / beta)` to x's sum, w = ref(y) / mu(y) the importance weight
+from the row's sampler mu to the current reference (the learner already holds both log-probs), and
+
+    Q0_hat(x) = beta log (1/n) sum_i w_i exp(r_i / beta)     (`spo.q0_from_samples`, pooled over steps)
+
+Pooling all of a version's samples of x, not only the row's own group, shrinks the estimate's downward
+bias (`tabular.moving.q0_bias`: about 1/n). A row whose prompt has no sample under this version yet
+keeps the store's estimate; each step's metrics count which rows had which.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import Tensor
+
+from softrl.models.device import Placement
+from softrl.models.wrappers import ReferenceModel
+
+
+class MovingReference:
+    def __init__(self, start: ReferenceModel, placement: Placement, every: int, beta: float):
+        self.model = ReferenceModel(copy.deepcopy(start.model), start.tokenizer)
+        placement.place(self.model.model, frozen=True)
+        self.every, self.beta, self.version = every, beta, 0
+        self.sums: dict[str, tuple[float, int]] = {}  # prompt id -> (log sum_i w_i exp(r_i / beta), n), this version
+
+    def after_step(self, step: int, policy_model) -> bool:
+        """After learner step `step`: move to a snapshot of `policy_model` when one is due."""
+        if step % self.every:
+            return False
+        with torch.no_grad():
+            self.model.model.load_state_dict(policy_model.state_dict())
+        self.version += 1
+        self.sums = {}
+        return True
+
+    def q0(self, prompt_ids: list[str], stored: Tensor, reward: Tensor, log_w: Tensor, sampled: Tensor,
+           counts: dict[str, float]) -> Tensor:
+        """Each row's Q0 under the current reference `[B]`: pi0's stored estimate at version 0; after a
+        move, its prompt's estimate from this version's samples so far, these rows' included (`sampled`
+        `[B]` bool: rows drawn by a known sampler, whose importance weight log is `log_w` `[B]`;
+        `reward` `[B]` on the unit scale), else the stored one. `counts` gets the rows of each kind."""
+        if self.version == 0:
+            counts["q0/stored_rows"] = counts.get("q0/stored_rows", 0.0) + len(prompt_ids)
+            return stored
+        terms = (log_w.double() + reward.double() / self.beta).tolist()
+        for pid, term, known in zip(prompt_ids, terms, sampled.tolist()):
+            if known:
+                total, n = self.sums.get(pid, (-math.inf, 0))
+                self.sums[pid] = (float(torch.logaddexp(torch.tensor(total), torch.tensor(term))), n + 1)
+        out = stored.clone()
+        for i, pid in enumerate(prompt_ids):
+            total, n = self.sums.get(pid, (-math.inf, 0))
+            if n:
+                out[i] = self.beta * (total - math.log(n))
+            kind = "q0/online_rows" if n else "q0/stored_rows"
+            counts[kind] = counts.get(kind, 0.0) + 1
+            counts["q0/samples_per_row"] = counts.get("q0/samples_per_row", 0.0) + n
+        return out
+
+    def state_dict(self) -> dict:
+        return {"version": self.version, "sums": dict(self.sums),
+                "weights": self.model.model.state_dict() if self.version else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version, self.sums = state["version"], {k: tuple(v) for k, v in state["sums"].items()}
+        if state["weights"] is not None:
+            self.model.model.load_state_dict(state["weights"])
