@@ -68,8 +68,13 @@ METHODS: dict[str, Method] = {
                                            {"data.objective.clip_low": 0.2, "data.objective.clip_high": 0.28})),
     "cispo": Method({"algorithm": "cispo"}, knob("data.objective.cap", 2.0, 5.0)),
     "topr": Method({"algorithm": "topr"}),  # no strength knob: its grid is the learning rate alone
+    # SPO with a reference that moves (issue 51): its knob is the interval, at SPO's beta; Q0 of each new
+    # reference from the run's own samples, so only where the run generates
+    "spo-moving": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce"},
+                         knob("data.objective.reference_update.every", 25, 100)),
 }
-OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl")  # set against every other method's frontier (OAPL: SPO's relative)
+OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "spo-moving")  # set against every other method's frontier
+# (OAPL: SPO's relative)
 STALE = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "grpo-tis", "decoupled-ppo", "m2po", "gspo", "cispo", "topr")
 
 
@@ -87,9 +92,11 @@ class Regime:
 
 
 LAGS = (1, 4, 16, 64, 256)
+MOVING_LAGS = (1, 64, 256)  # where issue 51 measures the moving reference
 REGIMES: dict[str, Regime] = {
-    **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE, lag=k) for k in LAGS},
-    "half": Regime("half", {"online": 0.5, "offline": 0.5}, STALE, sources=tuple(POOL_SOURCES)),
+    **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE + (("spo-moving",) if k in MOVING_LAGS else ()), lag=k)
+       for k in LAGS},
+    "half": Regime("half", {"online": 0.5, "offline": 0.5}, (*STALE, "spo-moving"), sources=tuple(POOL_SOURCES)),
     "offline": Regime("offline", {"offline": 1.0}, (*STALE, "kl-pg"), lag=0, sources=("earlier",)),
     # one known solution a prompt: AGRO, KL-PG and the group methods have no group to compare, nor mu to weigh
     "human": Regime("human", {"offline": 1.0}, ("spo", "spo-sq", "topr"), lag=0, sources=("human",)),

@@ -21,7 +21,7 @@ from softrl.algorithms.common import SPO_BETA
 from softrl.limits import MAX_PROMPTS, MAX_SEED, StrictModel
 from softrl.safe_yaml import YAMLInputError, load_yaml
 
-SOURCES = ("online", "offline", "mc", "pts")
+SOURCES = ("online", "offline", "mc", "pts", "replay")
 
 
 class ConfigError(ValueError):
@@ -102,17 +102,23 @@ class TaskConfig(Section):
 ObjectiveConfig = registry.options_union()  # every registered objective's options, told apart by `algorithm`
 
 
+class ReplayConfig(Section):
+    size: int = Field(1024, ge=1, description="rows the replay buffer keeps (this run's newest online groups)")
+    reuse: int = Field(1, ge=1, description="times a kept group is drawn before it leaves the buffer")
+
+
 class DataConfig(Section):
     store: str = Field("runs/store", description="experience store: a directory or s3://bucket/prefix (shared by runs)")
     mix: dict[str, float] = Field(default_factory=lambda: {"online": 0.5, "offline": 0.5},
                                   description="share of each source in a batch: online, offline, mc (PTS-annotated rows), pts "
-                                              "(PTS's rollouts)")
+                                              "(PTS's rollouts), replay (this run's recent online groups: data.replay)")
     objectives: dict[str, ObjectiveConfig] = Field(
         default_factory=dict, description="per-source loss; a source not named uses `objective`")
     objective: ObjectiveConfig = Field(default_factory=registry.get(registry.DEFAULT_ALGORITHM).options,
                                        description="the default loss (its `algorithm` picks the options)")
     offline_sources: list[str] = Field(["reference"], description="store sources that make the offline pool")
     offline_passed_only: bool = Field(True, description="offline pool holds passed trajectories only (SPO)")
+    replay: ReplayConfig = Field(default_factory=ReplayConfig, description="the replay source's buffer")
     store_version: int | str | None = Field(None, description="read the store as it was: a version of its trajectories "
                                             "table or a tag (`softrl data tag`); none: the newest (store.json says which)")
 
@@ -256,6 +262,8 @@ class RunConfig(Section):
                 how = f" with is_correction={options.is_correction}" if hasattr(options, "is_correction") else ""
                 raise ValueError(f"{key}: {objective.name}{how} weighs rows by pi/mu, and online samples have mu's "
                                  "log-probs only at sampling.temperature=1 and top_p=1 without temperature_range")
+        if self.data.mix.get("replay", 0) > 0 and not self.generates:
+            raise ValueError("data.mix: replay draws this run's own online groups, and the mix has no online share")
         self._check_reference_update()
         rc = self.runtime
         if rc.policy_lag and (rc.kind != "local" or rc.mode != "sync" or rc.model_update_interval != 1):

@@ -3,8 +3,9 @@
 A *source* is anything with `draw(n, rng) -> list[dict]` (trajectory rows). A pool (data/pool.py) is
 the source over rows of the store (e.g. "passed only", SPO's offline set); a runtime's online queue is
 another. `MixtureSampler` mixes sources by weight, `GroupSampler` draws n responses of one prompt
-(AGRO, RLOO, GRPO: groups contiguous), and `replay` swaps fresh samples for stored ones with
-probability p (AGRO's synthetic off-policy setting).
+(AGRO, RLOO, GRPO: groups contiguous), `replay` swaps fresh samples for stored ones with
+probability p (AGRO's synthetic off-policy setting), and `ReplayBuffer` keeps a run's recent online
+groups for the mix's `replay` source.
 """
 
 from __future__ import annotations
@@ -90,3 +91,53 @@ def replay(fresh: list[dict[str, Any]], buffer: Pool, p: float, rng: random.Rand
         stored = buffer.of_prompt(row["prompt_id"], 1, rng) if rng.random() < p else []
         out.append({**stored[0], "replayed": True} if stored else row)
     return out
+
+
+class ReplayBuffer:
+    """The `replay` source of `data.mix`: this run's recent online groups, first in first out (at most `size`
+    rows), each drawn at most `reuse` times, uniformly among those not used up. Arnal et al. (arXiv
+    2604.08706) cut generation by up to 40% at equal accuracy with such a buffer. Rows keep their sampler's
+    log-probs and policy version, so an objective that weighs by pi/mu, or SPO and AGRO that need no
+    weights, learn from them correctly; whole groups (one step's samples of one prompt) are kept and
+    drawn together, as group objectives need."""
+
+    def __init__(self, size: int, reuse: int, seed: int = 0):
+        if size < 1 or reuse < 1:
+            raise ValueError(f"replay size and reuse must be >= 1, got size={size}, reuse={reuse}")
+        self.size, self.reuse, self.rng = size, reuse, random.Random(seed)
+        self.groups: list[list] = []  # [rows, times drawn], oldest first
+
+    def __len__(self) -> int:
+        return sum(len(rows) for rows, _ in self.groups)
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        """One step's online rows, as groups of consecutive rows of one prompt; the oldest leave past `size`."""
+        group: list[dict[str, Any]] = []
+        for row in rows:
+            if group and group[-1]["prompt_id"] != row["prompt_id"]:
+                self.groups.append([group, 0])
+                group = []
+            group.append(row)
+        if group:
+            self.groups.append([group, 0])
+        while len(self) > self.size:
+            self.groups.pop(0)
+
+    def draw(self, n: int) -> list[dict[str, Any]]:
+        """About `n` rows in whole groups, each group once at most, counted as a use; fewer (or none) while
+        the buffer holds less."""
+        if not self.groups or n < 1:  # a group used `reuse` times has left
+            return []
+        per = max(1, round(len(self) / len(self.groups)))  # rows per group, about samples_per_prompt
+        chosen = self.rng.sample(self.groups, min(len(self.groups), max(1, round(n / per))))
+        for group in chosen:
+            group[1] += 1
+        self.groups = [g for g in self.groups if g[1] < self.reuse]
+        return [{**row, "mix_source": "replay"} for rows, _ in chosen for row in rows]
+
+    def state_dict(self) -> dict:
+        return {"groups": [[list(rows), used] for rows, used in self.groups], "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.groups = [[list(rows), used] for rows, used in state["groups"]]
+        self.rng.setstate(state["rng"])

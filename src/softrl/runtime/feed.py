@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
-from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, Snapshot, StoreError
+from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, ReplayBuffer, Snapshot, StoreError
 from softrl.data.unmatched import unmatched_rows
 from softrl.data.versions import hold, pinned
 from softrl.models.loading import encode_episode, encode_prompt, encode_response, tokenizer_fingerprint
@@ -17,11 +17,12 @@ from softrl.tasks.base import Prompt, Task
 from softrl.training.batch import Batch, knows_behavior, make_batch, unusable_row
 
 CHECKED_ROWS = 2_000  # rows of each pool checked before a run starts; the rest are checked when drawn
+IN_MEMORY = ("online", "replay")  # the mix's sources that are not read from the store
 
 
 def draws_from_store(config: RunConfig) -> bool:
     """Whether the run's mix draws rows from the store (its snapshot is then held until it ends)."""
-    return any(w > 0 for s, w in config.data.mix.items() if s != "online")
+    return any(w > 0 for s, w in config.data.mix.items() if s not in IN_MEMORY)
 
 
 def pinned_snapshot(config: RunConfig, store: ExperienceStore) -> Snapshot | None:
@@ -64,6 +65,8 @@ class DataFeed:
         self.prompt_rng = random.Random(config.seed)
         self.partly_checked: set[str] = set()  # sources with rows not checked before the run: checked when drawn
         self.mixture = self._mixture()
+        replay = config.data.replay
+        self.replay = ReplayBuffer(replay.size, replay.reuse, config.seed) if config.data.mix.get("replay", 0) > 0 else None
         # the next step's stored rows, drawn in the background: (online rows they are for, the samplers'
         # random state before the draw, the draw)
         self._prefetched: tuple[int, dict, Future] | None = None
@@ -72,7 +75,7 @@ class DataFeed:
     def _mixture(self) -> MixtureSampler | None:
         """The non-online sources of the mix, drawn from the store (rows of the prompts with a Q0)."""
         cfg = self.config.data
-        wanted = {s: w for s, w in cfg.mix.items() if s != "online" and w > 0}
+        wanted = {s: w for s, w in cfg.mix.items() if s not in IN_MEMORY and w > 0}
         if not wanted:
             return None
         sources = {}
@@ -164,13 +167,13 @@ class DataFeed:
         return self.prompt_rng.sample(self.prompts, min(self.config.sampling.prompts_per_step, len(self.prompts)))
 
     def extra_rows(self, online_rows: int) -> list[dict]:
-        """Rows of the other sources in proportion to their weight against online's."""
+        """Rows of the store's sources in proportion to their weight against online's."""
         mix = self.config.data.mix
         if self.mixture is None:
             return []
         online_weight = mix.get("online", 0.0)
         if online_weight > 0:
-            count = round(online_rows * sum(w for s, w in mix.items() if s != "online") / online_weight)
+            count = round(online_rows * sum(w for s, w in mix.items() if s not in IN_MEMORY) / online_weight)
         else:
             count = self.config.sampling.prompts_per_step * self.config.sampling.samples_per_prompt
         rows = self.mixture.sample(count) if count else []
@@ -226,6 +229,10 @@ class DataFeed:
         """A learner step's batch: the online rows and the other sources' share; the next step's share
         starts coming from the store meanwhile (`prefetch`)."""
         rows = online + self._stored_rows(len(online))
+        if self.replay is not None:  # drawn before this step's rows join: a row is replayed only in later steps
+            mix = self.config.data.mix
+            rows += self.replay.draw(round(len(online) * mix["replay"] / mix["online"]))
+            self.replay.add(online)
         self.prefetch()
         tok = self.tokenizer
         return make_batch(rows, self.fingerprint, tok.pad_token_id, lambda t: encode_prompt(tok, t),
@@ -236,12 +243,15 @@ class DataFeed:
         """The random state between steps: a prefetched draw not yet used is not counted (a run resumed
         from it draws that step's rows again)."""
         samplers = self._prefetched[1] if self._prefetched is not None else self._sampler_state()
-        return {"samplers": samplers, "prompts": self.prompt_rng.getstate()}
+        return {"samplers": samplers, "prompts": self.prompt_rng.getstate(),
+                "replay": None if self.replay is None else self.replay.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self._drop_prefetched()  # drawn from the state being replaced
         self.prompt_rng.setstate(state["prompts"])
         self._set_sampler_state(state["samplers"])
+        if self.replay is not None and state.get("replay") is not None:
+            self.replay.load_state_dict(state["replay"])
 
     def _sampler_state(self) -> dict:
         if self.mixture is None:
