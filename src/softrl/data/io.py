@@ -58,8 +58,9 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
         if source:
             trajectory.source = source
         return trajectory
-    if "messages" in record and not {"prompt", "response", "completion"} & set(record):
-        return chat_trajectory(record, where, source, task)
+    conversation = chat_form(record, where)
+    if conversation is not None:
+        return chat_trajectory(conversation, where, source, task)
     if "response" not in record and "completion" in record:  # TRL's name for it
         record = {**record, "response": record["completion"]}
     prompt, response = prompt_of(record, where)[0], field(record, "response", where)  # a text or chat messages
@@ -104,6 +105,24 @@ def chat_trajectory(record: dict[str, Any], where: str, source: str | None, task
                       policy_version=-1, turns=None if one else turns, finish=None if one else finish)
 
 
+def chat_form(record: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """A record that is a conversation, as a `{messages, ...}` chat record: one with `messages` and no
+    prompt/response fields, or TRL's conversational form (`prompt` and `completion` both message lists);
+    None for a prompt/response record."""
+    if "messages" in record and not {"prompt", "response", "completion"} & set(record):
+        return record
+    completion = record.get("completion", record.get("response"))
+    if isinstance(completion, list):
+        prompt = record.get("prompt")
+        prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if not isinstance(prompt, list):
+            raise RecordError(f"{where}: field 'prompt' must be a text or a list of chat messages, got "
+                              f"{type(prompt).__name__}")
+        rest = {k: v for k, v in record.items() if k not in ("prompt", "completion", "response")}
+        return {**rest, "messages": [*prompt, *completion]}
+    return None
+
+
 def task_prompt_ids(task: Task) -> dict[str, tuple[str, str]]:
     """A task's prompt text (without surrounding white space) -> (its prompt id, its text), the first
     of prompts with the same text."""
@@ -134,6 +153,13 @@ def offline_trajectories(records: list[tuple[str, dict[str, Any]]], task: Task, 
     ids = {p.text: p.id for p in task.prompts()}
     rows, unknown = [], 0
     for where, record in records:
+        conversation = chat_form(record, where)
+        if conversation is not None:  # a conversation: the chat path keeps its tool calls and turns
+            row = chat_trajectory(conversation, where, source, task.name)
+            unknown += row.prompt_text not in ids
+            row.prompt_id = ids.get(row.prompt_text) or row.prompt_id
+            rows.append(row)
+            continue
         text = prompt_of(record, where)[0]
         unknown += text not in ids
         keyed = {**record, "prompt": text, "prompt_id": ids.get(text) or record.get("prompt_id"), "task": task.name}

@@ -229,11 +229,23 @@ def conversation_of(text: str) -> list[dict[str, str]] | None:
         return None
 
 
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
 def _messages(value: Any, where: str, name: str) -> list[dict[str, str]]:
+    """A prompt's chat messages, each of a known role and a text; tool calls are refused here (they would
+    be dropped: an episode with them is a `messages` record with a reward, `softrl data import`'s)."""
     if not isinstance(value, list) or not value or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
         raise RecordError(f"{where}: field {name!r} must be a string or a non-empty list of "
                           "{'role': ..., 'content': ...} messages")
+    for i, m in enumerate(value):
+        if m["role"] not in CHAT_ROLES:
+            raise RecordError(f"{where}: field {name!r}, message {i} has role {m['role']!r}; use "
+                              f"{', '.join(CHAT_ROLES)}")
+        if m.get("tool_calls"):
+            raise RecordError(f"{where}: field {name!r}, message {i} has tool_calls, which a prompt cannot carry: "
+                              "give the conversation as 'messages' with a 'reward' to learn from it as an episode")
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
@@ -257,6 +269,9 @@ def _prompt_of(record: dict[str, Any], where: str) -> tuple[str, Any, list[str]]
         return conversation_text(messages), messages, []
     if "messages" in record and record["messages"] is not None:
         messages = _messages(record["messages"], where, "messages")
+        if messages[0]["role"] not in ("system", "user"):
+            raise RecordError(f"{where}: field 'messages' starts with a {messages[0]['role']} message: a conversation "
+                              "needs its system or user prompt first")
         solutions = []
         if messages[-1]["role"] == "assistant" and len(messages) > 1:
             solutions, messages = [messages[-1]["content"]], messages[:-1]

@@ -1,0 +1,54 @@
+"""Chat records in the Python API and imports (issue 52, "Chat data"): every role, ordering and shape is
+trained on as meant or refused in one line naming the record and the message."""
+
+import pytest
+
+from softrl.data.io import offline_trajectories
+from softrl.tasks.records import RecordError, prompt_of, records_of
+from softrl.tasks.reward_functions import RewardFunctionTask, reward_functions
+
+RECORDS = [{"prompt": "1 2 -> 3\n", "answer": 3}]
+
+
+def task():
+    return RewardFunctionTask(reward_functions(lambda prompt, completion, **kw: 1.0), records_of(RECORDS))
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1, \"b\": 2}"}}
+
+
+def test_a_conversation_with_tool_calls_in_offline_records_keeps_its_calls_and_turns():
+    record = {"messages": [{"role": "user", "content": "1 2 -> 3\n"},
+                           {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                           {"role": "tool", "tool_call_id": "c1", "content": "3"},
+                           {"role": "assistant", "content": "3"}], "reward": 1.0}
+    (row,), unknown = offline_trajectories([("r1", record)], task(), "import:x")
+    assert unknown == 0 and row.prompt_id == task().prompts()[0].id  # the task's own prompt
+    assert [t["role"] for t in row.turns] == ["assistant", "tool", "assistant"]
+    assert '"add"' in row.turns[0]["tool_calls"] and row.turns[1]["tool_call_id"] == "c1"
+
+
+def test_trl_conversational_records_are_read_as_the_conversation_they_are():
+    record = {"prompt": [{"role": "user", "content": "1 2 -> 3\n"}], "completion": [{"role": "assistant", "content": "3"}],
+              "reward": 0.5}
+    (row,), unknown = offline_trajectories([("r1", record)], task(), "import:x")
+    assert unknown == 0 and row.response_text == "3" and row.turns is None and row.reward == 0.5
+    bad = {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "critic", "content": "3"}], "reward": 1}
+    with pytest.raises(RecordError, match="^r2: message 1 has role 'critic'"):
+        offline_trajectories([("r2", bad)], task(), "import:x")
+
+
+@pytest.mark.parametrize("messages, says", [
+    ([{"role": "assistant", "content": "3"}], "starts with a assistant message"),
+    ([{"role": "narrator", "content": "hi"}], "message 0 has role 'narrator'"),
+    ([{"role": "user", "content": "q", "tool_calls": [CALL]}], "has tool_calls, which a prompt cannot carry"),
+])
+def test_prompt_conversations_that_are_not_one_are_refused_in_one_line(messages, says):
+    with pytest.raises(RecordError, match=says) as e:
+        prompt_of({"messages": messages}, "data.jsonl:3")
+    assert str(e.value).startswith("data.jsonl:3: ") and "\n" not in str(e.value)
+
+
+def test_an_assistant_only_offline_record_is_refused_not_trained_as_its_own_prompt():
+    with pytest.raises(RecordError, match="before any system or user message: the conversation has no prompt"):
+        offline_trajectories([("r1", {"messages": [{"role": "assistant", "content": "3"}], "reward": 1})], task(), "x")
