@@ -52,3 +52,22 @@ def test_prompt_conversations_that_are_not_one_are_refused_in_one_line(messages,
 def test_an_assistant_only_offline_record_is_refused_not_trained_as_its_own_prompt():
     with pytest.raises(RecordError, match="before any system or user message: the conversation has no prompt"):
         offline_trajectories([("r1", {"messages": [{"role": "assistant", "content": "3"}], "reward": 1})], task(), "x")
+
+
+def test_offline_rewards_are_mapped_by_the_tasks_declared_range_like_its_online_ones():
+    """task.reward_range (-1, 2): an offline reward of 2 is solved (1 in the store), 0.5 is half way, one
+    outside the range is refused naming it; the same holds for conversations."""
+    declared = RewardFunctionTask(reward_functions(lambda prompt, completion, **kw: 2.0, summed=True),
+                                  records_of(RECORDS), reward_range=(-1.0, 2.0))
+    online = declared.grade_many([(declared.prompts()[0], "3")])[0]
+    records = [("a", {"prompt": "1 2 -> 3\n", "completion": "3", "reward": 2}),
+               ("b", {"prompt": "1 2 -> 3\n", "completion": "4", "reward": 0.5}),
+               ("c", {"messages": [{"role": "user", "content": "1 2 -> 3\n"}, {"role": "assistant", "content": "5"}],
+                      "reward": -1})]
+    rows, _ = offline_trajectories(records, declared, "import:x")
+    assert [(r.reward, r.passed) for r in rows] == [(1.0, True), (0.5, False), (0.0, False)]
+    assert (online.reward, online.passed) == (rows[0].reward, rows[0].passed)  # the online mapping, the same
+    with pytest.raises(RecordError, match=r"^d: field 'reward' must be a number in the task's declared range \[-1, 2\]"):
+        offline_trajectories([("d", {"prompt": "q", "completion": "x", "reward": 3})], declared, "import:x")
+    plain, _ = offline_trajectories([("e", {"prompt": "q", "completion": "x", "reward": 0.25})], task(), "import:x")
+    assert plain[0].reward == 0.25  # no declared range: the store's [0, 1] as given

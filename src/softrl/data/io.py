@@ -105,6 +105,20 @@ def chat_trajectory(record: dict[str, Any], where: str, source: str | None, task
                       policy_version=-1, turns=None if one else turns, finish=None if one else finish)
 
 
+def in_unit_range(record: dict[str, Any], where: str, declared: tuple[float, float] | None) -> dict[str, Any]:
+    """The record with its `reward` mapped from the task's declared range (task.reward_range) to the
+    store's [0, 1], as the same run's online rewards are (`passed`, where not given: the range's top);
+    a reward outside the range is refused naming it. Without a declared range, as given."""
+    if declared is None or "reward" not in record:
+        return record
+    low, high = declared
+    value = record["reward"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise RecordError(f"{where}: field 'reward' must be a number in the task's declared range [{low:g}, {high:g}] "
+                          f"(task.reward_range), got {value!r}")
+    return {"passed": value >= high, **record, "reward": (value - low) / (high - low)}
+
+
 def chat_form(record: dict[str, Any], where: str) -> dict[str, Any] | None:
     """A record that is a conversation, as a `{messages, ...}` chat record: one with `messages` and no
     prompt/response fields, or TRL's conversational form (`prompt` and `completion` both message lists);
@@ -148,11 +162,14 @@ def _check_types(row: dict[str, Any], where: str) -> None:
 
 def offline_trajectories(records: list[tuple[str, dict[str, Any]]], task: Task, source: str) -> tuple[list[Trajectory], int]:
     """`{prompt, completion (or response), reward or passed}` records (a prompt as text or chat
-    messages) as trajectories of `task`: a prompt the task has gets its id, so the run trains on it.
+    messages) and conversations as trajectories of `task`: a prompt the task has gets its id, so the run
+    trains on it; rewards on the task's declared range are mapped to [0, 1] (`in_unit_range`).
     Returns (trajectories, how many have a prompt the task does not have)."""
     ids = {p.text: p.id for p in task.prompts()}
+    declared = tuple(task.reward_range) if getattr(task, "declared", False) else None
     rows, unknown = [], 0
     for where, record in records:
+        record = in_unit_range(record, where, declared)
         conversation = chat_form(record, where)
         if conversation is not None:  # a conversation: the chat path keeps its tool calls and turns
             row = chat_trajectory(conversation, where, source, task.name)
