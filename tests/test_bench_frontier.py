@@ -298,3 +298,36 @@ def test_a_method_has_one_colour_in_every_figure(tmp_path, monkeypatch):
     frontier_report.plot_lags({1: result(["topr", "spo"]), 4: result(["spo", "extra"])}, tmp_path / "c.png", order)
     assert len({figure["spo"] for figure in seen}) == 1 and len({figure["topr"] for figure in seen}) == 1
     assert seen[0]["spo"] != seen[0]["topr"] and seen[2]["extra"] not in (seen[2]["spo"], seen[2]["topr"])
+
+
+def test_bench_commands_refuse_unknown_names_and_never_overwrite_a_report_with_nothing(tmp_path):
+    """Issue 52's bench commands: an unknown method in --methods stops the command before anything runs;
+    --report-only with a mistyped outcomes file says so and leaves the reports alone; a damaged report
+    beside them is named in one line."""
+    runner = CliRunner()
+    for args in (["bench", "learning", "--methods", "spo-online,spo-onlien"],
+                 ["bench", "anydata", "--methods", "spo,sop", "--settings", "half"]):
+        result = runner.invoke(app, [*args, "--runs", str(tmp_path / "runs")])
+        assert result.exit_code == 2 and "unknown method" in result.output and "Traceback" not in result.output, args
+        assert not (tmp_path / "runs").exists()
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "frontier-lag1.md").write_text("a good report")
+    missing = runner.invoke(app, ["bench", "frontier", "--report-only", "--regimes", "lag1", "--report", str(report),
+                                  "--kept", str(tmp_path / "frontier-runs.jsnol")])
+    assert missing.exit_code == 2 and "no finished runs in" in missing.output and "frontier-runs.jsnol" in missing.output
+    assert (report / "frontier-lag1.md").read_text() == "a good report"
+    (report / "frontier-lag4.json").write_text("{not json")
+    from softrl_bench.frontier_report import lag_results
+    from softrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="frontier-lag4.json: not a JSON report"):
+        lag_results(report, "frontier", [1, 4], {})
+    (report / "frontier-lag4.json").unlink()
+    empty = tmp_path / "frontier-runs.jsonl"
+    empty.write_text("")
+    from softrl_bench.frontier_report import write_reports
+
+    lines = write_reports(fr.Settings(tmp_path / "runs", kept=empty), ["lag1"], ["spo"], 1, 1, report, "frontier")
+    assert any("frontier-lag1: no finished run" in line for line in lines)
+    assert (report / "frontier-lag1.md").read_text() == "a good report"

@@ -129,6 +129,11 @@ def plan(task: str, settings: list[str], seeds: int, root: Path, steps: int, lr:
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
         raise ValueError(f"--settings: unknown setting {unknown[0]!r} (use {', '.join(SETTINGS)})")
+    usable = sorted({m for name in settings for m in SETTINGS[name].methods})
+    missing = [m for m in methods or [] if m not in usable]
+    if missing or methods == []:  # a name dropped in silence would start a benchmark without it
+        raise ValueError(f"--methods: unknown method {(missing or [''])[0]!r} for settings {', '.join(settings)} "
+                         f"(use {', '.join(usable)})")
     out = {}
     for name in settings:
         setting = SETTINGS[name]

@@ -69,7 +69,7 @@ def learning(
     from softrl_bench.report import markdown, plot_learning
     from softrl.config import ConfigError, read_settings
 
-    chosen = _csv(methods)
+    chosen = _choices("--methods", "method", methods, METHODS, at_least_one=True)
     try:
         extra = read_settings(base) if base is not None else None
         configs = [method_config(m, task, s, steps, runs, lr, prompts, eval_size=eval_size, eval_every=eval_every,
@@ -420,6 +420,8 @@ def frontier(
         s = fr.Settings(runs, task, o["steps"], prompts, 4, o["eval_size"], o["eval_every"], o["earlier_steps"],
                         _floats("--lrs", o["lrs"]), o["extend"], extra, kept or report / f"{stem}-runs.jsonl")
         fr.check_names(chosen, only)
+        if report_only and not s.kept.is_file():  # a mistyped file must not turn good reports into empty ones
+            raise ValueError(f"--report-only: no finished runs in {s.kept} (give --kept FILE)")
         fr.install_reference(s)  # before any kept outcome is read: they name its weights
     except (ValueError, ConfigError) as e:
         fail(str(e))

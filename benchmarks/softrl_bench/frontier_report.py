@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+from softrl.config import ConfigError
 from softrl.plots import save_figure
 
 
@@ -122,12 +123,23 @@ def plot(result: dict, out: Path, order: list[str]) -> Path:
     return save_figure(fig, out, left, right)
 
 
+def _report(path: Path) -> dict:
+    """A regime's JSON report, or a one-line error naming the file."""
+    try:
+        result = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a JSON report ({e}): restore it, or delete it to leave that lag out") from None
+    if not isinstance(result, dict) or "settings" not in result:
+        raise ConfigError(f"{path}: not a frontier report (no 'settings'): restore it, or delete it to leave that lag out")
+    return result
+
+
 def lag_results(folder: Path, stem: str, lags: list[int], settings: dict) -> tuple[dict[int, dict], list[Path]]:
     """({lag: result} of the lag reports in `folder` made with `settings`, whichever run wrote them; the
     reports of other settings, left out): a quick run's lags must not sit beside a full run's."""
     settings = json.loads(json.dumps(settings, default=str))  # as the reports keep them (lists, not tuples)
     found = {lag: folder / f"{stem}-lag{lag}.json" for lag in sorted(lags)}
-    results = {lag: json.loads(path.read_text()) for lag, path in found.items() if path.is_file()}
+    results = {lag: _report(path) for lag, path in found.items() if path.is_file()}
     return ({lag: r for lag, r in results.items() if r["settings"] == settings},
             [found[lag] for lag, r in results.items() if r["settings"] != settings])
 
@@ -185,8 +197,11 @@ def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: 
     lines = []
     for name in regimes:
         result = fr.regime_result(s, fr.REGIMES[name], methods, tune_seeds, seeds)
-        table = markdown(result)
         path = report / f"{stem}-{name}"
+        if not any(result["grid"].values()):  # a report of nothing never replaces one of something
+            lines.append(f"{path.name}: no finished run (in {s.kept}); its report is left as it was")
+            continue
+        table = markdown(result)
         path.with_suffix(".md").write_text(table)
         path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
         plot(result, path.with_suffix(".png"), list(fr.METHODS))

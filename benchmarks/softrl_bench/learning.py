@@ -281,7 +281,7 @@ def aggregate(runs: dict[str, dict[int, list[dict]]]) -> dict[str, list[dict]]:
             at = [s[j] for s in series]
             point = {}
             for key in ("step", "samples", "time", *EVAL_KEYS):
-                point[key], point[f"{key}_sd"] = mean_sd([p[key] for p in at])
+                point[key], point[f"{key}_sd"] = mean_sd([p.get(key) for p in at])  # older outcomes lack newer keys
             points.append(point)
         out[method] = points
     return out
