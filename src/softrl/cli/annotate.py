@@ -50,12 +50,14 @@ SAMPLING_ONLY = ("k", "size", "task_seed", "max_new_tokens", "temperature", "see
 STORED_ONLY = ("source", "min_k", "force", "on_ray")
 
 
-def checked_beta(beta: float) -> float:
+def checked_beta(beta: float | None) -> float:
+    """--beta as given (not given: the SPO paper's 1/ln(1e5)); 0 or less is refused, not read as the default."""
     from softrl.algorithms.common import SPO_BETA
 
-    beta = beta or SPO_BETA
+    if beta is None:
+        return SPO_BETA
     if not math.isfinite(beta) or beta <= 0:
-        fail(f"--beta must be a positive number, got {beta}")
+        fail(f"--beta must be a positive number, got {beta:g}")
     return beta
 
 
@@ -72,7 +74,7 @@ def q0(
     from_store: bool = typer.Option(False, "--from-store", help="no sampling: Q0 from the samples of --source "
                                     "already in the store (e.g. imported from another sampler)"),
     k: int = typer.Option(800, "--k", min=1, help="reference samples per prompt (the SPO paper: 800)"),
-    beta: float = typer.Option(0.0, "--beta", help="beta of the stored q0_hat; 0 = 1/ln(1e5) (runs at any beta use the stored rewards)"),
+    beta: float = typer.Option(None, "--beta", help="beta of the stored q0_hat (default 1/ln(1e5); runs at any beta use the stored rewards)"),
     model: str = typer.Option(None, "--model", help="sampling: the reference model directory, 'bootstrap' (the default) "
                               "= the task's built-in one; --from-store: the model the samples came from, as runs name "
                               "it, so its runs reuse this Q0 (default store:SOURCE)"),
@@ -117,7 +119,7 @@ def q0(
 
 
 def stored_q0(model: str = STORED_MODEL_OPT, source: str = SOURCE_OPT, force: bool = FORCE_OPT,
-              beta: float = typer.Option(0.0, "--beta", help="beta of the stored q0_hat; 0 = 1/ln(1e5)"),
+              beta: float = typer.Option(None, "--beta", help="beta of the stored q0_hat (default 1/ln(1e5))"),
               min_k: int = MIN_K_OPT, store: str = STORE_OPT, as_json: bool = JSON_OPT, on_ray: bool = RAY_OPT) -> None:
     """Q0 of every prompt from the samples of SOURCE already in the store (no sampling): the prompts table
     gets each prompt's Q0 and its rewards, as sampling leaves them. The same as `softrl q0 --from-store`,

@@ -210,7 +210,7 @@ def data_tag(
 
 @data_app.command("compact")
 def data_compact(
-    keep: int = typer.Option(1, "--keep-versions", help="newest versions kept (tagged ones always are)"),
+    keep: int = typer.Option(1, "--keep-versions", min=1, help="newest versions kept (tagged ones always are)"),
     store: str = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:

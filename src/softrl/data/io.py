@@ -269,6 +269,8 @@ def export(rows: pa.Table | Iterable[pa.Table], out: str | Path, store: str | Pa
     if not (out.suffix in (".parquet", ".hf") or out.name.endswith((".jsonl", ".jsonl.gz"))):
         raise ValueError(f"cannot export to {out}: use a .parquet, .jsonl or .jsonl.gz file name, or NAME.hf for a "
                          "Hugging Face dataset directory")
+    if not out.parent.is_dir():
+        raise ValueError(f"cannot export to {out}: its folder {out.parent} does not exist")
     if store is not None and "://" not in str(store) and out.resolve().is_relative_to(Path(store).resolve()):
         raise ValueError(f"cannot export to {out}: it is inside the store {store}, whose files are its parts; "
                          "write it elsewhere")
@@ -308,6 +310,9 @@ def export_hf(chunks: Iterable[pa.Table], out: Path) -> int:
     work = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         written = export(chunks, work.with_suffix(".parquet"))
+        if not written:  # datasets saves an empty dataset but cannot load it back
+            raise ValueError(f"cannot export to {out}: no trajectories match, and datasets cannot read an empty "
+                             "dataset directory back; nothing written (use a .jsonl or .parquet file for none)")
         datasets.disable_progress_bars()
         datasets.Dataset.from_parquet(str(work.with_suffix(".parquet")), cache_dir=str(work) + "-cache") \
             .save_to_disk(str(work))
