@@ -33,3 +33,27 @@ def test_an_export_of_nothing_or_into_no_folder_is_one_line(tmp_path):
     assert not (tmp_path / "none.hf").exists()
     nowhere = runner.invoke(app, ["data", "export", str(tmp_path / "nope" / "o.jsonl"), "--store", store])
     assert nowhere.exit_code != 0 and "its folder" in nowhere.output and ".tmp" not in nowhere.output
+
+
+def test_input_that_contradicts_itself_is_refused_whole(tmp_path):
+    """One response with three grades, or one prompt id with two texts: refused naming them, nothing
+    written; the same response twice with one grade is a repeat."""
+    import json
+
+    runner = CliRunner()
+    store = tmp_path / "store"
+    graded = tmp_path / "graded.jsonl"
+    graded.write_text("".join(json.dumps({"prompt_id": "p1", "prompt": "2+2", "response": "4", "reward": r}) + "\n"
+                              for r in (1.0, 0.0, 0.5)))
+    result = runner.invoke(app, ["data", "import", str(graded), "--store", str(store)])
+    assert result.exit_code == 2 and "1 response is given different grades" in result.output
+    assert "rewards 0, 0.5, 1" in result.output and "nothing imported" in result.output and not store.exists()
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"prompt_id": "p1", "prompt": p, "response": "4", "reward": 1}) + "\n"
+                             for p in ("2+2", "3+1")))
+    result = runner.invoke(app, ["data", "import", str(texts), "--store", str(store)])
+    assert result.exit_code == 2 and "1 prompt id names different prompt texts (the first: 'p1', 2 texts)" in result.output
+    repeat = tmp_path / "repeat.jsonl"
+    repeat.write_text(graded.read_text().splitlines()[0] + "\n" + graded.read_text().splitlines()[0] + "\n")
+    result = runner.invoke(app, ["data", "import", str(repeat), "--store", str(store)])
+    assert result.exit_code == 0 and "imported 1 trajectories (1 repeated" in result.output

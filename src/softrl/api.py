@@ -105,13 +105,14 @@ def _import_offline(config: RunConfig, offline: Any, task: Task | None, log: Cal
         source = offline  # a source name; a path that is not there is named by read_records
     else:
         from softrl.data import ExperienceStore
-        from softrl.data.io import offline_trajectories
+        from softrl.data.io import check_conflicts, offline_trajectories
         from softrl.tasks.records import records_of
 
         source = f"import:{config.name}"
         if task is None:
             return _with_source(config, source)
         rows, unknown = offline_trajectories(records_of(offline, "offline"), task, source)
+        check_conflicts(rows, "offline")
         written = ExperienceStore(config.data.store).append(rows)
         log(f"offline: {written} trajectories into {config.data.store} as source {source}"
             + (f"; {unknown} have a prompt the dataset lacks (kept, not trained on)" if unknown else ""))

@@ -26,7 +26,7 @@ def data_import(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Add trajectories to the store (all or nothing: a bad record writes nothing)."""
-    from softrl.data.io import read_trajectories, task_solutions
+    from softrl.data.io import check_conflicts, read_trajectories, task_solutions
 
     if (file is None) == (solutions is None):
         fail("give either FILE or --solutions TASK")
@@ -37,6 +37,7 @@ def data_import(
             vocabulary = _vocabulary(model, task) if model else None
             prompt_ids = _prompt_ids(task) if task else None
             rows = read_trajectories(file, source, task, prompt_ids, vocabulary)
+            check_conflicts(rows, str(file))
             if prompt_ids is not None:
                 _say_unmatched(rows, task, prompt_ids)
     except (ValueError, OSError) as e:  # RecordError, ModelLoadError and ConfigError are ValueErrors

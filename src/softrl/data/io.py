@@ -241,6 +241,33 @@ def read_trajectories(path: str | Path, source: str | None, task: str = "",
             for where, record in read_records(path)]
 
 
+def check_conflicts(rows: list[Trajectory], what: str) -> None:
+    """Refuses input that contradicts itself (docs/DATA.md, "Conflicts"): one response (one id) given
+    different grades, or one prompt id naming different prompt texts. The store would otherwise keep one
+    of them in silence. A response repeated with the same grade is a repeat, not a conflict."""
+    grades: dict[str, set[tuple[float, bool]]] = {}
+    texts: dict[str, set[str]] = {}
+    for row in rows:
+        grades.setdefault(row.id, set()).add((row.reward, row.passed))
+        if row.prompt_text:
+            texts.setdefault(row.prompt_id, set()).add(row.prompt_text)
+    graded = [(i, g) for i, g in grades.items() if len(g) > 1]
+    named = [(p, t) for p, t in texts.items() if len(t) > 1]
+    if not graded and not named:
+        return
+    parts = []
+    if graded:
+        first = next(r for r in rows if r.id == graded[0][0])
+        shown = ", ".join(f"{reward:g}" for reward, _ in sorted(graded[0][1]))
+        parts.append(f"{len(graded)} response{'s are' if len(graded) > 1 else ' is'} given different grades (the first, "
+                     f"to prompt {first.prompt_id!r}: rewards {shown})")
+    if named:
+        parts.append(f"{len(named)} prompt id{'s name' if len(named) > 1 else ' names'} different prompt texts (the "
+                     f"first: {named[0][0]!r}, {len(named[0][1])} texts)")
+    raise RecordError(f"{what}: {' and '.join(parts)}; nothing imported: keep one grade per response and one text per "
+                      "prompt id (docs/DATA.md, 'Conflicts')")
+
+
 def task_solutions(task: Task, source: str = "human") -> list[Trajectory]:
     """The task's known solutions of every prompt, graded by the task (so a wrong one is recorded as such)."""
     pairs = [(p, s) for p in task.prompts() for s in task.reference_solutions(p)]
