@@ -57,3 +57,52 @@ def test_input_that_contradicts_itself_is_refused_whole(tmp_path):
     repeat.write_text(graded.read_text().splitlines()[0] + "\n" + graded.read_text().splitlines()[0] + "\n")
     result = runner.invoke(app, ["data", "import", str(repeat), "--store", str(store)])
     assert result.exit_code == 0 and "imported 1 trajectories (1 repeated" in result.output
+
+
+@pytest.fixture(scope="module")
+def damaged_models(tmp_path_factory):
+    """A small model directory, and three damaged copies: weights cut in half, no tokenizer files, and a
+    config.json of another size than its weights."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from softrl.models.chartok import build_char_tokenizer
+
+    root = tmp_path_factory.mktemp("models")
+    good = root / "good"
+    tokenizer = build_char_tokenizer(good)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                                 pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)).save_pretrained(good)
+    cut = shutil.copytree(good, root / "cut")
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    untokenized = shutil.copytree(good, root / "untokenized")
+    for f in untokenized.iterdir():
+        if "token" in f.name or "vocab" in f.name or "special" in f.name:
+            f.unlink()
+    resized = shutil.copytree(good, root / "resized")
+    config = json.loads((resized / "config.json").read_text())
+    (resized / "config.json").write_text(json.dumps({**config, "hidden_size": 64, "intermediate_size": 128}))
+    return {"cut": (cut, "damaged or cut short"), "untokenized": (untokenized, "cannot load a tokenizer"),
+            "resized": (resized, "shapes do not fit its config.json")}
+
+
+@pytest.mark.parametrize("kind", ["cut", "untokenized", "resized"])
+@pytest.mark.parametrize("command", [
+    ["eval", "--task", "countdown", "--size", "2", "--samples", "1", "--model"],
+    ["q0", "countdown", "--size", "2", "--k", "1", "--model"],
+])
+def test_a_damaged_model_directory_is_one_line_naming_it(damaged_models, tmp_path, kind, command):
+    path, says = damaged_models[kind]
+    result = CliRunner().invoke(app, [*command, str(path), "--store", str(tmp_path / "store")]
+                                if command[0] == "q0" else [*command, str(path)])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and says in lines[0] and str(path) in lines[0], result.output
+    assert "--debug shows where" not in result.output and "MISMATCH" not in result.output

@@ -47,6 +47,10 @@ class ModelLoadError(ValueError):
     """A model or tokenizer could not be loaded; the message says what to do."""
 
 
+def first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
 def quiet_transformers() -> None:
     """softrl shows its own progress; transformers' per-load and per-save bars would interleave."""
     from transformers.utils import logging
@@ -94,7 +98,14 @@ def model_positions(path: str | Path) -> int:
 def load_tokenizer(path: str | Path, pad_token: str | None = None):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(local_source(path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(local_source(path))
+    except (OSError, ValueError, TypeError) as e:  # no tokenizer files, or damaged ones
+        if isinstance(e, ModelLoadError):
+            raise
+        raise ModelLoadError(f"cannot load a tokenizer from {path} ({first_line(e)}): the directory needs its "
+                             "tokenizer files (tokenizer.json, or tokenizer_config.json and the vocabulary) beside "
+                             "config.json") from e
     if pad_token is not None:
         tokenizer.pad_token = pad_token
     if tokenizer.pad_token_id is None:
@@ -130,11 +141,33 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", pad_token: str | No
         arch = (getattr(config, "architectures", None) or [config.model_type])[0]
         raise ModelLoadError(f"architecture {arch!r} at {path} is not a causal LM this transformers supports: "
                              "use a model with a *ForCausalLM class (Llama, Qwen2, GPT-2, ...)")
+    from safetensors import SafetensorError
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report would print before the one line below says what is wrong
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
+        model, info = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype], output_loading_info=True)
     except OSError as e:
-        raise ModelLoadError(f"cannot load weights from {path} ({str(e).splitlines()[0]}): "
+        raise ModelLoadError(f"cannot load weights from {path} ({first_line(e)}): "
                              "the directory needs model.safetensors (or pytorch_model.bin) next to config.json") from e
+    except SafetensorError as e:  # a cut or damaged file
+        raise ModelLoadError(f"cannot load weights from {path}: a weights file is damaged or cut short "
+                             f"({first_line(e)}): copy it again") from e
+    except RuntimeError as e:
+        if "mismatch" not in str(e).lower():
+            raise
+        raise ModelLoadError(f"cannot load weights from {path}: their shapes do not fit its config.json (another "
+                             "model's weights, or an edited config): give the weights and config.json of one model") from e
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    tied = getattr(model, "_tied_weights_keys", None) or ()
+    missing = [k for k in info.get("missing_keys", []) if k not in tied]
+    if missing:  # said here, since the load report is quiet: these start at random
+        import warnings
+
+        warnings.warn(f"model {path}: {len(missing)} weights are not in its files and start at random "
+                      f"({', '.join(sorted(missing)[:3])}{', ...' if len(missing) > 3 else ''})", stacklevel=2)
     return model.eval(), load_tokenizer(source, pad_token)
 
 
