@@ -464,7 +464,8 @@ def test_bench_study_feedback_quick(tmp_path, monkeypatch):
                                  eos_token_id=tokenizer.eos_token_id)).save_pretrained(model)
     two = {arm: cs.FEEDBACK.arms[arm] for arm in ("spo-logged", "spo-online")}
     monkeypatch.setitem(cs.STUDIES, "feedback", cs.Study("feedback", "tinycode-feedback", two, [
-        c for c in cs.FEEDBACK.claims if {c[1], c[2]} <= set(two)], cs.logged_rows, cs.FEEDBACK.defaults))
+        c for c in cs.FEEDBACK.claims if {c[1], c[2]} <= set(two)], cs.logged_rows, cs.FEEDBACK.defaults,
+        cs.FEEDBACK.pool_recipe))
     base = tmp_path / "base.yaml"
     base.write_text(f"model:\n  path: {model}\nsampling:\n  max_new_tokens: 8\nq0:\n  k: 2\n")
     report = tmp_path / "report"
@@ -483,7 +484,9 @@ def test_bench_study_feedback_quick(tmp_path, monkeypatch):
     assert "Episodes at the end" in table and "| spo-logged |" in table and "tokens per solved episode" in table
     pool = ExperienceStore(tmp_path / "runs/tinycode-feedback/pool")
     logged = pool.trajectories(source="logged").to_pylist()
-    assert len(logged) == 6 * cs.LOGGED_PER_PROMPT and any(r["turns"] for r in logged)
+    assert 6 < len(logged) <= 6 * cs.LOGGED_PER_PROMPT and any(r["turns"] for r in logged)  # a repeat is one row
+    made = json.loads((tmp_path / "runs/tinycode-feedback/pool/pool.json").read_text())
+    assert made["rows"]["logged"] == len(logged) and made["settings"]["logged"]["per_prompt"] == cs.LOGGED_PER_PROMPT
     assert all(r["turns"] for r in pool.trajectories(source="reference").to_pylist())  # Q0 from episodes
     shutil.rmtree(tmp_path / "runs")
     again = CliRunner().invoke(app, [*args, "--report-only"])

@@ -83,7 +83,7 @@ def human_rows(task, s: "Settings") -> list:
     return human
 
 
-LOGGED_PER_PROMPT = 2
+LOGGED_PER_PROMPT = 4  # a group of samples_per_prompt: what AGRO and KL-PG compare
 LOGGED_P_CORRECT = 0.35  # the bootstrap's own share of right programs: the same agent's style, on these prompts
 
 
@@ -127,6 +127,7 @@ class Study:
     claims: list  # (claim, a, b, compared, key, expected, margin)
     other_rows: Callable  # (task, Settings) -> the pool's rows beside the reference's
     defaults: dict = field(default_factory=dict)  # Settings' values where the study's differ
+    pool_recipe: dict = field(default_factory=dict)  # what else the pool's rows depend on (`prepare_pool` compares it)
 
 
 CODE = Study("code", "tinycode-loops", {
@@ -184,7 +185,8 @@ FEEDBACK = Study("feedback", "tinycode-feedback", {
      "higher|within 2 SE", 0.0),
     ("SPO keeps more distinct correct programs than PPO", "spo-online", "ppo", "distinct per problem",
      "distinct per problem", "higher", 0.0),
-], logged_rows, {"steps": 50, "task_size": 200, "eval_size": 50})
+], logged_rows, {"steps": 50, "task_size": 200, "eval_size": 50},
+    {"logged": {"per_prompt": LOGGED_PER_PROMPT, "p_correct": LOGGED_P_CORRECT}})
 
 STUDIES = {s.name: s for s in (CODE, FEEDBACK)}
 
@@ -332,13 +334,13 @@ def prepare_pool(s: Settings, progress=None) -> dict:
     from softrl.data import ExperienceStore
 
     first = run_config(s, "spo-online", s.lrs[0], TUNE_SEED)
-    made_with = {k: v for k, v in settings_of(first).items() if k in POOL_KEYS}
+    made_with = {**{k: v for k, v in settings_of(first).items() if k in POOL_KEYS}, **s.study.pool_recipe}
     marker = s.pool / "pool.json"
     if marker.is_file():
         made = json.loads(marker.read_text())
         found = made.get("settings", {})
         # a marker that does not name the weights predates them: another build's rows may be in it
-        differs = next((k for k in POOL_KEYS if found.get(k) != made_with.get(k)), None)
+        differs = next((k for k in (*POOL_KEYS, *s.study.pool_recipe) if found.get(k) != made_with.get(k)), None)
         if differs:
             raise ConfigError(f"{s.pool}: the pool was made with {differs}={found.get(differs)!r}, this study asks "
                               f"{made_with.get(differs)!r}: use another --runs directory, or delete the pool")
@@ -349,8 +351,8 @@ def prepare_pool(s: Settings, progress=None) -> dict:
     other = s.study.other_rows(load_tasks(config)[0], s)
     store = ExperienceStore(s.pool)
     store.append(other)
-    counts = {"reference": len(store.trajectories(source="reference", columns=["id"])),
-              **{source: sum(r.source == source for r in other) for source in sorted({r.source for r in other})}}
+    counts = {source: store.trajectories(source=source, columns=["id"]).num_rows  # as stored: repeats are one row
+              for source in ["reference", *sorted({r.source for r in other})]}
     marker.write_text(json.dumps({"rows": counts, "settings": made_with}))
     return counts
 
