@@ -423,6 +423,7 @@ def test_logged_traces_are_another_agents_conversations_graded_by_the_task(tmp_p
     rows = cs.logged_rows(task, s)
     records = [json.loads(line) for line in (s.where / "logged-traces.jsonl").read_text().splitlines()]
     assert len(rows) == len(records) == 6 * cs.LOGGED_PER_PROMPT
+    assert len({json.dumps(r["messages"]) for r in records}) == len(records)  # distinct: each prompt keeps a group
     assert all(set(r) == {"messages", "reward", "passed", "prompt_id", "task"} for r in records)  # no log-probs
     prompts = {p.id: p for p in task.prompts()}
     revised = 0

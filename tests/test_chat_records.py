@@ -71,3 +71,24 @@ def test_offline_rewards_are_mapped_by_the_tasks_declared_range_like_its_online_
         offline_trajectories([("d", {"prompt": "q", "completion": "x", "reward": 3})], declared, "import:x")
     plain, _ = offline_trajectories([("e", {"prompt": "q", "completion": "x", "reward": 0.25})], task(), "import:x")
     assert plain[0].reward == 0.25  # no declared range: the store's [0, 1] as given
+
+
+def test_a_conversation_under_the_tasks_prompt_id_gets_that_ids_trajectory_id():
+    """The row's id is of its prompt id and response: a conversation given the task's prompt id gets the
+    id that export and import again give, so it is never stored twice; `data import --task` maps a
+    conversation's prompt to the task's id as it does a text record's."""
+    from softrl.data.io import read_trajectories, task_prompt_ids
+    from softrl.data.schema import trajectory_id
+
+    record = {"messages": [{"role": "user", "content": "1 2 -> 3\n"}, {"role": "assistant", "content": "3"},
+                           {"role": "user", "content": "again"}, {"role": "assistant", "content": "3!"}], "reward": 1}
+    (row,), _ = offline_trajectories([("r1", record)], task(), "x")
+    assert row.prompt_id == task().prompts()[0].id
+    assert row.id == trajectory_id(row.prompt_id, row.response_tokens, row.tokenizer, row.response_text, row.turns)
+    import json
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        f.write(json.dumps(record) + "\n")
+    (read,) = read_trajectories(f.name, "x", task().name, task_prompt_ids(task()))
+    assert read.prompt_id == row.prompt_id and read.id == row.id

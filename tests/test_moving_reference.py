@@ -112,10 +112,15 @@ def test_the_reference_moves_to_a_snapshot_and_each_version_pools_its_own_sample
     counts = {}
     reward, log_w = torch.tensor([1.0, 0.0, 1.0]), torch.log(torch.tensor([2.0, 0.5, 1.0]))
     got = moving.q0(["a", "a", "c"], stored, reward, log_w, torch.tensor([True, True, False]), counts)
-    assert got[0] == got[1] == pytest.approx(0.5 * math.log((2.0 * math.exp(2) + 0.5) / 2))
+    # self-normalised: sum w e^(r/beta) / sum w, so it stays within the rewards seen
+    assert got[0] == got[1] == pytest.approx(0.5 * math.log((2.0 * math.exp(2) + 0.5) / 2.5))
     assert got[2] == stored[2] and counts == {"q0/online_rows": 2, "q0/stored_rows": 1, "q0/samples_per_row": 4}
     again = moving.q0(["a"], stored[:1], torch.tensor([0.0]), torch.zeros(1), torch.tensor([True]), {})
-    assert again[0] == pytest.approx(0.5 * math.log((2.0 * math.exp(2) + 0.5 + 1.0) / 3))  # pooled over steps
+    assert again[0] == pytest.approx(0.5 * math.log((2.0 * math.exp(2) + 0.5 + 1.0) / 3.5))  # pooled over steps
+    heavy = moving.q0(["h"], stored[:1], torch.tensor([1.0]), torch.tensor([math.log(50.0)]), torch.tensor([True]), {})
+    assert heavy[0] == pytest.approx(1.0)  # one pass with a weight of 50: the top reward, not above it
+    broken = moving.q0(["h"], stored[:1], torch.tensor([0.0]), torch.tensor([math.nan]), torch.tensor([True]), {})
+    assert broken[0] == pytest.approx(1.0) and moving.sums["h"][2] == 1  # a weight that is not finite adds nothing
     moving.after_step(6, policy)
     assert moving.version == 2 and moving.sums == {}
     state = moving.state_dict()
@@ -151,6 +156,7 @@ def test_a_run_with_a_moving_reference_records_its_versions_and_resumes_them(tin
     ({"sampling.temperature": 0.7}, "temperature=1"),
     ({"data.mix": {"online": 0.5, "offline": 0.5},
       "data.objectives": {"offline": {"algorithm": "spo", "reference_update": {"every": 2}}}}, "one reference"),
+    ({"data.mix": {"online": 0.5, "mc": 0.5}}, "Monte-Carlo targets"),
 ])
 def test_a_moving_reference_is_refused_where_it_cannot_work(change, says):
     from softrl.config import ConfigError, config_from
@@ -159,6 +165,9 @@ def test_a_moving_reference_is_refused_where_it_cannot_work(change, says):
         config_from({"data.objective": {"algorithm": "spo", "reference_update": {"every": 2}}, **change})
     assert config_from({"data.objective": {"algorithm": "agro-off", "reference_update": {"every": 2}},
                         "data.mix": {"offline": 1.0}}).data.objective.reference_update.every == 2  # no Q0 needed
+    with pytest.raises(ConfigError, match="temperature=1"):  # SPO on another source still needs the online Q0
+        config_from({"data.objective": {"algorithm": "kl-pg", "reference_update": {"every": 2}},
+                     "data.objectives": {"offline": {"algorithm": "spo"}}, "sampling.temperature": 0.7})
 
 
 def test_softrl_toy_reference_moves_prints_the_rounds_and_the_bias_as_json():

@@ -84,6 +84,7 @@ def human_rows(task, s: "Settings") -> list:
 
 
 LOGGED_PER_PROMPT = 4  # a group of samples_per_prompt: what AGRO and KL-PG compare
+LOGGED_ATTEMPTS = 50  # episodes drawn at most for a prompt's distinct ones
 LOGGED_P_CORRECT = 0.35  # the bootstrap's own share of right programs: the same agent's style, on these prompts
 
 
@@ -91,17 +92,25 @@ def logged_traces(task, out: Path, seed: int = 0) -> Path:
     """Another agent's logs of the training prompts as a chat file (`messages` and `reward`, no log-probs):
     an agent that knows each problem's solutions writes a right program with probability
     LOGGED_P_CORRECT, else a plausible wrong one, reads the shown tests' feedback and revises
-    (`feedback_code.synthetic_episode`, the bootstrap's recipe, on prompts the bootstrap never saw). Each
-    episode's reward is its last program graded on every test, by the task."""
+    (`feedback_code.synthetic_episode`, the bootstrap's recipe, on prompts the bootstrap never saw),
+    LOGGED_PER_PROMPT distinct episodes a prompt (drawn again where one repeats). Each episode's reward
+    is its last program graded on every test, by the task."""
     from softrl.bootstrap import EPISODE_TURNS
     from softrl.data.chat import prompt_messages
     from softrl.tasks.feedback_code import synthetic_episode
     from softrl.tasks.loopcode import plausible_wrong
 
     rng = random.Random(seed)
-    episodes = [(p, synthetic_episode(p, p.meta["solutions"], plausible_wrong(p), rng, EPISODE_TURNS[task.name],
-                                      LOGGED_P_CORRECT))
-                for p in task.prompts() for _ in range(LOGGED_PER_PROMPT)]
+    episodes = []
+    for p in task.prompts():
+        distinct: dict[str, list[dict]] = {}  # a repeat would be one stored row, leaving the prompt short of a group
+        for _ in range(LOGGED_ATTEMPTS):
+            turns = synthetic_episode(p, p.meta["solutions"], plausible_wrong(p), rng, EPISODE_TURNS[task.name],
+                                      LOGGED_P_CORRECT)
+            distinct.setdefault(json.dumps(turns), turns)
+            if len(distinct) == LOGGED_PER_PROMPT:
+                break
+        episodes += [(p, turns) for turns in distinct.values()]
     grades = task.grade_many([(p, turns[-1]["content"]) for p, turns in episodes])
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
@@ -186,7 +195,7 @@ FEEDBACK = Study("feedback", "tinycode-feedback", {
     ("SPO keeps more distinct correct programs than PPO", "spo-online", "ppo", "distinct per problem",
      "distinct per problem", "higher", 0.0),
 ], logged_rows, {"steps": 50, "task_size": 200, "eval_size": 50},
-    {"logged": {"per_prompt": LOGGED_PER_PROMPT, "p_correct": LOGGED_P_CORRECT}})
+    {"logged": {"per_prompt": LOGGED_PER_PROMPT, "p_correct": LOGGED_P_CORRECT, "distinct": True}})
 
 STUDIES = {s.name: s for s in (CODE, FEEDBACK)}
 

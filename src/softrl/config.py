@@ -289,7 +289,10 @@ class RunConfig(Section):
         if self.runtime.learners > 1:
             raise ValueError("data.objective.reference_update: needs runtime.learners=1 (the moved reference is "
                              "not sharded yet)")
-        if options.algorithm == "spo":
+        if any(self.data.mix.get(source, 0) > 0 for source in ("mc", "pts")):
+            raise ValueError("data.objective.reference_update: the mc and pts sources hold Monte-Carlo targets of "
+                             "the starting reference's rollouts, which a moved reference does not share")
+        if any(self.data.objective_for(source).algorithm == "spo" for source in self.data.mix):
             s = self.sampling
             if not self.generates:
                 raise ValueError("data.objective.reference_update: SPO estimates each new reference's Q0 from the "

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+from dataclasses import replace
 from datetime import datetime
 from collections.abc import Iterable
 from pathlib import Path
@@ -60,7 +61,12 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
         return trajectory
     conversation = chat_form(record, where)
     if conversation is not None:
-        return chat_trajectory(conversation, where, source, task)
+        row = chat_trajectory(conversation, where, source, task)
+        named = field(record, "prompt_id", where, str, "")  # a record that names none, of a prompt of the task
+        if not named and row.task == task and row.prompt_text.strip() in (prompt_ids or {}):
+            prompt_id, text = prompt_ids[row.prompt_text.strip()]
+            row = with_prompt_id(replace(row, prompt_text=text), prompt_id)
+        return row
     if "response" not in record and "completion" in record:  # TRL's name for it
         record = {**record, "response": record["completion"]}
     prompt, response = prompt_of(record, where)[0], field(record, "response", where)  # a text or chat messages
@@ -119,6 +125,11 @@ def in_unit_range(record: dict[str, Any], where: str, declared: tuple[float, flo
     return {"passed": value >= high, **record, "reward": (value - low) / (high - low)}
 
 
+def with_prompt_id(row: Trajectory, prompt_id: str | None) -> Trajectory:
+    """`row` under `prompt_id` (where given), its id made again: an id is of the prompt id and response."""
+    return replace(row, prompt_id=prompt_id, id="") if prompt_id and prompt_id != row.prompt_id else row
+
+
 def chat_form(record: dict[str, Any], where: str) -> dict[str, Any] | None:
     """A record that is a conversation, as a `{messages, ...}` chat record: one with `messages` and no
     prompt/response fields, or TRL's conversational form (`prompt` and `completion` both message lists);
@@ -174,8 +185,7 @@ def offline_trajectories(records: list[tuple[str, dict[str, Any]]], task: Task, 
         if conversation is not None:  # a conversation: the chat path keeps its tool calls and turns
             row = chat_trajectory(conversation, where, source, task.name)
             unknown += row.prompt_text not in ids
-            row.prompt_id = ids.get(row.prompt_text) or row.prompt_id
-            rows.append(row)
+            rows.append(with_prompt_id(row, ids.get(row.prompt_text)))
             continue
         text = prompt_of(record, where)[0]
         unknown += text not in ids

@@ -161,7 +161,7 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", pad_token: str | No
                              "model's weights, or an edited config): give the weights and config.json of one model") from e
     finally:
         hf_logging.set_verbosity(verbosity)
-    tied = getattr(model, "_tied_weights_keys", None) or ()
+    tied = getattr(model, "all_tied_weights_keys", None) or {}  # tied in this model (the class lists what may be)
     missing = [k for k in info.get("missing_keys", []) if k not in tied]
     if missing:  # said here, since the load report is quiet: these start at random
         import warnings

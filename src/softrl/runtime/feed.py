@@ -18,6 +18,7 @@ from softrl.training.batch import Batch, knows_behavior, make_batch, unusable_ro
 
 CHECKED_ROWS = 2_000  # rows of each pool checked before a run starts; the rest are checked when drawn
 IN_MEMORY = ("online", "replay")  # the mix's sources that are not read from the store
+REPLAY_STREAM = 7_919  # offsets the replay buffer's seed from the prompt sampler's
 
 
 def draws_from_store(config: RunConfig) -> bool:
@@ -66,7 +67,8 @@ class DataFeed:
         self.partly_checked: set[str] = set()  # sources with rows not checked before the run: checked when drawn
         self.mixture = self._mixture()
         replay = config.data.replay
-        self.replay = ReplayBuffer(replay.size, replay.reuse, config.seed) if config.data.mix.get("replay", 0) > 0 else None
+        self.replay = (ReplayBuffer(replay.size, replay.reuse, config.seed + REPLAY_STREAM)  # not the prompts' draws
+                       if config.data.mix.get("replay", 0) > 0 else None)
         # the next step's stored rows, drawn in the background: (online rows they are for, the samplers'
         # random state before the draw, the draw)
         self._prefetched: tuple[int, dict, Future] | None = None

@@ -8,11 +8,14 @@ estimate (of pi0) is not. It is estimated from the samples the run draws anyway:
 prompt x since the last move adds `w exp(r / beta)` to x's sum, w = ref(y) / mu(y) the importance weight
 from the row's sampler mu to the current reference (the learner already holds both log-probs), and
 
-    Q0_hat(x) = beta log (1/n) sum_i w_i exp(r_i / beta)     (`spo.q0_from_samples`, pooled over steps)
+    Q0_hat(x) = beta log (sum_i w_i exp(r_i / beta) / sum_i w_i)     (pooled over steps)
 
-Pooling all of a version's samples of x, not only the row's own group, shrinks the estimate's downward
-bias (`tabular.moving.q0_bias`: about 1/n). A row whose prompt has no sample under this version yet
-keeps the store's estimate; each step's metrics count which rows had which.
+self-normalised: the plain mean `(1/n) sum_i w_i exp(r_i / beta)` (`spo.q0_from_samples`) is unbiased
+inside the log but leaves the rewards' range whenever one pass carries a weight above n, as it does when
+mu lags the moved reference; this one stays within the rewards seen, at a bias of order 1/n. Pooling all
+of a version's samples of x, not only the row's own group, shrinks the bias (`tabular.moving.q0_bias`:
+about 1/n). A row whose prompt has no sample under this version yet keeps the store's estimate; each
+step's metrics count which rows had which. A row whose weight is not finite adds nothing.
 """
 
 from __future__ import annotations
@@ -27,12 +30,18 @@ from softrl.models.device import Placement
 from softrl.models.wrappers import ReferenceModel
 
 
+def _logaddexp(a: float, b: float) -> float:
+    high = max(a, b)
+    return high if high == -math.inf else high + math.log(math.exp(a - high) + math.exp(b - high))
+
+
 class MovingReference:
     def __init__(self, start: ReferenceModel, placement: Placement, every: int, beta: float):
         self.model = ReferenceModel(copy.deepcopy(start.model), start.tokenizer)
         placement.place(self.model.model, frozen=True)
         self.every, self.beta, self.version = every, beta, 0
-        self.sums: dict[str, tuple[float, int]] = {}  # prompt id -> (log sum_i w_i exp(r_i / beta), n), this version
+        # prompt id -> (log sum_i w_i exp(r_i / beta), log sum_i w_i, n) of this version's samples
+        self.sums: dict[str, tuple[float, float, int]] = {}
 
     def after_step(self, step: int, policy_model) -> bool:
         """After learner step `step`: move to a snapshot of `policy_model` when one is due."""
@@ -53,16 +62,17 @@ class MovingReference:
         if self.version == 0:
             counts["q0/stored_rows"] = counts.get("q0/stored_rows", 0.0) + len(prompt_ids)
             return stored
+        weights = log_w.double().tolist()
         terms = (log_w.double() + reward.double() / self.beta).tolist()
-        for pid, term, known in zip(prompt_ids, terms, sampled.tolist()):
-            if known:
-                total, n = self.sums.get(pid, (-math.inf, 0))
-                self.sums[pid] = (float(torch.logaddexp(torch.tensor(total), torch.tensor(term))), n + 1)
+        for pid, weight, term, known in zip(prompt_ids, weights, terms, sampled.tolist()):
+            if known and math.isfinite(term):
+                total, mass, n = self.sums.get(pid, (-math.inf, -math.inf, 0))
+                self.sums[pid] = (_logaddexp(total, term), _logaddexp(mass, weight), n + 1)
         out = stored.clone()
         for i, pid in enumerate(prompt_ids):
-            total, n = self.sums.get(pid, (-math.inf, 0))
+            total, mass, n = self.sums.get(pid, (-math.inf, -math.inf, 0))
             if n:
-                out[i] = self.beta * (total - math.log(n))
+                out[i] = self.beta * (total - mass)
             kind = "q0/online_rows" if n else "q0/stored_rows"
             counts[kind] = counts.get(kind, 0.0) + 1
             counts["q0/samples_per_row"] = counts.get("q0/samples_per_row", 0.0) + n
