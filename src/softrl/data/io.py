@@ -306,11 +306,11 @@ def export(rows: pa.Table | Iterable[pa.Table], out: str | Path, store: str | Pa
     if not (out.suffix in (".parquet", ".hf") or out.name.endswith((".jsonl", ".jsonl.gz"))):
         raise ValueError(f"cannot export to {out}: use a .parquet, .jsonl or .jsonl.gz file name, or NAME.hf for a "
                          "Hugging Face dataset directory")
-    if not out.parent.is_dir():
-        raise ValueError(f"cannot export to {out}: its folder {out.parent} does not exist")
     if store is not None and "://" not in str(store) and out.resolve().is_relative_to(Path(store).resolve()):
         raise ValueError(f"cannot export to {out}: it is inside the store {store}, whose files are its parts; "
                          "write it elsewhere")
+    if not out.parent.is_dir():
+        raise ValueError(f"cannot export to {out}: its folder {out.parent} does not exist")
     chunks = [rows] if isinstance(rows, pa.Table) else rows
     if out.suffix == ".hf":
         return export_hf(chunks, out)
