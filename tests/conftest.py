@@ -13,23 +13,29 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+def save_char_llama(directory, positions: int = 256, hidden: int = 32, layers: int = 1, heads: int = 2):
+    """A random Llama over the character tokenizer saved in `directory` (seed 0); returns `directory`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from softrl.models.chartok import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer(directory)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                                 num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=2,
+                                 max_position_embeddings=positions, pad_token_id=tokenizer.pad_token_id,
+                                 bos_token_id=tokenizer.bos_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)).save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """(directory, model, tokenizer): a random 2-layer Llama over the character tokenizer, saved to disk."""
     pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from softrl.models.chartok import build_char_tokenizer
     from softrl.models.loading import load_causal_lm
 
-    directory = tmp_path_factory.mktemp("tiny")
-    tokenizer = build_char_tokenizer(directory)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
-    LlamaForCausalLM(config).save_pretrained(directory)
+    directory = save_char_llama(tmp_path_factory.mktemp("tiny"), hidden=64, layers=2, heads=4)
     model, tokenizer = load_causal_lm(directory)
     return directory, model, tokenizer
 

@@ -2,6 +2,7 @@
 input, never a default silently taken for a value given."""
 
 import pytest
+from conftest import save_char_llama
 from typer.testing import CliRunner
 
 from softrl.cli import app
@@ -66,19 +67,8 @@ def damaged_models(tmp_path_factory):
     import json
     import shutil
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from softrl.models.chartok import build_char_tokenizer
-
     root = tmp_path_factory.mktemp("models")
-    good = root / "good"
-    tokenizer = build_char_tokenizer(good)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                                 pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)).save_pretrained(good)
+    good = save_char_llama(root / "good")
     cut = shutil.copytree(good, root / "cut")
     weights = cut / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])

@@ -6,6 +6,7 @@ import math
 import shutil
 
 import pytest
+from conftest import save_char_llama
 from typer.testing import CliRunner
 
 from softrl_bench import agro_sweep, grow
@@ -450,19 +451,9 @@ def test_bench_study_feedback_quick(tmp_path, monkeypatch):
     online): the pool holds Q0 from the reference's episodes and the logged traces as source "logged";
     the report has the episodes' table (turns, first-turn pass@1, tokens per solved episode);
     `--report-only` rebuilds it from the kept outcomes alone, and refuses in one line where there are none."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from softrl_bench import code_study as cs
-    from softrl.models.chartok import build_char_tokenizer
 
-    model = tmp_path / "model"
-    tokenizer = build_char_tokenizer(model)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
-                                 pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)).save_pretrained(model)
+    model = save_char_llama(tmp_path / "model", positions=1024)
     two = {arm: cs.FEEDBACK.arms[arm] for arm in ("spo-logged", "spo-online")}
     monkeypatch.setitem(cs.STUDIES, "feedback", cs.Study("feedback", "tinycode-feedback", two, [
         c for c in cs.FEEDBACK.claims if {c[1], c[2]} <= set(two)], cs.logged_rows, cs.FEEDBACK.defaults,

@@ -5,6 +5,7 @@ turn. The bootstrap's synthetic episodes get the very feedback the environment g
 import random
 
 import pytest
+from conftest import save_char_llama
 
 from softrl.tasks.feedback_code import (SHOWN, FeedbackCodeTask, ShownTestsEnvironment, synthetic_episode,
                                         trusted_feedback)
@@ -116,19 +117,9 @@ def test_softrl_train_on_tinycode_feedback_exports_episodes_that_reimport_and_tr
     import subprocess
     import sys
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from softrl.data import ExperienceStore
-    from softrl.models.chartok import build_char_tokenizer
 
-    model = tmp_path / "model"
-    tokenizer = build_char_tokenizer(model)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
-                                 pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)).save_pretrained(model)
+    model = save_char_llama(tmp_path / "model", positions=1024)
     softrl = [sys.executable, "-m", "softrl"]
     common = [f"out_dir={tmp_path}", f"data.store={tmp_path}/store", f"model.path={model}", "task.name=tinycode-feedback",
               "task.size=3", "task.eval_size=2", "q0.k=2", "sampling.prompts_per_step=2", "sampling.samples_per_prompt=2",

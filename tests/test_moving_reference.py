@@ -131,21 +131,16 @@ def test_the_reference_moves_to_a_snapshot_and_each_version_pools_its_own_sample
 
 def test_a_run_with_a_moving_reference_records_its_versions_and_resumes_them(tiny, tmp_path):
     import softrl
+    from test_api import RECORDS, answered, small
 
-    def answered(prompts, completions, answer, **kwargs):
-        return [float(str(a) in c) for c, a in zip(completions, answer)]
-
-    records = [{"prompt": "1 2 -> 3\n", "answer": 3}, {"prompt": "2 2 -> 4\n", "answer": 4}]
-    config = {"out_dir": str(tmp_path), "name": "moving", "data.store": str(tmp_path / "store"),
-              "model.path": str(tiny[0]), "q0.k": 2, "eval.samples": 2, "log.checkpoint_every": 2,
-              "sampling": {"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 4},
-              "data.objective": {"algorithm": "spo", "reference_update": {"every": 2}}, "optim.steps": 4}
-    run = softrl.train(config, dataset=records, reward=answered, progress=False)
+    config = {**small(tiny, tmp_path), "data.objective": {"algorithm": "spo", "reference_update": {"every": 2}},
+              "optim.steps": 4}
+    run = softrl.train(config, dataset=RECORDS, reward=answered, progress=False)
     steps = [m for m in run.metrics if "reference/version" in m]
     assert [m["reference/version"] for m in steps] == [0, 1, 1, 2]
     assert steps[0]["q0/stored_rows"] == 4 and "q0/online_rows" not in steps[0]  # pi0: the store's Q0
     assert steps[2]["q0/online_rows"] == 4 and steps[2]["q0/samples_per_row"] >= 2  # its own group at least
-    resumed = softrl.train({**config, "optim.steps": 6}, dataset=records, reward=answered, resume=True, progress=False)
+    resumed = softrl.train({**config, "optim.steps": 6}, dataset=RECORDS, reward=answered, resume=True, progress=False)
     later = [m["reference/version"] for m in resumed.metrics if "reference/version" in m]
     assert later[-2:] == [2, 3]  # the version came back with the checkpoint
 

@@ -44,20 +44,14 @@ def test_the_buffer_state_round_trips():
 
 def test_a_run_replays_its_own_groups_and_resumes_with_its_buffer(tiny, tmp_path):
     import softrl
+    from test_api import RECORDS, answered, small
 
-    def answered(prompts, completions, answer, **kwargs):
-        return [float(str(a) in c) for c, a in zip(completions, answer)]
-
-    records = [{"prompt": "1 2 -> 3\n", "answer": 3}, {"prompt": "2 2 -> 4\n", "answer": 4}]
-    config = {"out_dir": str(tmp_path), "name": "replay", "data.store": str(tmp_path / "store"),
-              "model.path": str(tiny[0]), "q0.k": 2, "eval.samples": 2, "log.checkpoint_every": 2,
-              "sampling": {"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 4},
-              "data.mix": {"online": 0.5, "replay": 0.5}, "data.replay": {"size": 8, "reuse": 1},
-              "data.objective": {"algorithm": "agro-off"}, "optim.steps": 2}
-    run = softrl.train(config, dataset=records, reward=answered, progress=False)
+    config = {**small(tiny, tmp_path), "data.mix": {"online": 0.5, "replay": 0.5},
+              "data.replay": {"size": 8, "reuse": 1}, "data.objective": {"algorithm": "agro-off"}}
+    run = softrl.train(config, dataset=RECORDS, reward=answered, progress=False)
     steps = [m for m in run.metrics if "loss" in m and "step" in m]
     assert "loss/replay" not in steps[0] and "loss/replay" in steps[1]  # the first step has nothing to replay
-    resumed = softrl.train({**config, "optim.steps": 3}, dataset=records, reward=answered, resume=True,
+    resumed = softrl.train({**config, "optim.steps": 3}, dataset=RECORDS, reward=answered, resume=True,
                            progress=False)
     assert "loss/replay" in [m for m in resumed.metrics if "loss" in m][-1]  # the buffer came back
 

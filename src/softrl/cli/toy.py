@@ -101,15 +101,16 @@ def _reference_moves(rounds: int, group: int, steps: int, lr: float, vocab: int,
     """`softrl toy --reference-moves K`: SPO (or `methods`) with a reference that moves (tabular/moving.py):
     KL to the closed form after each round, with the exact Q0 and with the estimates from each group of
     `group` samples (plain and jackknifed), exact expectations; then the plain estimate's exact bias."""
+    import torch
+
+    import softrl.objectives as registry
     from softrl.tabular import TabularProblem
     from softrl.tabular.moving import q0_bias, reference_rounds
     from softrl.toy import METHODS
 
-    import torch
-
     torch.set_num_threads(1)  # tiny tensors: a second thread only waits on the first (16x slower on a busy machine)
     names = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [n for n in names if n not in METHODS or "any" != _data_of(n)]
+    unknown = [n for n in names if n not in METHODS or registry.get(METHODS[n].algorithm).data != "any"]
     if unknown or not names:
         fail(f"--methods {unknown[0] if unknown else methods!r}: --reference-moves takes objectives valid on any "
              f"data (e.g. spo-terminal-bce, agro-off)")
@@ -153,13 +154,6 @@ def _reference_moves(rounds: int, group: int, steps: int, lr: float, vocab: int,
     for b in bias:
         table.add_row(str(b["group"]), f"{b['bias']:+.4f}", f"{b['jackknife_bias']:+.4f}")
     stdout.print(table)
-
-
-def _data_of(name: str) -> str:
-    import softrl.objectives as registry
-    from softrl.toy import METHODS
-
-    return registry.get(METHODS[name].algorithm).data
 
 
 COMMANDS = {"toy": toy}

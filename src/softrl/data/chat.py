@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from softrl.data.schema import ENVIRONMENT_ROLES, POLICY_ROLE, new_turn
-from softrl.tasks.records import RecordError, conversation_of, conversation_text
+from softrl.data.schema import POLICY_ROLE, new_turn
+from softrl.tasks.records import CHAT_ROLES, RecordError, conversation_of, conversation_text
 
 PROMPT_ROLES = ("system", "user")
 
@@ -79,8 +79,8 @@ def episode_of(messages: Any, where: str) -> tuple[list[dict[str, str]], list[di
         if not isinstance(message, dict):
             raise RecordError(f"{where}: message {i} must be an object with a 'role', got {type(message).__name__}")
         role = message.get("role")
-        if role not in (*PROMPT_ROLES, POLICY_ROLE, *ENVIRONMENT_ROLES):
-            raise RecordError(f"{where}: message {i} has role {role!r}; use system, user, assistant or tool")
+        if role not in CHAT_ROLES:
+            raise RecordError(f"{where}: message {i} has role {role!r}; use {', '.join(CHAT_ROLES)}")
         text = _text(message, where, i)
         if not turns and role in PROMPT_ROLES:
             prompt.append({"role": role, "content": text})

@@ -47,8 +47,9 @@ class ModelLoadError(ValueError):
     """A model or tokenizer could not be loaded; the message says what to do."""
 
 
-def first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+def first_line(error: BaseException) -> str:
+    """An error's first line that says something, else its type's name."""
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
 
 
 def quiet_transformers() -> None:

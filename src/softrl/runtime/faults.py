@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from softrl.config import ConfigError, RunConfig
+from softrl.models.loading import first_line
 
 
 class RunInUseError(ConfigError):
@@ -64,11 +65,7 @@ def disk_full_reported(config: RunConfig, what: str | None = None):
             what = f"store rows in {config.data.store}"
         elif where is not None:
             what = str(where)
-        raise disk_full(what or f"the run's files ({one_line(e)})", config.run_dir) from e
-
-
-def one_line(error: BaseException) -> str:
-    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise disk_full(what or f"the run's files ({first_line(e)})", config.run_dir) from e
 
 
 class _Recorded:

@@ -23,16 +23,12 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from softrl.models.device import Placement
 from softrl.models.wrappers import ReferenceModel
-
-
-def _logaddexp(a: float, b: float) -> float:
-    high = max(a, b)
-    return high if high == -math.inf else high + math.log(math.exp(a - high) + math.exp(b - high))
 
 
 class MovingReference:
@@ -67,7 +63,7 @@ class MovingReference:
         for pid, weight, term, known in zip(prompt_ids, weights, terms, sampled.tolist()):
             if known and math.isfinite(term):
                 total, mass, n = self.sums.get(pid, (-math.inf, -math.inf, 0))
-                self.sums[pid] = (_logaddexp(total, term), _logaddexp(mass, weight), n + 1)
+                self.sums[pid] = (float(np.logaddexp(total, term)), float(np.logaddexp(mass, weight)), n + 1)
         out = stored.clone()
         for i, pid in enumerate(prompt_ids):
             total, mass, n = self.sums.get(pid, (-math.inf, -math.inf, 0))
