@@ -194,6 +194,10 @@ class RuntimeConfig(Section):
                             "n - 1 - policy_lag (the reference's until then): a fixed lag, as an asynchronous system "
                             "with that many updates in flight; keeps policy_lag copies of the weights on the host, "
                             "in the generation dtype")
+    max_staleness: int | None = Field(None, ge=0, le=4096, description=(
+        "local async and ray: online rows are at most this many weight updates behind the ones sync generation "
+        "would sample with (0: exactly sync's samples, generation waits for each update); None: as far as the "
+        "overlap takes them (local async: two batches ahead, ray: one update)"))
     deterministic: bool = Field(True, description="PyTorch's deterministic algorithms: the same seed on the same "
                                 "machine gives the same numbers (off: faster on CUDA, not reproducible)")
     workers: int = Field(2, ge=1, description="ray: rollout-worker actors")
@@ -269,6 +273,9 @@ class RunConfig(Section):
         if rc.policy_lag and (rc.kind != "local" or rc.mode != "sync" or rc.model_update_interval != 1):
             raise ValueError("runtime.policy_lag: needs runtime.kind=local, runtime.mode=sync and "
                              "runtime.model_update_interval=1 (each is another way to make rows stale: choose one)")
+        if rc.max_staleness is not None and rc.kind == "local" and rc.mode != "async":
+            raise ValueError("runtime.max_staleness: bounds the overlap of runtime.mode=async or runtime.kind=ray, "
+                             "and sync generation has none")
         if rc.policy_lag and not self.generates:
             raise ValueError("runtime.policy_lag: the run generates nothing (data.mix has no online share)")
         if self.runtime.learners > 1 and self.model.device.startswith("cuda:"):

@@ -1,8 +1,10 @@
 """The local runtime: one process. `sync` generates a batch, then learns on it; `async` generates
 in a background thread with its own copy of the weights, refreshed every `model_update_interval`
 learner steps, so generation and learning overlap (and online rows can be a few versions stale).
-`policy_lag` L makes every online row exactly L updates stale instead: generation runs the weights of
-L steps ago, kept as L snapshots on the host."""
+`max_staleness` S bounds that: async generation waits until it holds the weights sync would sample
+with, or ones at most S updates older (S 0: sync's samples exactly). `policy_lag` L makes every online
+row exactly L updates stale instead: generation runs the weights of L steps ago, kept as L snapshots on
+the host."""
 
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ class Generation:
     refreshed every `interval` steps (or always `lag` steps old), used inline (sync) or by a background
     thread (async)."""
 
-    def __init__(self, session: Session, mode: str, interval: int, lag: int = 0):
+    def __init__(self, session: Session, mode: str, interval: int, lag: int = 0, max_staleness: int | None = None):
         self.session, self.mode, self.interval, self.lag = session, mode, interval, lag
+        self.max_staleness = max_staleness
         self.snapshots: collections.deque[tuple[int, dict]] = collections.deque()  # (version, weights), lag > 0
         placement = session.run.placement
         # one model for both only when nothing is stale and generation computes in the trained dtype;
@@ -40,7 +43,8 @@ class Generation:
         self.version = session.learner.version
         self.worker = session.run.worker(self.model)
         self.pending: dict | None = None
-        self.lock = threading.Lock()
+        self.start, self.updates = session.progress.step, 0  # weight updates offered since the start
+        self.lock = threading.Condition()
         self.queue: queue.Queue = queue.Queue(maxsize=1)
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -53,6 +57,7 @@ class Generation:
     def _generate(self) -> tuple[list[dict], float]:
         """(online rows, seconds it took to sample, grade and store them)."""
         started = time.perf_counter()
+        self._wait_for_weights()
         self._apply_pending()
         s = self.session
         if self.model is s.policy.model:
@@ -65,7 +70,7 @@ class Generation:
 
     def _produce(self) -> None:
         try:
-            while not self.stop.is_set():
+            while not self.stop.is_set() and self.produced < self.session.config.optim.steps:  # none past the end
                 made = self._generate()
                 while not self.stop.is_set():
                     try:
@@ -117,6 +122,19 @@ class Generation:
             state = {k: v.detach().clone() for k, v in self.session.policy.model.state_dict().items()}
         with self.lock:
             self.pending, self.pending_version = state, version
+            self.updates += 1
+            self.lock.notify_all()
+
+    def _wait_for_weights(self) -> None:
+        """Async with `max_staleness` S: wait until at most S of the updates sync would have applied
+        before sampling this batch (one at each multiple of `interval` among the steps since the start)
+        are missing."""
+        if self.thread is None or self.max_staleness is None:
+            return
+        due = self.produced // self.interval - self.start // self.interval - self.max_staleness
+        with self.lock:
+            while self.updates < due and not self.stop.is_set():
+                self.lock.wait(timeout=0.1)
 
     def _apply_pending(self) -> None:
         with self.lock:
@@ -158,7 +176,7 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
                 session = Session(config, resume, log, progress=lambda done, total: phase("q0", done, total),
                                   group=group, tasks=tasks, on_eval=on_eval, start_eval=start_eval)
                 rc = config.runtime
-                generation = Generation(session, rc.mode, rc.model_update_interval, rc.policy_lag)
+                generation = Generation(session, rc.mode, rc.model_update_interval, rc.policy_lag, rc.max_staleness)
                 if resume and rc.policy_lag:
                     log(f"runtime.policy_lag: the snapshots of the last {rc.policy_lag} steps are not checkpointed: "
                         "generation starts from the restored weights, and the lag grows back to its setting")

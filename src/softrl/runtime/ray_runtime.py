@@ -331,7 +331,9 @@ class Rollouts:
         return [self._ask(i, share, at_step) for i, share in enumerate(shares) if share]
 
     def _ask(self, i: int, share: list[str], at_step: int) -> Request:
-        seed = self.config.seed * 1_000_003 + at_step * 101 + i
+        from softrl.runtime.session import generation_seed
+
+        seed = generation_seed(self.config.seed, at_step, i)
         return Request(i, share, self.workers[i].collect.remote(share, self.config.sampling.samples_per_prompt, seed),
                        self.version)
 
@@ -403,12 +405,16 @@ class Driver:
             waiting = time.time()
             online, staged = rollouts.gather(pending, self.step)
             timings = {"time/wait": time.time() - waiting}  # for the workers' rows: generation not overlapped
-            # generation of the next batch overlaps this learner step
-            pending = rollouts.issue(self.step + 1) if self.step + 1 < steps else []
+            # generation of the next batch overlaps this learner step, unless that would miss an update
+            # runtime.max_staleness does not allow to miss
+            early = self.step + 1 < steps and self.may_overlap(self.step + 1)
+            pending = rollouts.issue(self.step + 1) if early else []
             record = ray.get(self.learner.step.remote(online, staged, self.earlier + time.time() - started, timings))
             self.step = record["step"]
             if self.step % self.config.runtime.model_update_interval == 0:
                 rollouts.update(self.step)
+            if not early and self.step < steps:
+                pending = rollouts.issue(self.step)
             record = {**record, "worker_restarts": rollouts.restarts, "worker_pids": list(rollouts.pids)}
             if self.on_step is not None:
                 self.on_step(record)
@@ -421,6 +427,12 @@ class Driver:
         summary = {**ray.get(self.learner.finish.remote()), "worker_restarts": rollouts.restarts}
         self.evaluations()
         return summary
+
+    def may_overlap(self, step: int) -> bool:
+        """Whether the rows of `step` may be asked for before the learner step that ends at `step`: they
+        then miss the update it brings, if it brings one."""
+        rc = self.config.runtime
+        return rc.max_staleness is None or rc.max_staleness >= 1 or step % rc.model_update_interval != 0
 
     def stop_now(self, pending: list[Request]) -> None:
         """Asked to stop during a step: keep it (a checkpoint), then the next batch's samples, then stop."""

@@ -24,6 +24,12 @@ from softrl.runtime.runlog import (Progress, RunLog, check_run_dir, checkpoints,
                                    start_over)
 
 
+def generation_seed(seed: int, step: int, worker: int = 0) -> int:
+    """The sampling seed of a step's online rows (of one rollout worker's share): the same in every
+    runtime, so one worker on Ray samples what local generation samples."""
+    return seed * 1_000_003 + step + worker * 100_003
+
+
 class Session:
     """Built in the order that fails fast: the run directory is locked (one process trains in it) and
     checked with the optional packages, models and tasks load, Q0 and the data sources are read (the
@@ -102,7 +108,7 @@ class Session:
         return self.run.learner
 
     def generation_seed(self, step: int) -> int:
-        return self.config.seed * 1_000_003 + step
+        return generation_seed(self.config.seed, step)
 
     def evaluated(self, record: dict, shared: Callable[[Callable[[], dict]], dict] | None = None) -> dict:
         """`record` (its step, samples, time) with the policy's evaluation on the held-out prompts as
