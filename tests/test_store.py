@@ -326,7 +326,7 @@ def test_bad_s3_locations_are_one_line_and_write_nothing(s3_env, tmp_path, monke
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     cases = [
-        ({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}"}, store, f"no S3 server answers at http://127.0.0.1:{closed}"),
+        ({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}"}, store, f"the S3 server at http://127.0.0.1:{closed} (AWS_ENDPOINT_URL): refused: nothing listens there"),
         ({"AWS_SECRET_ACCESS_KEY": "wrong"}, store, "the server refused the credentials"),
         ({"AWS_ACCESS_KEY_ID": "AKIANOSUCHKEY"}, store, "the server refused the credentials"),
         ({}, "s3://no-such-bucket/store", "bucket 'no-such-bucket' does not exist"),

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from statistics import median
 
-from softrl.runtime.ray_runtime import WeightSource, Worker, _ray
+from softrl.network import ray_module
+from softrl.runtime.ray_runtime import WeightSource, Worker
 from softrl.runtime.ray_weights import Channels, ObjectStore
 
 METHODS = ("object_store", "broadcast")
@@ -41,7 +42,7 @@ def update_seconds(settings: dict, model_path: str, rounds: int = 5, workers: in
     from softrl.config import config_from
 
     config = config_from(settings).model_dump(mode="json")
-    ray = _ray(local=True)
+    ray = ray_module(None)
     ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     try:
         source = ray.remote(num_cpus=0)(_Source).remote(config, model_path)

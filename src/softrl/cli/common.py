@@ -99,13 +99,14 @@ def run_errors() -> tuple[type[Exception], ...]:
     from softrl.config import ConfigError
     from softrl.data.store import StoreError
     from softrl.models.loading import ModelLoadError
+    from softrl.network import NetworkError
     from softrl.runtime.group import LearnerGroupError
     from softrl.runtime.runlog import NonFiniteWeightsError
     from softrl.tasks.base import RewardError
     from softrl.training.learner import NonFiniteLossError
 
     return (ConfigError, ModelLoadError, StoreError, NonFiniteLossError, RewardError, LearnerGroupError,
-            NonFiniteWeightsError)
+            NonFiniteWeightsError, NetworkError)
 
 
 @contextmanager

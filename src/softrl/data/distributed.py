@@ -16,16 +16,18 @@ import pyarrow.compute as pc
 from softrl.data.pool import id_keys
 from softrl.data.storage import HANDLE, Table
 from softrl.data.store import PROMPT_REWARDS, ExperienceStore, Snapshot, StoreError, TargetIndex
+from softrl.network import NetworkError, ray_module, start_or_join_ray
 
 COLUMNS = ["id", "source", "prompt_id", "passed", "reward", "mc_targets"]
 MAX_PARTITIONS = 64
 
 
 def connected():
-    """The `ray` module, connected to the cluster of `RAY_ADDRESS` (a local Ray started when none is), with
-    the sort-based shuffle that this module's group-bys use."""
+    """The `ray` module, connected to the cluster of `RAY_ADDRESS` (a local Ray on loopback started when
+    none is; `network.start_or_join_ray`), with the sort-based shuffle that this module's group-bys use."""
+    address = os.environ.get("RAY_ADDRESS") or None
     try:
-        import ray
+        ray = ray_module(address)
         import ray.data
         from ray.data.context import DataContext, ShuffleStrategy
     except ImportError:
@@ -34,10 +36,13 @@ def connected():
     DataContext.get_current().shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     if not ray.is_initialized():
         try:
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            start_or_join_ray(ray, address, "RAY_ADDRESS", include_dashboard=False, log_to_driver=False,
+                              configure_logging=False)
+        except NetworkError as e:
+            raise StoreError(str(e)) from None
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise StoreError(f"Ray (RAY_ADDRESS={os.environ.get('RAY_ADDRESS', 'none: a local Ray')}): "
-                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            where = f"the Ray cluster at {address} (RAY_ADDRESS)" if address else "a local Ray"
+            raise StoreError(f"{where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     return ray
 
 

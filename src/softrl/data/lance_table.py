@@ -31,6 +31,7 @@ from lance.fragment import FragmentMetadata
 from lance.optimize import Compaction, CompactionOptions
 
 from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError
+from softrl.network import NetworkError, s3_timeouts, wait_for_s3
 
 FORMAT = 3  # 1: Parquet part files (data/legacy.py); 2: Lance tables; 3: episodes (turns, action_mask, finish)
 FORMAT_KEY = "softrl.store_format"
@@ -57,7 +58,7 @@ def storage_options(uri: str) -> dict[str, str] | None:
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         if env.get(key):
             options[key.lower()] = env[key]
-    return options
+    return {**options, **s3_timeouts()}
 
 
 def explain(error: BaseException, uri: str) -> str:
@@ -134,7 +135,13 @@ class LanceTable:
 
     def __init__(self, root: str, name: str, schema: pa.Schema, create: bool):
         uri = f"{root}/{table_file(name)}"
-        self.uri, self.schema, self.options = uri, schema, storage_options(uri)
+        self.uri, self.schema = uri, schema
+        try:
+            self.options = storage_options(uri)
+            if self.options is not None:
+                wait_for_s3(uri)
+        except NetworkError as e:
+            raise StoreError(str(e)) from None
         self.dataset = with_retries(lambda: self._open(create), uri)
         found = int((self.dataset.schema.metadata or {}).get(FORMAT_KEY.encode(), b"0"))
         if found > FORMAT:

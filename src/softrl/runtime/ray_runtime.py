@@ -20,26 +20,11 @@ from typing import Any, NamedTuple
 
 from softrl.config import ConfigError, RunConfig
 from softrl.data.storage import Staged
+from softrl.network import on_loopback, ray_module, start_or_join_ray
 from softrl.runtime.ray_weights import Channels, ObjectStore
 
 
-# a local Ray stays on loopback: no usage reports, and no outward probe for this node's address
 MAX_RECOVERY_TRIES = 60  # seconds, about, for Ray to restart a dead worker
-LOCAL_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-def _ray(local: bool):
-    if local:
-        for key, value in LOCAL_RAY_ENV.items():
-            os.environ.setdefault(key, value)
-    try:
-        import ray
-        from ray._private import ray_constants
-    except ImportError as e:
-        raise ConfigError("runtime.kind=ray needs Ray: pip install 'softrl[ray]'") from e
-    if local:
-        ray_constants.ENABLE_RAY_CLUSTER = False  # in case Ray was imported before the variable was set
-    return ray
 
 
 class WeightSource:
@@ -242,22 +227,25 @@ def train(config: RunConfig, resume: bool = False, on_step: Callable[[dict], Non
 
 def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log: Callable[[str], None]) -> dict:
     rc = config.runtime
-    ray = _ray(local=rc.ray_address is None)
+    try:
+        ray = ray_module(rc.ray_address)
+    except ImportError:
+        raise ConfigError("runtime.kind=ray needs Ray: pip install 'softrl[ray]'") from None
     from softrl.assemble import resolve_model
 
     phase = on_phase or (lambda name, done, total: None)
     resolve_model(config, phase)  # fail fast (and build the bootstrap once, saying so) before starting Ray
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(address=rc.ray_address, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        start_or_join_ray(ray, rc.ray_address, "runtime.ray_address", log, include_dashboard=False,
+                          log_to_driver=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     members: list = []  # the learner group's ranks other than 0
     try:
         data = config.model_dump(mode="json")
         # `setup_progress` answers from a thread of its own while `setup` runs; every other call, one at a time
         learner = ray.remote(num_cpus=0, concurrency_groups={"progress": 1})(_Learner).remote(data, resume)
         phase("setup (Q0, evaluation)", 0, 1)
-        init_method = ray.get(learner.rendezvous.remote(rc.ray_address is None)) if rc.learners > 1 else None
+        init_method = ray.get(learner.rendezvous.remote(on_loopback(rc.ray_address))) if rc.learners > 1 else None
         members = [ray.remote(num_cpus=0)(_GroupMember).remote() for _ in range(1, rc.learners)]
         member_runs = [m.run.remote(data, rank, rc.learners, init_method) for rank, m in enumerate(members, 1)]
         info = _set_up(ray, learner, init_method, phase, log)
@@ -309,7 +297,7 @@ class Rollouts:
         actor = ray.remote(num_cpus=0, max_restarts=-1)(Worker)
         data = config.model_dump(mode="json")
         self.workers = [actor.remote(data, info["model_path"]) for _ in range(config.runtime.workers)]
-        self.sync = (Channels(ray, learner, self.workers, local=config.runtime.ray_address is None)
+        self.sync = (Channels(ray, learner, self.workers, local=on_loopback(config.runtime.ray_address))
                      if config.runtime.weight_sync == "broadcast" else ObjectStore(ray, learner, self.workers))
         self.version = info["version"]
         self.sync.deliver(range(len(self.workers)), self.version)
