@@ -272,6 +272,8 @@ class RunParts:
             if self.value is not None:
                 self.value.checkpoint_activations()
         self.store = ExperienceStore(config.data.store) if rank == 0 else None
+        if self.store is not None:
+            self.store.check_intact()
         self.online_rows = BatchedAppender(self.store) if rank == 0 else None  # commits every few steps
         self.generators: dict[int, object] = {}  # id(model) -> its generator (`RunParts.generator`)
         self.learner = Learner(self.policy, self.reference, config, self.value, self.placement, rank,

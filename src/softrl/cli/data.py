@@ -1,4 +1,4 @@
-"""`softrl data ...`: the experience store (import, export, stats, q0, dedupe, migrate, tag, compact). Results go to
+"""`softrl data ...`: the experience store (import, export, stats, q0, dedupe, migrate, tag, restore, compact). Results go to
 stdout (with `--json`, one JSON document), messages to stderr."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from rich.table import Table
 
 from softrl.cli.common import JSON_OPT, STORE_OPT, err, fail, one_line, open_store, out as stdout, store_errors
 
-data_app = typer.Typer(no_args_is_help=True, help="The experience store: import, export, stats, q0, dedupe, migrate, tag, compact.")
+data_app = typer.Typer(no_args_is_help=True, help="The experience store: import, export, stats, q0, dedupe, migrate, tag, restore, compact.")
 
 
 @data_app.command("import")
@@ -207,6 +207,25 @@ def data_tag(
         typer.echo(json.dumps({"tag": name, "versions": snapshot.versions}))
         return
     err.print(f"tagged {name}: " + ", ".join(f"{t} version {v}" for t, v in snapshot.versions.items()))
+
+
+@data_app.command("restore")
+def data_restore(
+    at: str = typer.Argument(..., help="a version of the trajectories table, or a tag"),
+    store: str = STORE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Make an earlier version (or a tag) of every table the newest again, as a new version: the way back
+    from a damaged table (the versions between stay readable)."""
+    from softrl.data.versions import restore
+
+    target = open_store(store, create=False)
+    with store_errors():
+        snapshot = restore(target, int(at) if at.isdigit() else at)
+    if as_json:
+        typer.echo(json.dumps({"restored": at, "versions": snapshot.versions}))
+        return
+    err.print(f"restored {at}: " + ", ".join(f"{t} now version {v}" for t, v in snapshot.versions.items()))
 
 
 @data_app.command("compact")

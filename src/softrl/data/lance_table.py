@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import lance
 import numpy as np
@@ -30,7 +31,7 @@ from lance.commit import CommitConflictError
 from lance.fragment import FragmentMetadata
 from lance.optimize import Compaction, CompactionOptions
 
-from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError
+from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, damaged
 from softrl.network import NetworkError, s3_timeouts, wait_for_s3
 
 FORMAT = 3  # 1: Parquet part files (data/legacy.py); 2: Lance tables; 3: episodes (turns, action_mask, finish)
@@ -61,9 +62,14 @@ def storage_options(uri: str) -> dict[str, str] | None:
     return {**options, **s3_timeouts()}
 
 
+RUST_SOURCE = re.compile(r",?\s*(?:/|[A-Za-z]:\\)[^\s,]*\.rs:\d+:\d+")  # Lance's own source paths
+NOISE = re.compile(r"^(?:External error: |LanceError\(\w+\): |Generic \w+ error: )+")
+
+
 def explain(error: BaseException, uri: str) -> str:
-    """A Lance or object-store error as one line naming the table's URI and what the user can change."""
-    text = str(error)
+    """A Lance or object-store error as one line naming the table's URI and what the user can change,
+    without Lance's source paths."""
+    text = RUST_SOURCE.sub("", str(error))
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
     if "NoSuchBucket" in text:
         return f"{uri}: bucket {uri.split('/')[2]!r} does not exist"
@@ -74,8 +80,35 @@ def explain(error: BaseException, uri: str) -> str:
         return f"{uri}: permission denied (a read-only location?)"
     if "error sending request" in text or "Connection refused" in text:
         return f"{uri}: no S3 server answers at {endpoint} (AWS_ENDPOINT_URL)"
-    first = re.sub(r"^LanceError\(\w+\): ", "", text.splitlines()[0] if text else type(error).__name__)
+    missing = re.search(r"Not found: \S*?/data/([^/\s,]+\.lance)", text)
+    if missing:
+        return str(damaged(uri, f"data file data/{missing.group(1)} is missing"))
+    if "failed to fill whole buffer" in text or "unexpected end of file" in text.lower():
+        return str(damaged(uri, "a data file is cut short"))
+    if "does not have sufficient data" in text or "manifest" in text.lower() and "decode" in text.lower():
+        return str(damaged(uri, "its newest manifest (in _versions) cannot be read"))
+    first = NOISE.sub("", next((line for line in text.splitlines() if line.strip()), type(error).__name__))
     return f"{uri}: {first[:300]}"
+
+
+def file_sizes(folder: str, options: dict[str, str] | None) -> dict[str, int]:
+    """Name -> bytes of the files in `folder`, a local directory or an s3:// prefix (read with `options`,
+    as Lance reads it)."""
+    if options is None:
+        try:
+            return {entry.name: entry.stat().st_size for entry in os.scandir(folder) if entry.is_file()}
+        except FileNotFoundError:
+            return {}
+    from pyarrow import fs
+
+    endpoint = urlsplit(options.get("aws_endpoint", ""))
+    s3 = fs.S3FileSystem(access_key=options.get("aws_access_key_id"), secret_key=options.get("aws_secret_access_key"),
+                         session_token=options.get("aws_session_token"), region=options.get("aws_region"),
+                         endpoint_override=endpoint.netloc or None, scheme=endpoint.scheme or "https",
+                         connect_timeout=float(options["connect_timeout"].rstrip("s")),
+                         request_timeout=float(options["timeout"].rstrip("s")))
+    found = s3.get_file_info(fs.FileSelector(folder.removeprefix("s3://"), allow_not_found=True))
+    return {info.base_name: info.size for info in found if info.type == fs.FileType.File}
 
 
 def retryable_conflict(error: BaseException) -> bool:
@@ -159,8 +192,27 @@ class LanceTable:
     def _missing(self, dataset: lance.LanceDataset) -> list[pa.Field]:
         return [f for f in self.schema if f.name not in dataset.schema.names]
 
-    def _writable(self) -> None:
-        """Before a write: a table of an older format upgraded first (`_upgrade`); reads never need it."""
+    def damage(self, version: int | None = None) -> str | None:
+        """What is wrong with the files the table's newest version (or `version`) is made of: a data file
+        missing or shorter than its manifest says (None: nothing)."""
+        dataset = self._newest() if version is None else self._at(version)
+        sizes = file_sizes(f"{self.uri}/data", self.options)
+        for fragment in dataset.get_fragments():
+            for file in fragment.data_files():
+                size = sizes.get(file.path)
+                if size is None:
+                    return f"data file data/{file.path} is missing"
+                if file.file_size_bytes and size < file.file_size_bytes:
+                    return f"data file data/{file.path} is cut short ({size} of {file.file_size_bytes} bytes)"
+        return None
+
+    def _writable(self, checked: bool = True) -> None:
+        """Before a write: a damaged table refused (`damage`; not for `checked` False: staged files, which
+        join no version until their commit checks) and a table of an older format upgraded first
+        (`_upgrade`); reads never need either."""
+        problem = with_retries(self.damage, self.uri) if checked else None
+        if problem is not None:
+            raise damaged(self.uri, problem)
         if not self.current:
             self.dataset = with_retries(self._upgrade, self.uri)
             self.current = True
@@ -271,7 +323,7 @@ class LanceTable:
 
     def stage(self, rows: pa.Table) -> Staged:
         """Data files that no version names yet; the Staged carries their fragments' metadata."""
-        self._writable()
+        self._writable(checked=False)
         fragments = with_retries(lambda: [f.to_json() for f in lance.fragment.write_fragments(
             rows, self.uri, schema=self.schema, storage_options=self.options)], self.uri)
         return Staged(sum(f["physical_rows"] for f in fragments), tuple(fragments))
@@ -309,6 +361,7 @@ class LanceTable:
         """Deletion files: no row is rewritten or moved, and readers of `version` keep reading it."""
         if not len(handles):
             return
+        self._writable()
         dataset, updated, emptied = self._at(version), [], []
         addresses = np.sort(handles)
         fragment_of = addresses >> np.uint64(32)
@@ -345,6 +398,8 @@ class LanceTable:
         either of which would reorder rows; so the whole table is one group, and the rewrite is done
         again if a commit lands while it runs (a commit in the instant between that check and the
         compaction's own commit is the one case left: docs/DATA.md)."""
+        self._writable()
+
         def attempt() -> bool:
             dataset = self._newest()
             fragments = dataset.get_fragments()
@@ -358,6 +413,10 @@ class LanceTable:
             Compaction.commit(dataset, rewrites)
             return True
         return with_retries(attempt, self.uri)
+
+    def restore(self, version: int) -> None:
+        self._writable(checked=False)
+        with_retries(lambda: self._at(version).restore(), self.uri)
 
     def cleanup(self, keep: int) -> int:
         dataset = self._newest()

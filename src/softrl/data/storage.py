@@ -31,6 +31,12 @@ class StoreError(ValueError):
     """The store cannot be used (one line, naming the path or URI)."""
 
 
+def damaged(uri: str, problem: str) -> StoreError:
+    """The one line for a damaged table (`Table.damage`), and the way back."""
+    return StoreError(f"{uri}: damaged, {problem} (writes are refused until `softrl data restore` brings back an "
+                      "intact version: docs/DATA.md, \"A damaged table\")")
+
+
 class MissingTable(StoreError):
     """No table at the URI, and none to be created."""
 
@@ -114,3 +120,10 @@ class Table(Protocol):
 
     def cleanup(self, keep: int) -> int:
         """Old versions removed, the newest `keep` and every tagged one kept; returns how many went."""
+
+    def damage(self, version: int | None = None) -> str | None:
+        """What is wrong with the files the newest version (or `version`) is made of (None: nothing); every
+        write refuses a damaged table."""
+
+    def restore(self, version: int) -> None:
+        """`version`'s rows committed as the newest version (the versions between stay as they were)."""

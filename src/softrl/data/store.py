@@ -28,7 +28,7 @@ from softrl.data import legacy
 from softrl.data.pool import KeySet, StoredPool, encode, first_by_handle, first_copies, id_keys
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
 from softrl.data.lance_table import LanceTable, table_file
-from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, Table
+from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, Table, damaged
 from softrl.tasks.base import check_reward
 
 __all__ = ["ExperienceStore", "Snapshot", "StoreError"]
@@ -132,6 +132,14 @@ class ExperienceStore:
         except MissingTable:
             raise StoreError(f"{self.root} is not an experience store (no {table_file('trajectories')}); create one "
                              "with any write") from None
+
+    def check_intact(self) -> None:
+        """A StoreError naming the first damaged table and its damage (docs/DATA.md, "A damaged table"):
+        a run checks before it starts, rather than have its first commit refused halfway."""
+        for table in self.tables.values():
+            problem = table.retried(table.damage)
+            if problem is not None:
+                raise damaged(table.uri, problem)
 
     # --- writing ------------------------------------------------------------------------------
     def append(self, trajectories: Iterable[Trajectory | dict[str, Any]]) -> int:

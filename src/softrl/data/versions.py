@@ -11,7 +11,7 @@ from pathlib import Path
 
 from softrl.data.store import ExperienceStore, Snapshot, StoreError
 
-__all__ = ["compact", "hold", "hold_name", "holds", "pinned", "release", "tag", "untag"]
+__all__ = ["compact", "hold", "hold_name", "holds", "pinned", "release", "restore", "tag", "untag"]
 HOLD = "run-hold-"  # the tags runs keep on the versions they read
 
 
@@ -108,6 +108,22 @@ def holds(store: ExperienceStore) -> dict[str, int]:
     """Runs' holds on the store: tag -> the trajectories version it keeps. One left by a run that will not
     be resumed keeps its versions until `softrl data tag --delete` removes it."""
     return {name: v for name, v in store.tables["trajectories"].tags().items() if name.startswith(HOLD)}
+
+
+def restore(store: ExperienceStore, at: int | str) -> Snapshot:
+    """Every table's version of `pinned(store, at)` (a version of trajectories, or a tag) made the
+    newest again, as a new version of its rows: the way back from a damaged table (docs/DATA.md, "A
+    damaged table"). Refused when the files of that version are not all there either."""
+    snapshot = pinned(store, at)
+    for name, table in store.tables.items():
+        problem = table.damage(snapshot.versions[name])
+        if problem is not None:
+            raise StoreError(f"{store.root}: {name} version {snapshot.versions[name]} is damaged too ({problem}): "
+                             "restore an earlier version or tag")
+    for name, table in store.tables.items():
+        if snapshot.versions[name] != table.latest() or table.damage() is not None:
+            table.restore(snapshot.versions[name])
+    return store.snapshot()
 
 
 def compact(store: ExperienceStore, keep: int) -> dict[str, dict[str, int]]:

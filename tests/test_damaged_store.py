@@ -1,0 +1,115 @@
+"""A damaged table is read-only (docs/DATA.md, "A damaged table"): with a data file of its newest version
+missing or cut short, or its newest manifest unreadable, every `softrl data` command says so in one line
+naming the table (and the file), with no third party's source path; every write is refused and leaves
+the store's files as they were; a run refuses the store before it starts; `softrl data restore` brings
+back an intact version, after which reads and writes work, and refuses a version that is damaged too."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from softrl.cli import app
+from softrl.data import ExperienceStore
+from softrl.data.io import task_solutions
+from softrl.tasks.registry import load_task
+
+
+def files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def newest_data_file(store: Path) -> Path:
+    """The data file the table's newest commit added (the one version 2 does not have)."""
+    import lance
+
+    dataset = lance.dataset(str(store / "trajectories.lance"))
+    older = {f.path for fr in dataset.checkout_version(2).get_fragments() for f in fr.data_files()}
+    newer = [f.path for fr in dataset.get_fragments() for f in fr.data_files() if f.path not in older]
+    return store / "trajectories.lance" / "data" / newer[0]
+
+
+def damage(store: Path, kind: str) -> str:
+    """Damage `store`'s trajectories table; returns what the one line must say."""
+    if kind == "manifest":
+        manifest = min((store / "trajectories.lance" / "_versions").glob("*.manifest"), key=lambda p: int(p.stem))
+        manifest.write_bytes(b"not a manifest")
+        return "damaged, its newest manifest (in _versions) cannot be read"
+    victim = newest_data_file(store)
+    if kind == "missing":
+        victim.unlink()
+        return f"damaged, data file data/{victim.name} is missing"
+    os.truncate(victim, 100)
+    return "is cut short"  # a read meets it before knowing which file; a write's check names it
+
+
+@pytest.fixture
+def store(tmp_path):
+    """Two commits of countdown's solutions (trajectories versions 2 and 3)."""
+    root = tmp_path / "store"
+    s = ExperienceStore(root)
+    s.append(task_solutions(load_task("countdown", size=6), "human"))
+    s.append(task_solutions(load_task("countdown", size=8, seed=3), "human"))
+    return root
+
+
+def run(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def one_line(code_output, *expected):
+    code, output = code_output
+    assert code == 2 and output.count("\n") == 1 and output.startswith("error: "), output
+    assert ".rs:" not in output and "/home/runner" not in output and "External error" not in output, output
+    for text in expected:
+        assert text in output, output
+    return output
+
+
+@pytest.mark.parametrize("kind", ["missing", "cut", "manifest"])
+def test_every_data_command_names_the_damage_and_writes_nothing(store, tmp_path, kind):
+    said = damage(store, kind)
+    records = tmp_path / "r.jsonl"
+    records.write_text(json.dumps({"prompt": "1 2 -> 3", "response": "1+2", "reward": 1.0}) + "\n")
+    before = files(store)
+    table = f"{store}/trajectories.lance: "
+    reads = [("stats",), ("export", tmp_path / "out.jsonl"), ("q0", "--source", "human")]
+    writes = [("import", records), ("dedupe",), ("compact",)]
+    for command in reads + writes:
+        output = one_line(run("data", *command, "--store", store), table + "damaged, ", said)
+        if command in writes:
+            assert "softrl data restore" in output
+    assert files(store) == before and not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "cut"])
+def test_restore_brings_back_an_intact_version(store, tmp_path, kind):
+    said = damage(store, kind)
+    records = tmp_path / "r.jsonl"
+    records.write_text(json.dumps({"prompt": "1 2 -> 3", "response": "1+2", "reward": 1.0}) + "\n")
+    # the newest version is the damaged one: refused, naming its file
+    one_line(run("data", "restore", "3", "--store", store), "trajectories version 3 is damaged too",
+             said.removeprefix("damaged, "))
+    code, output = run("data", "restore", "2", "--store", store)
+    assert code == 0 and "trajectories now version 4" in output, output
+    assert len(ExperienceStore(store)) == 6  # version 2's rows: the first commit
+    assert run("data", "import", records, "--store", store)[0] == 0 and len(ExperienceStore(store)) == 7
+    code, output = run("data", "stats", "--json", "--store", store)
+    assert code == 0 and json.loads(output)["trajectories"] == 7
+
+
+def test_a_run_refuses_a_damaged_store_before_it_starts(store, tmp_path, tiny):
+    from softrl.config import load_config
+    from softrl.runtime.local import train
+    from softrl.data import StoreError
+    from test_training import tiny_overrides
+
+    said = damage(store, "missing")
+    config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"data.store": str(store),
+                                                                              "data.mix": "{online: 1.0}"}))
+    with pytest.raises(StoreError, match=said.replace(".", r"\.")):
+        train(config, log=lambda m: None)
+    assert not (tmp_path / "run").exists()
