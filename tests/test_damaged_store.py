@@ -113,3 +113,33 @@ def test_a_run_refuses_a_damaged_store_before_it_starts(store, tmp_path, tiny):
     with pytest.raises(StoreError, match=said.replace(".", r"\.")):
         train(config, log=lambda m: None)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_damaged_table_on_s3_is_read_only_until_restored(s3_env, tmp_path):
+    """The same on a real S3 server (SeaweedFS): the write's check lists the table's data files there."""
+    import uuid
+
+    import boto3
+    import lance
+
+    from softrl.data.lance_table import storage_options
+
+    prefix = uuid.uuid4().hex[:12]
+    root = f"s3://{s3_env.bucket}/{prefix}"
+    s = ExperienceStore(root)
+    s.append(task_solutions(load_task("countdown", size=6), "human"))
+    s.append(task_solutions(load_task("countdown", size=8, seed=3), "human"))
+    table = f"{root}/trajectories.lance"
+    dataset = lance.dataset(table, storage_options=storage_options(table))
+    older = {f.path for fr in dataset.checkout_version(2).get_fragments() for f in fr.data_files()}
+    victim = next(f.path for fr in dataset.get_fragments() for f in fr.data_files() if f.path not in older)
+    boto3.client("s3", endpoint_url=s3_env.endpoint, region_name="us-east-1",
+                 aws_access_key_id=s3_env.writer["AWS_ACCESS_KEY_ID"],
+                 aws_secret_access_key=s3_env.writer["AWS_SECRET_ACCESS_KEY"]).delete_object(
+        Bucket=s3_env.bucket, Key=f"{prefix}/trajectories.lance/data/{victim}")
+    records = tmp_path / "r.jsonl"
+    records.write_text(json.dumps({"prompt": "1 2 -> 3", "response": "1+2", "reward": 1.0}) + "\n")
+    one_line(run("data", "import", records, "--store", root), f"{table}: damaged, data file data/{victim} is missing",
+             "softrl data restore")
+    assert run("data", "restore", "2", "--store", root)[0] == 0
+    assert run("data", "import", records, "--store", root)[0] == 0 and len(ExperienceStore(root)) == 7

@@ -1,4 +1,4 @@
-"""ExperienceStore on both backends (a local directory and s3:// on moto's server): round trip,
+"""ExperienceStore on both backends (a local directory and s3:// on a SeaweedFS server): round trip,
 filters, concurrent writers, a writer killed mid-write, prompts, annotations, commit order, dedupe
 racing readers and writers, bad locations as one line, migration of an old-format store; and the
 samplers."""

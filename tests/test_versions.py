@@ -1,4 +1,4 @@
-"""Versions of the experience store, on a local directory and on S3 (moto): a Snapshot pinned to a
+"""Versions of the experience store, on a local directory and on S3 (SeaweedFS): a Snapshot pinned to a
 trajectories version or a tag reads exactly the rows of then, unknown versions and tags are one line
 naming those that exist, and `softrl data compact` keeps rows, commit order and sampling unchanged
 while tagged versions stay readable after cleanup."""
