@@ -606,19 +606,29 @@ def test_a_commit_whose_answer_was_lost_is_not_made_twice(root, monkeypatch):
     assert len(calls) == 1 and store.trajectories(unique=False).num_rows == 3
 
 
-def test_bench_store_quick_measures_every_figure_on_both_backends(tmp_path):
-    """`softrl bench store --quick`: each size's figures locally and on a loopback S3 server, the
-    writers' rows all arrived once, the report, its JSON and its plot written."""
+def test_bench_store_quick_measures_every_figure_on_every_backend(tmp_path):
+    """`softrl bench store --quick`: each size's figures locally (cold too, as root: the page cache
+    dropped) and on both loopback S3 servers (SeaweedFS and moto), the writers' rows all arrived once,
+    the report, its JSON and its plot written."""
     proc = softrl("bench", "store", "--quick", "--writers", "2", "--runs", str(tmp_path / "runs"),
                   "--report", str(tmp_path / "report"), "--clean")
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "report" / "store.json").read_text())
-    assert [p["rows"] for p in result["local"]] == [2000, 20000] and [p["rows"] for p in result["s3"]] == [2000]
-    for point in result["local"] + result["s3"]:
+    servers = ("seaweedfs", "moto")
+    assert [p["rows"] for p in result["local"]] == [2000, 20000]
+    assert all([p["rows"] for p in result[server]] == [2000] for server in servers)
+    for point in result["local"] + [p for server in servers for p in result[server]]:
         assert point["pool_rows"] == sum((i // 16) % 4 == 0 for i in range(point["rows"]))  # task0: a quarter of prompts
         assert point["stats_rows"] == point["rows"]
         assert point["dedupe_removed"] == 0 and point["sample_ms"] > 0 and point["q0_ms"] > 0
-    for backend in ("local", "s3"):
+    assert result["cold"] == (os.geteuid() == 0)
+    if result["cold"]:
+        for point in result["local"]:
+            assert point["sample_cold_ms"] > 0 and point["q0_cold_ms"] > 0 and point["stats_cold_s"] > 0
+            assert point["sample_cold_read_calls"] > 0 and point["pool_build_cold_s"] > 0
+    for backend in ("local", *servers):
         assert result[f"writers_{backend}"]["writers_arrived"] == result[f"writers_{backend}"]["writer_rows"] == 1000
-    assert "## Targets (issue 34), at 20,000 rows, local" in (tmp_path / "report" / "store.md").read_text()
+    report = (tmp_path / "report" / "store.md").read_text()
+    assert "## Targets (issue 53)" in report and "## S3: SeaweedFS on loopback" in report
+    assert "| sample_ms, SeaweedFS, 2,000 rows |" in report
     assert (tmp_path / "report" / "store.png").stat().st_size > 10_000 and not (tmp_path / "runs").exists()

