@@ -10,7 +10,7 @@ import softrl
 ROOT = Path(softrl.__file__).parent
 # bottom to top; a package may import its own layer and the layers below
 LAYERS = [
-    {"algorithms", "tabular", "limits", "hub", "files"},
+    {"algorithms", "tabular", "limits", "hub", "files", "network"},
     {"objectives"},
     {"config", "config_reference", "safe_yaml", "rewards", "plots"},
     {"tasks"},

@@ -156,8 +156,8 @@ def test_online_rows_reach_the_store_in_a_commit_every_ten_steps(tiny, tmp_path,
     train(config, log=lambda m: None)
     commits = store.snapshot().versions["trajectories"] - before
     online = store.trajectories(source="online", run_id="run")
-    # async: the batches sampled ahead join at the checkpoint's or the end's commit, or one of each
-    assert commits in ((2,) if mode == "sync" else (3, 4)) and 20 * 4 <= online.num_rows <= 22 * 4
+    # async samples no batch past the run's end; one sampled ahead may make a commit of its own at the end
+    assert commits in ((2,) if mode == "sync" else (2, 3)) and online.num_rows == 20 * 4
     if mode == "sync":  # one batch per policy version, each stored
         assert sorted(online["policy_version"].to_pylist()) == [v for v in range(20) for _ in range(4)]
 

@@ -102,7 +102,7 @@ def q0(
     beta, model = checked_beta(beta), model or "bootstrap"
     s = reference_model(task, model, size, task_seed, max_new_tokens, temperature, "reference", dtype, device,
                         task_option)
-    target = open_store(store)  # after every option is checked: a refused command leaves no store behind
+    target = open_store(store, writes=True)  # after every option is checked: a refused command leaves no store behind
     with progress_bar(f"q0 {task} (K={k})") as update, one_line_errors():
         rows = estimate_q0(s.spec, s.task.prompts(), s.encode_prompt, target, k, beta, s.model_id, seed=seed,
                            env=s.task.make_environment(),  # episodes, for a task that brings its environment
@@ -128,7 +128,7 @@ def stored_q0(model: str = STORED_MODEL_OPT, source: str = SOURCE_OPT, force: bo
     from softrl.assemble import model_folder, model_id
 
     beta = checked_beta(beta)
-    target = open_store(store, create=False)
+    target = open_store(store, create=False, writes=True)
     with store_errors():
         if on_ray:
             from softrl.data.distributed import rewards_on_ray
@@ -176,7 +176,7 @@ def pts(
 
     if not 0 < threshold <= 1:
         fail(f"--threshold must be in (0, 1], got {threshold}")
-    target = open_store(store, create=False)
+    target = open_store(store, create=False, writes=True)
     with store_errors():
         present = set(target.stats()["sources"])
     for missing in sorted(set(source or []) - present):

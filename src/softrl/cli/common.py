@@ -142,11 +142,16 @@ def store_errors():
         fail(str(e))
 
 
-def open_store(where: str | None, create: bool = True):
+def open_store(where: str | None, create: bool = True, writes: bool = False):
+    """The store at `where` (the default store: None); one that the command `writes` to refused at once
+    when a table is damaged (docs/DATA.md, "A damaged table"), before any work that would end in a write."""
     from softrl.data.store import ExperienceStore
 
     with store_errors():
-        return ExperienceStore(where or default_store(), create=create)
+        store = ExperienceStore(where or default_store(), create=create)
+        if writes:
+            store.check_intact()
+        return store
 
 
 def task_options(pairs: list[str] | None) -> dict:

@@ -89,7 +89,7 @@ def serve(
 
     with one_line_errors():
         loaded = task_model(task, model, size=1, device=device, dtype=dtype, source="endpoint")
-    rows = open_store(store)
+    rows = open_store(store, writes=True)
     said = lambda row: err.print(f"stored {row.id} ({source}): {len(row.turns or [])} turns, reward {row.reward:g}",  # noqa: E731
                                  highlight=False)
     try:
