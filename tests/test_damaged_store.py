@@ -36,7 +36,7 @@ def damage(store: Path, kind: str) -> str:
     if kind == "manifest":
         manifest = min((store / "trajectories.lance" / "_versions").glob("*.manifest"), key=lambda p: int(p.stem))
         manifest.write_bytes(b"not a manifest")
-        return "damaged, its newest manifest (in _versions) cannot be read"
+        return "damaged, its newest manifest cannot be read: move that file"
     victim = newest_data_file(store)
     if kind == "missing":
         victim.unlink()
@@ -80,7 +80,7 @@ def test_every_data_command_names_the_damage_and_writes_nothing(store, tmp_path,
     writes = [("import", records), ("dedupe",), ("compact",)]
     for command in reads + writes:
         output = one_line(run("data", *command, "--store", store), table + "damaged, ", said)
-        if command in writes:
+        if command in writes and kind != "manifest":
             assert "softrl data restore" in output
     assert files(store) == before and not (tmp_path / "out.jsonl").exists()
 

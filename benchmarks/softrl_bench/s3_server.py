@@ -51,13 +51,14 @@ class SeaweedS3:
         self.endpoint = f"http://127.0.0.1:{ports['s3.port']}"
         self.log = self.folder / "weed.log"
         (self.folder / "data").mkdir()
+        self.log_file = self.log.open("w")
         self.process = subprocess.Popen(
             [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.folder / 'data'}", "-s3",
              f"-s3.config={self.folder / 's3.json'}", "-master.volumeSizeLimitMB=256", "-volume.max=200",
              # its Iceberg and Lance catalogs take fixed ports (a second server on the machine would fail)
              "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
              *[f"-{key}={port}" for key, port in ports.items()]],
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             self._create_bucket()
         except BaseException:
@@ -97,4 +98,5 @@ class SeaweedS3:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.log_file.close()
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import os
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 SAY_AFTER = 3.0  # seconds of waiting before saying what for
+PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 EMPTY_SETTINGS = bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # length 0, type SETTINGS, no flags, stream 0
 LOCAL_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -75,6 +77,8 @@ def http_answer(url: str) -> Callable[[float], str | None]:
             return None
         except ConnectionRefusedError:
             return "refused: nothing listens there"
+        except ssl.SSLError:
+            return None  # a TLS handshake came back: a server is there (its certificate is Lance's business)
         except (TimeoutError, socket.timeout):
             return "no answer"
         except (OSError, http.client.HTTPException) as e:
@@ -122,8 +126,8 @@ def s3_endpoint() -> tuple[str, str]:
 def wait_for_s3(uri: str, log: Callable[[str], None] = say) -> None:
     """Before the first read of an s3:// URI in this process: its endpoint answers, or NetworkError."""
     endpoint, key = s3_endpoint()
-    if endpoint in _answered:
-        return
+    if endpoint in _answered or any(os.environ.get(k) for k in PROXIES):
+        return  # through a proxy the server is not reached directly: Lance's bounded requests say the rest
     waited(f"{uri}: the S3 server at {endpoint} ({key})", http_answer(endpoint), log)
     _answered.add(endpoint)
 
@@ -147,7 +151,8 @@ def on_loopback(address: str | None) -> bool:
 def ray_module(address: str | None):
     """The `ray` module (ImportError without it), for a local Ray (address None) or a cluster at `address`;
     on loopback set to stay there (Ray would swap 127.0.0.1 for the machine's network address) and,
-    started here, to report no usage."""
+    started here, to report no usage. (Where softrl's own processes listen, the learner group's and the
+    weights' channels, is the runtime's choice: on loopback only for a Ray it started.)"""
     local = on_loopback(address)
     if local:
         for key, value in LOCAL_RAY_ENV.items():

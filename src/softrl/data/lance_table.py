@@ -86,7 +86,9 @@ def explain(error: BaseException, uri: str) -> str:
     if "failed to fill whole buffer" in text or "unexpected end of file" in text.lower():
         return str(damaged(uri, "a data file is cut short"))
     if "does not have sufficient data" in text or "manifest" in text.lower() and "decode" in text.lower():
-        return str(damaged(uri, "its newest manifest (in _versions) cannot be read"))
+        return (f"{uri}: damaged, its newest manifest cannot be read: move that file (the lowest-numbered in "
+                "_versions) out of the folder and the table reads as of the version before (docs/DATA.md, \"A damaged "
+                "table\")")
     first = NOISE.sub("", next((line for line in text.splitlines() if line.strip()), type(error).__name__))
     return f"{uri}: {first[:300]}"
 
@@ -196,6 +198,12 @@ class LanceTable:
         """What is wrong with the files the table's newest version (or `version`) is made of: a data file
         missing or shorter than its manifest says (None: nothing)."""
         dataset = self._newest() if version is None else self._at(version)
+        problem = self._files_missing(dataset)
+        if problem is not None and version is None and self.latest() != dataset.version:
+            problem = self._files_missing(self._newest())  # a compaction's cleanup, not damage: look again
+        return problem
+
+    def _files_missing(self, dataset: lance.LanceDataset) -> str | None:
         sizes = file_sizes(f"{self.uri}/data", self.options)
         for fragment in dataset.get_fragments():
             for file in fragment.data_files():
@@ -415,8 +423,8 @@ class LanceTable:
         return with_retries(attempt, self.uri)
 
     def restore(self, version: int) -> None:
-        self._writable(checked=False)
         with_retries(lambda: self._at(version).restore(), self.uri)
+        self.current = False  # the restored version may be of an older format: the next write upgrades it
 
     def cleanup(self, keep: int) -> int:
         dataset = self._newest()

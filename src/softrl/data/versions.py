@@ -116,12 +116,12 @@ def restore(store: ExperienceStore, at: int | str) -> Snapshot:
     damaged table"). Refused when the files of that version are not all there either."""
     snapshot = pinned(store, at)
     for name, table in store.tables.items():
-        problem = table.damage(snapshot.versions[name])
+        problem = table.retried(lambda: table.damage(snapshot.versions[name]))  # noqa: B023 - called at once
         if problem is not None:
             raise StoreError(f"{store.root}: {name} version {snapshot.versions[name]} is damaged too ({problem}): "
                              "restore an earlier version or tag")
     for name, table in store.tables.items():
-        if snapshot.versions[name] != table.latest() or table.damage() is not None:
+        if snapshot.versions[name] != table.latest():
             table.restore(snapshot.versions[name])
     return store.snapshot()
 

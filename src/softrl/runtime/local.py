@@ -57,7 +57,6 @@ class Generation:
     def _generate(self) -> tuple[list[dict], float]:
         """(online rows, seconds it took to sample, grade and store them)."""
         started = time.perf_counter()
-        self._wait_for_weights()
         self._apply_pending()
         s = self.session
         if self.model is s.policy.model:
@@ -71,6 +70,8 @@ class Generation:
     def _produce(self) -> None:
         try:
             while not self.stop.is_set() and self.produced < self.session.config.optim.steps:  # none past the end
+                if not self._weights_due():  # closed while waiting: no batch after the run
+                    break
                 made = self._generate()
                 while not self.stop.is_set():
                     try:
@@ -125,16 +126,16 @@ class Generation:
             self.updates += 1
             self.lock.notify_all()
 
-    def _wait_for_weights(self) -> None:
+    def _weights_due(self) -> bool:
         """Async with `max_staleness` S: wait until at most S of the updates sync would have applied
         before sampling this batch (one at each multiple of `interval` among the steps since the start)
-        are missing."""
-        if self.thread is None or self.max_staleness is None:
-            return
-        due = self.produced // self.interval - self.start // self.interval - self.max_staleness
-        with self.lock:
-            while self.updates < due and not self.stop.is_set():
-                self.lock.wait(timeout=0.1)
+        are missing; False where generation was closed meanwhile."""
+        if self.max_staleness is not None:
+            due = self.produced // self.interval - self.start // self.interval - self.max_staleness
+            with self.lock:
+                while self.updates < due and not self.stop.is_set():
+                    self.lock.wait(timeout=0.1)
+        return not self.stop.is_set()
 
     def _apply_pending(self) -> None:
         with self.lock:

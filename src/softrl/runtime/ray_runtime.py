@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from softrl.config import ConfigError, RunConfig
 from softrl.data.storage import Staged
-from softrl.network import on_loopback, ray_module, start_or_join_ray
+from softrl.network import ray_module, start_or_join_ray
 from softrl.runtime.ray_weights import Channels, ObjectStore
 
 
@@ -245,7 +245,7 @@ def _run(config: RunConfig, resume: bool, on_step, on_phase, on_eval, stop, log:
         # `setup_progress` answers from a thread of its own while `setup` runs; every other call, one at a time
         learner = ray.remote(num_cpus=0, concurrency_groups={"progress": 1})(_Learner).remote(data, resume)
         phase("setup (Q0, evaluation)", 0, 1)
-        init_method = ray.get(learner.rendezvous.remote(on_loopback(rc.ray_address))) if rc.learners > 1 else None
+        init_method = ray.get(learner.rendezvous.remote(rc.ray_address is None)) if rc.learners > 1 else None
         members = [ray.remote(num_cpus=0)(_GroupMember).remote() for _ in range(1, rc.learners)]
         member_runs = [m.run.remote(data, rank, rc.learners, init_method) for rank, m in enumerate(members, 1)]
         info = _set_up(ray, learner, init_method, phase, log)
@@ -297,7 +297,7 @@ class Rollouts:
         actor = ray.remote(num_cpus=0, max_restarts=-1)(Worker)
         data = config.model_dump(mode="json")
         self.workers = [actor.remote(data, info["model_path"]) for _ in range(config.runtime.workers)]
-        self.sync = (Channels(ray, learner, self.workers, local=on_loopback(config.runtime.ray_address))
+        self.sync = (Channels(ray, learner, self.workers, local=config.runtime.ray_address is None)
                      if config.runtime.weight_sync == "broadcast" else ObjectStore(ray, learner, self.workers))
         self.version = info["version"]
         self.sync.deliver(range(len(self.workers)), self.version)
