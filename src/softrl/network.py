@@ -114,13 +114,26 @@ def grpc_answer(host: str, port: int) -> Callable[[float], str | None]:
 _answered: set[str] = set()  # endpoints that answered once in this process
 
 
-def s3_endpoint() -> tuple[str, str]:
-    """(the S3 endpoint's URL, the setting that names it), as storage_options reads them."""
+def configured_endpoint() -> tuple[str | None, str]:
+    """(the S3 endpoint the standard AWS variables name, None for AWS itself; the variable that names it),
+    as boto3 and the AWS CLI read them."""
     for key in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
         if os.environ.get(key):
             return os.environ[key], key
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    return (f"https://s3.{region}.amazonaws.com" if region else "https://s3.amazonaws.com"), "AWS_ENDPOINT_URL"
+    return None, "AWS_ENDPOINT_URL"
+
+
+def s3_region() -> str | None:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+
+
+def s3_endpoint() -> tuple[str, str]:
+    """(the S3 endpoint's URL, AWS's own where none is named; the setting that names it)."""
+    endpoint, key = configured_endpoint()
+    if endpoint is None:
+        region = s3_region()
+        endpoint = f"https://s3.{region}.amazonaws.com" if region else "https://s3.amazonaws.com"
+    return endpoint, key
 
 
 def wait_for_s3(uri: str, log: Callable[[str], None] = say) -> None:

@@ -42,7 +42,7 @@ def data_import(
                 _say_unmatched(rows, task, prompt_ids)
     except (ValueError, OSError) as e:  # RecordError, ModelLoadError and ConfigError are ValueErrors
         fail(str(e))
-    target = open_store(store, writes=True)
+    target = open_store(store)  # a damaged table refuses the append itself
     with store_errors():
         written = target.append(rows)
     if as_json:
@@ -146,7 +146,7 @@ def data_stats(store: str = STORE_OPT, as_json: bool = JSON_OPT,
 @data_app.command("dedupe")
 def data_dedupe(store: str = STORE_OPT, as_json: bool = JSON_OPT) -> None:
     """Commit the store's trajectories without duplicate rows, as a new version (older versions stay readable)."""
-    target = open_store(store, create=False, writes=True)
+    target = open_store(store, create=False)  # a damaged table fails the read, or refuses the deletion
     with store_errors():
         before, after = target.dedupe()
     if as_json:
@@ -239,7 +239,7 @@ def data_compact(
     run pinned to a removed version (data.store_version) can no longer read it."""
     from softrl.data.versions import compact, holds
 
-    target = open_store(store, create=False, writes=True)
+    target = open_store(store, create=False, writes=True)  # every table checked first: none compacted of a damaged store
     with store_errors():
         report, held = compact(target, keep), holds(target)
     if as_json:

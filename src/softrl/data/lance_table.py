@@ -32,7 +32,7 @@ from lance.fragment import FragmentMetadata
 from lance.optimize import Compaction, CompactionOptions
 
 from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, damaged
-from softrl.network import NetworkError, s3_timeouts, wait_for_s3
+from softrl.network import NetworkError, configured_endpoint, s3_region, s3_timeouts, wait_for_s3
 
 FORMAT = 3  # 1: Parquet part files (data/legacy.py); 2: Lance tables; 3: episodes (turns, action_mask, finish)
 FORMAT_KEY = "softrl.store_format"
@@ -48,12 +48,12 @@ def storage_options(uri: str) -> dict[str, str] | None:
     if not uri.startswith("s3://"):
         return None
     env, options = os.environ, {}
-    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    endpoint, _ = configured_endpoint()
     if endpoint:
         options["aws_endpoint"] = endpoint
         if endpoint.startswith("http://"):
             options["allow_http"] = "true"
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    region = s3_region()
     if region:
         options["aws_region"] = region
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
@@ -70,7 +70,7 @@ def explain(error: BaseException, uri: str) -> str:
     """A Lance or object-store error as one line naming the table's URI and what the user can change,
     without Lance's source paths."""
     text = RUST_SOURCE.sub("", str(error))
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the S3 endpoint"
+    endpoint = configured_endpoint()[0] or "the S3 endpoint"
     if "NoSuchBucket" in text:
         return f"{uri}: bucket {uri.split('/')[2]!r} does not exist"
     if "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:

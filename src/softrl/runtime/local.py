@@ -21,7 +21,7 @@ from softrl.config import RunConfig
 from softrl.runtime.group import LearnerGroup, follow, torchrun_rank
 from softrl.runtime.faults import disk_full_reported
 from softrl.runtime.runlog import newest_checkpoint_step
-from softrl.runtime.session import Session
+from softrl.runtime.session import Session, generation_seed
 from softrl.runtime.stop import RunStopped, StopRequests
 
 
@@ -63,7 +63,7 @@ class Generation:
             self.version = s.learner.version
         self.model.eval()
         rows = self.worker.collect(s.feed.next_prompts(), s.config.sampling.samples_per_prompt, self.version,
-                                   s.generation_seed(self.produced))
+                                   generation_seed(s.config.seed, self.produced))
         self.produced += 1
         return [{**r.to_row(), "mix_source": "online"} for r in rows], time.perf_counter() - started
 

@@ -107,9 +107,6 @@ class Session:
     def learner(self):
         return self.run.learner
 
-    def generation_seed(self, step: int) -> int:
-        return generation_seed(self.config.seed, step)
-
     def evaluated(self, record: dict, shared: Callable[[Callable[[], dict]], dict] | None = None) -> dict:
         """`record` (its step, samples, time) with the policy's evaluation on the held-out prompts as
         `eval/...` numbers, also handed to `on_eval`; evaluation time is not training time. `shared`:
