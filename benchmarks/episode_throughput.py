@@ -1,7 +1,7 @@
 """Multi-turn rollouts against single-turn at equal generated tokens (issue 50, part 7's throughput).
 
     .venv/bin/python benchmarks/episode_throughput.py [--model bootstrap] [--prompts 16] [--k 4] \
-        [--turn-tokens 64] [--turns 3] [--pairs 3] [--json out.json]
+        [--turn-tokens 64] [--turns 3] [--pairs 3] [--device auto] [--dtype float32] [--json out.json]
 
 Side A, single turn: `rollouts` of tinycode-loops' prompts, k samples each, `turns x turn-tokens` new
 tokens, EOS never drawn (every sample that long). Side B, episodes: `episodes` of tinycode-feedback's
@@ -24,6 +24,7 @@ from statistics import median
 import torch
 
 from softrl.assemble import model_directory
+from softrl.models.device import resolve_device
 from softrl.models.generation import make_generator
 from softrl.models.loading import encode_prompt, load_causal_lm
 from softrl.rollout import EpisodeLimits, RolloutSpec, contexts_of, episodes, rollouts
@@ -49,10 +50,13 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="float32")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     directory = model_directory(args.model, "tinycode-feedback")
-    model, tokenizer = load_causal_lm(directory)
+    model, tokenizer = load_causal_lm(directory, dtype=args.dtype)
+    model = model.to(resolve_device(args.device))  # the GPU lease of 2026-11-28 sampled 0.53B on its CPU
     generator = make_generator(model, tokenizer, args.backend)
     encode = lambda text: encode_prompt(tokenizer, text)  # noqa: E731
     single_task = load_task("tinycode-loops", size=args.prompts, seed=1)
@@ -73,7 +77,7 @@ def main() -> None:
         print(f"pair {pair + 1}: single {one['tokens_per_s']:.1f} tok/s ({one['samples_per_s']:.2f} samples/s), "
               f"episodes {many['tokens_per_s']:.1f} tok/s ({many['samples_per_s']:.2f} episodes/s, "
               f"{many['turns']:.2f} turns), ratio {pairs[-1]['tokens_ratio']:.3f}", flush=True)
-    result = {"model": directory, "prompts": args.prompts, "k": args.k, "turn_tokens": args.turn_tokens,
+    result = {"model": directory, "device": str(model.device), "dtype": args.dtype, "prompts": args.prompts, "k": args.k, "turn_tokens": args.turn_tokens,
               "turns": args.turns, "threads": torch.get_num_threads(), "pairs": pairs,
               "tokens_ratio_by_pair": [p["tokens_ratio"] for p in pairs],
               "tokens_ratio_median": median(p["tokens_ratio"] for p in pairs)}

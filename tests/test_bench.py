@@ -170,7 +170,8 @@ Thread 0x00007f7aa1dff6c0 (most recent call first):
 Current thread 0x00007f7e92a4b140 (most recent call first):
   File "/x/softrl/rollout.py", line 125 in rollouts
   File "/x/softrl/eval/protocol.py", line 39 in sample"""
-    assert failure(dump, -11) == 'killed by SIGSEGV in File "/x/softrl/rollout.py", line 125 in rollouts'
+    assert failure(dump, -11) == ('killed by SIGSEGV in File "/x/softrl/rollout.py", line 125 in rollouts; other '
+                                  'threads in File "/usr/lib/python3.12/threading.py", line 1030 in _bootstrap')
     assert failure("a warning", -9) == "killed by SIGKILL (no Python frame)"
 
 

@@ -113,3 +113,13 @@ def test_gpu_record_merges_leases_and_judges_targets_only_on_enough_pairs(tmp_pa
     out = record(third, into, "ccc", "2026-12-02")
     assert out["softrl_over_trl"]["step"] == "e2e-mid" and out["measured"]["softrl_over_trl"]["commit"] == "bbb"
     assert out["bf16_matmul_peak_tflops"] == pytest.approx(800) and out["device"] == "H100"
+    # a fourth lease of the second's comparison on its GPU (named here: no env step): its pair joins those three
+    e2e["rounds"] = {"softrl-async": [{"samples_per_s": 4.0}], "trl-dynamic": [{"samples_per_s": 4.0}]}
+    fourth = _lease(tmp_path / "four", **{"e2e-mid/systems.json": e2e})
+    out = record(fourth, into, "ddd", "2026-12-03", device="H200")
+    assert out["softrl_over_trl"]["by_pair"] == pytest.approx([2.25, 2.5, 2.75, 1.0])
+    assert out["softrl_over_trl"]["median"] == pytest.approx(2.375)
+    assert [lease["pairs"] for lease in out["softrl_over_trl"]["leases"]] == [3, 1]
+    # on another GPU the comparison starts over
+    out = record(fourth, into, "eee", "2026-12-04", device="H100")
+    assert out["softrl_over_trl"]["by_pair"] == [1.0] and out["targets"]["softrl_over_trl"]["met"] is None

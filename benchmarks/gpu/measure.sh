@@ -84,7 +84,7 @@ needs_random() {  # the random models, built first where this machine has none y
 
 step() {
   case $1 in
-    learner|learner-ckpt|gen-big|e2e-mid|e2e-big|episodes) needs_random ;;
+    learner|learner-ckpt|profile|gen-big|e2e-mid|e2e-big|episodes) needs_random ;;
   esac
   case $1 in
     env) run_step env 45 python3 benchmarks/gpu/env.py ;;
@@ -96,6 +96,9 @@ step() {
         --report "$RESULTS/learner" ;;
     learner-ckpt) run_step learner-ckpt 270 "${SYSTEMS[@]}" --model "$BIG" "${LEARNER[@]}" --gradient-checkpointing \
         --runs "$RESULTS/runs/learner-ckpt" --report "$RESULTS/learner-checkpointing" ;;
+    profile) SOFTRL_PROFILE="$RESULTS/profile" run_step profile 270 "${SYSTEMS[@]}" --model "$BIG" --parts learner \
+        --timed-steps 2 --pairs 1 --micro-batch-tokens "$MICRO_TOKENS" --runs "$RESULTS/runs/profile" \
+        --report "$RESULTS/learner-profile" ;;
     gen-big) run_step gen-big 270 "${GEN[@]}" --model "$BIG" --json "$RESULTS/generation-big.json" ;;
     gen-small) run_step gen-small 180 "${GEN[@]}" --model "$SMALL" --chat --json "$RESULTS/generation-small.json" ;;
     e2e-small|e2e-mid|e2e-big)
@@ -110,13 +113,13 @@ step() {
         --runs "$RESULTS/runs/$1" --report "$RESULTS/$1" ;;
     episodes) run_step episodes 240 python3 benchmarks/episode_throughput.py \
         --model "${SOFTRL_CACHE:-$HOME/.cache/softrl}/models/$MID" --prompts "$PROMPTS" --k 4 \
-        --turn-tokens "$NEW_TOKENS" --turns 3 --pairs 3 --json "$RESULTS/episodes.json" ;;
+        --turn-tokens "$NEW_TOKENS" --turns 3 --pairs 3 --device "$DEVICE" --dtype bfloat16 --json "$RESULTS/episodes.json" ;;
     demo) run_step demo 240 "${SOFTRL[@]}" demo --json --steps "$DEMO_STEPS" --device "$DEVICE" --out "$RESULTS/runs/demo" ;;
     learning) run_step learning 530 "${SOFTRL[@]}" bench learning --base benchmarks/smollm2-arithmetic.yaml \
         --task gym:basic_arithmetic --methods spo-half,grpo,ppo --seeds 1 --steps "$LEARNING_STEPS" --prompts 4 \
         --lr 2e-6 --eval-size "$EVAL_SIZE" --eval-every 8 --runs "$RESULTS/runs/bench-smollm2" --report "$RESULTS/learning" ;;
     *) echo "measure.sh: unknown step '$1' (env tests models smollm2 learner learner-ckpt gen-big gen-small" \
-            "e2e-small e2e-mid e2e-big episodes demo learning)"; return 2 ;;
+            "e2e-small e2e-mid e2e-big episodes demo learning profile)"; return 2 ;;
   esac
 }
 

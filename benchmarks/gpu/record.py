@@ -85,7 +85,8 @@ def lease_figures(results: Path, demo_cpu: Path | None) -> tuple[dict, str | Non
     """(figures, device name) of one lease's results folder."""
     env = read_json(results / "env.log") or {}
     figures: dict = {}
-    learner = read_json(results / "learner" / "systems.json")
+    # the profile step's learner is the same measurement, one round of fewer timed steps
+    learner = read_json(results / "learner" / "systems.json") or read_json(results / "learner-profile" / "systems.json")
     if learner:
         figures.update(learner_figures(learner))
     for step in E2E_STEPS:  # the largest model that compared both sides
@@ -115,8 +116,26 @@ def smaller_model(new: dict, old: dict | None) -> bool:
     return old is not None and E2E_STEPS.index(new["step"]) > E2E_STEPS.index(old["step"])
 
 
-def record(results: Path, into: Path, commit: str, date: str, demo_cpu: Path | None = None) -> dict:
-    figures, device = lease_figures(results, demo_cpu)
+def pooled(new: dict, old: dict | None, lease: dict, old_lease: dict | None) -> dict:
+    """softrl against TRL with the pairs of an earlier lease of the same comparison (step, model, modes, GPU)
+    added: each pair ran A B in one call, so pairs from two leases are as alternate as pairs from one."""
+    same = ("step", "model", "softrl_mode", "trl")
+    if not old or not old_lease or old_lease.get("device") != lease["device"] \
+            or any(old.get(k) != new.get(k) for k in same):
+        return {**new, "leases": [{**lease, "pairs": len(new["by_pair"])}]}
+    by_pair = old["by_pair"] + new["by_pair"]
+    earlier = old.get("leases") or [{**old_lease, "pairs": len(old["by_pair"])}]
+    return {**new, "by_pair": by_pair, "median": median(by_pair),
+            "steady_by_pair": old.get("steady_by_pair", []) + new["steady_by_pair"],
+            "every_mode": {m: old.get("every_mode", {}).get(m, []) + v for m, v in new["every_mode"].items()},
+            "leases": earlier + [{**lease, "pairs": len(new["by_pair"])}]}
+
+
+def record(results: Path, into: Path, commit: str, date: str, demo_cpu: Path | None = None,
+           device: str | None = None) -> dict:
+    """`device`: the GPU's name, for a lease that ran no `env` step."""
+    figures, found = lease_figures(results, demo_cpu)
+    device = found or device
     old = json.loads(into.read_text()) if into.is_file() else {}
     out = {k: v for k, v in old.items() if k not in ("targets",)}
     lease = {"commit": commit, "date": date, "device": device}
@@ -126,8 +145,10 @@ def record(results: Path, into: Path, commit: str, date: str, demo_cpu: Path | N
             out.pop(stale, None)
             out["measured"].pop(stale, None)
     for name, value in figures.items():
-        if name == "softrl_over_trl" and smaller_model(value, out.get(name)):
-            continue  # a comparison on a smaller model does not replace one on a larger
+        if name == "softrl_over_trl":
+            if smaller_model(value, out.get(name)):
+                continue  # a comparison on a smaller model does not replace one on a larger
+            value = pooled(value, out.get(name), lease, out["measured"].get(name))
         out[name] = value
         out["measured"][name] = lease
     if figures:
@@ -156,12 +177,13 @@ def main() -> None:
     parser.add_argument("--commit", default=None, help="the commit the lease ran (default: HEAD)")
     parser.add_argument("--date", default=datetime.date.today().isoformat())
     parser.add_argument("--demo-cpu", type=Path, default=None, help="`softrl demo --json` on the CPU")
+    parser.add_argument("--device", default=None, help="the GPU's name, where the lease ran no `env` step")
     args = parser.parse_args()
     if not args.results.is_dir():
         parser.error(f"{args.results} is not a folder (unpack the lease's results.tgz there)")
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True, check=True).stdout.strip()
-    out = record(args.results, args.into, commit, args.date, args.demo_cpu)
+    out = record(args.results, args.into, commit, args.date, args.demo_cpu, args.device)
     print(json.dumps(out["targets"], indent=1))
 
 

@@ -187,6 +187,8 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
         times.append(time.perf_counter() - start)
         split.append({k: v for k, v in metrics.items() if k.startswith("time/")})
     step_s = median(times)
+    if os.environ.get("SOFTRL_PROFILE"):
+        profile_step(run, batch, Path(os.environ["SOFTRL_PROFILE"]) / f"{method}-profile.txt", cuda)
     # counted over the micro-batches the learner runs, each padded to its own longest row; the frozen
     # reference always shares prompts, trained models do unless under activation checkpointing
     pieces = [batch.subset(index) for _, index, _ in run.learner.pieces(batch)]
@@ -203,6 +205,23 @@ def learner_step(method: str, model_path: str, rows: list[dict], samples_per_pro
             "first_loss": first["loss"], "checkpointing": checkpointing, "micro_batch_tokens": micro_batch_tokens,
             "device": str(run.placement.device),
             "split_s": {k.removeprefix("time/"): median([s[k] for s in split]) for k in split[0]}}
+
+
+def profile_step(run, batch, path: Path, cuda: bool) -> None:
+    """One more learner step under torch.profiler, untimed, its operators by self time on the device
+    (CUDA) or the CPU into `path`: where a step's time goes when its fraction of the matmul peak is low."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        run.learner.step(batch)
+        if cuda:
+            torch.cuda.synchronize()
+    averages = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(averages.table(sort_by=key, row_limit=40) + "\n\nby input shape:\n"
+                    + prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=25))
 
 
 def median_round(rounds: list[dict]) -> dict:
@@ -254,13 +273,19 @@ def failure(stderr: str, returncode: int = 1) -> str:
     """A failed process's error on one line: the last line of its stderr and, after a traceback, the
     frame that raised it (a bare `AssertionError` names nothing else). A process killed by a signal
     leaves no traceback, and its last line is whatever it printed before (a warning, on the GPU
-    lease of 2026-11-28): then the signal, and faulthandler's innermost frame of the crashing thread."""
+    lease of 2026-11-28): then the signal, faulthandler's innermost frame of the crashing thread and
+    of each other thread."""
     lines = stderr.strip().splitlines() or ["no output"]
     if returncode < 0:
+        def innermost(start: int) -> str | None:
+            return next((line.strip() for line in lines[start + 1:] if line.lstrip().startswith('File "')), None)
+
         crashed = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), None)
-        frame = next((line.strip() for line in lines[crashed + 1:] if line.lstrip().startswith('File "')), None) \
-            if crashed is not None else None
-        return f"killed by {signal.Signals(-returncode).name}" + (f" in {frame}" if frame else " (no Python frame)")
+        frame = innermost(crashed) if crashed is not None else None
+        # where the other threads were (async's generation thread, say): the lease's crashes came while one ran
+        others = [f for i, line in enumerate(lines) if line.startswith("Thread 0x") and (f := innermost(i))]
+        return (f"killed by {signal.Signals(-returncode).name}" + (f" in {frame}" if frame else " (no Python frame)")
+                + (f"; other threads in {'; '.join(others)}" if others else ""))
     frames = [line.strip() for line in lines if line.lstrip().startswith('File "')]
     return lines[-1] + (f" ({frames[-1]})" if frames else "")
 
