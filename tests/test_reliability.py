@@ -495,6 +495,22 @@ def test_import_with_a_model_refuses_token_ids_outside_its_vocabulary(tmp_path, 
     assert ExperienceStore(store).trajectories().num_rows == 1
 
 
+def test_import_with_a_model_refuses_a_record_longer_than_its_positions(tmp_path, tiny):
+    """A record far longer than the model's positions imported and was trained on without a word:
+    `data import --model` measures it as a run would tokenise it and refuses it in one line naming
+    file, record, length and positions, writing nothing."""
+    positions = tiny[1].config.max_position_embeddings
+    good = {"prompt_id": "p", "prompt_text": "q", "response_text": "r", "reward": 1.0}
+    rows = write(tmp_path / "rows.jsonl", jsonl(good, {**good, "response_text": "x" * (2 * positions)}))
+    store = tmp_path / "store"
+    out = subprocess.run([SOFTRL, "data", "import", str(rows), "--model", str(tiny[0]), "--store", str(store)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    line, = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: {rows}: record 2 is ") and f"over the {positions} positions of model " in line, line
+    assert not store.exists()
+
+
 # --- what the store does not name is not read; what it names and cannot read is said -----------
 def test_train_ignores_files_no_store_version_names_and_a_corrupt_table_is_one_line(tmp_path, tiny):
     seed_store(tmp_path)

@@ -463,6 +463,51 @@ def test_a_run_refuses_stored_token_ids_outside_the_model_vocabulary(tiny, tmp_p
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_a_run_refuses_a_stored_row_longer_than_the_model_positions(tiny, tmp_path):
+    """An imported row far longer than the model's positions was trained on without a word (82 s and 3 GB
+    for one row): the run refuses it before any step, naming store, row, its length and the positions;
+    a text row is measured as the batch would tokenise it, a row of the run's tokens by its ids."""
+    from softrl.data import Trajectory
+    from softrl.models.loading import tokenizer_fingerprint
+    from softrl.runtime.local import train
+    from softrl.tasks.registry import load_task
+
+    positions = tiny[1].config.max_position_embeddings
+    prompt = load_task("countdown", size=6).prompts()[1]
+    text = Trajectory(prompt.id, "1+2" * 200, 1.0, True, task="countdown", prompt_text=prompt.text, source="human")
+    tokens = Trajectory(prompt.id, "3+4", 1.0, True, task="countdown", prompt_text=prompt.text, source="human",
+                        prompt_tokens=[3] * 10, response_tokens=[4] * positions, tokenizer=tokenizer_fingerprint(tiny[2]))
+    for name, bad in (("text", text), ("tokens", tokens)):
+        root = tmp_path / name
+        seed_store(root)
+        ExperienceStore(root / "store").append([bad])
+        config = load_config(None, tiny_overrides(str(tiny[0]), str(root), **{"optim.steps": 1}))
+        with pytest.raises(ConfigError, match=rf"^data.store: offline pool of {root}/store: row '{bad.id}' \(prompt "
+                                              rf"'{prompt.id}', source 'human'\) is [\d,]+ tokens long, over the "
+                                              rf"model's {positions} positions"):
+            train(config, log=lambda m: None)
+        assert not (root / "run" / "metrics.jsonl").exists()
+
+
+def test_row_lengths_are_measured_as_the_batch_tokenises_and_short_text_is_not_tokenised(tiny):
+    from softrl.models.loading import encode_prompt, encode_response, tokenizer_fingerprint
+    from softrl.training.batch import row_tokens, too_long_row
+
+    tok, fingerprint = tiny[2], tokenizer_fingerprint(tiny[2])
+    seen = []
+
+    def tokens(row):
+        seen.append(row["response_text"])
+        return row_tokens(row, fingerprint, lambda t: encode_prompt(tok, t), lambda t: encode_response(tok, t))
+
+    rows = [{"prompt_text": "p", "response_text": "a" * n} for n in (10, 300, 40)]
+    prompt = len(encode_prompt(tok, "p"))
+    assert too_long_row(rows, 10_000, tokens, fingerprint) is None and seen == []  # 4 x chars + 512 fit
+    # 300 characters of the character tokenizer, its EOS and the prompt: over 256
+    assert too_long_row(rows, 256, tokens, fingerprint) == (1, 300 + 1 + prompt)
+    assert too_long_row(rows, 0, tokens, fingerprint) is None  # positions unknown: nothing refused
+
+
 def test_a_pool_too_large_to_check_whole_refuses_a_bad_row_when_it_is_drawn(tiny, tmp_path, monkeypatch):
     """Before a run, a pool is checked whole up to `CHECKED_ROWS` rows, else a sample of it: a bad row
     outside the sample is refused when it is drawn, with the same line, not an index error mid-step."""

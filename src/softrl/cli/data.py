@@ -21,7 +21,8 @@ def data_import(
     solutions: str = typer.Option(None, "--solutions", help="instead of FILE: the known solutions of this task"),
     task: str = typer.Option("", "--task", help="task of records that name none; a record of it whose prompt is one "
                                                 "of the task's prompts gets that prompt's id"),
-    model: str = typer.Option(None, "--model", help="check rows' token ids against this model's vocabulary"),
+    model: str = typer.Option(None, "--model", help="check rows' token ids against this model's vocabulary and "
+                                                    "their lengths against its positions"),
     store: str = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -38,6 +39,8 @@ def data_import(
             prompt_ids = _prompt_ids(task) if task else None
             rows = read_trajectories(file, source, task, prompt_ids, vocabulary)
             check_conflicts(rows, str(file))
+            if model:
+                _check_lengths(rows, model, task, file)
             if prompt_ids is not None:
                 _say_unmatched(rows, task, prompt_ids)
     except (ValueError, OSError) as e:  # RecordError, ModelLoadError and ConfigError are ValueErrors
@@ -49,6 +52,26 @@ def data_import(
         typer.echo(json.dumps({"imported": written, "repeated": len(rows) - written, "store": str(target.root)}))
         return
     err.print(f"imported {written} trajectories ({len(rows) - written} repeated within the input) into {target.root}")
+
+
+def _check_lengths(rows, model: str, task: str, file: Path) -> None:
+    """A ValueError naming the first row longer than `model`'s positions, tokenised as a run would feed it."""
+    from softrl.assemble import model_directory
+    from softrl.models.loading import (encode_episode, encode_prompt, encode_response, load_tokenizer,
+                                       model_positions, tokenizer_fingerprint)
+    from softrl.training.batch import row_tokens, too_long_row
+
+    directory = model_directory(model, task or "countdown")
+    tok = load_tokenizer(directory)
+    fingerprint = tokenizer_fingerprint(tok)
+    positions = model_positions(directory)
+    long = too_long_row([r.to_row() for r in rows], positions,
+                        lambda row: row_tokens(row, fingerprint, lambda t: encode_prompt(tok, t),
+                                               lambda t: encode_response(tok, t),
+                                               lambda p, t: encode_episode(tok, p, t)), fingerprint)
+    if long:
+        raise ValueError(f"{file}: record {long[0] + 1} is {long[1]:,} tokens long, over the {positions:,} positions "
+                         f"of model {model}: no run of it can train on the record; nothing was imported")
 
 
 def _load_task(spec: str):

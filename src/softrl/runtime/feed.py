@@ -14,7 +14,7 @@ from softrl.data.unmatched import unmatched_rows
 from softrl.data.versions import hold, pinned
 from softrl.models.loading import encode_episode, encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.tasks.base import Prompt, Task
-from softrl.training.batch import Batch, knows_behavior, make_batch, unusable_row
+from softrl.training.batch import Batch, knows_behavior, make_batch, row_tokens, too_long_row, unusable_row
 
 CHECKED_ROWS = 2_000  # rows of each pool checked before a run starts; the rest are checked when drawn
 IN_MEMORY = ("online", "replay")  # the mix's sources that are not read from the store
@@ -54,13 +54,13 @@ class DataFeed:
 
     def __init__(self, config: RunConfig, store: ExperienceStore, task: Task, q0: dict[str, float], tokenizer,
                  log: Callable[[str], None] = print, vocab_size: int | None = None, snapshot: Snapshot | None = None,
-                 hold_as: str | None = None):
+                 hold_as: str | None = None, positions: int = 0):
         self.config, self.store, self.task, self.q0, self.log = config, store, task, q0, log
         self.snapshot = snapshot or pinned_snapshot(config, store) or store.snapshot()
         self.reads_store = draws_from_store(config)
         if hold_as and self.reads_store:  # before its pools are built: a compaction meanwhile must keep it
             hold(store, self.snapshot, hold_as)
-        self.vocab_size = vocab_size
+        self.vocab_size, self.positions = vocab_size, positions
         self.tokenizer, self.fingerprint = tokenizer, tokenizer_fingerprint(tokenizer)
         self.prompts = task.prompts()
         self.prompt_rng = random.Random(config.seed)
@@ -127,8 +127,13 @@ class DataFeed:
                 f"prompt (at least {registry.get(algorithm).min_group}), and no prompt of the {source} pool has {n}")
 
     def _refuse_unusable(self, source: str, rows: list[dict]) -> None:
-        """Refused: a row the model cannot be fed (token ids outside its vocabulary, no prompt)."""
+        """Refused: a row the model cannot be fed (token ids outside its vocabulary, no prompt, longer than
+        its positions)."""
         problem = unusable_row(rows, self.fingerprint, self.vocab_size, lambda t: encode_prompt(self.tokenizer, t))
+        if not problem and (long := too_long_row(rows, self.positions, self.row_tokens, self.fingerprint)):
+            row = rows[long[0]]
+            problem = (f"row {row.get('id')!r} (prompt {row.get('prompt_id')!r}, source {row.get('source')!r}) is "
+                       f"{long[1]:,} tokens long, over the model's {self.positions:,} positions")
         if problem:
             raise ConfigError(f"data.store: {source} pool of {self.store.root}: {problem}: this model cannot train "
                               "on it; import the rows into a new store with `softrl data import FILE --model MODEL`, "
@@ -239,6 +244,11 @@ class DataFeed:
         tok = self.tokenizer
         return make_batch(rows, self.fingerprint, tok.pad_token_id, lambda t: encode_prompt(tok, t),
                           lambda t: encode_response(tok, t), self.q0, lambda p, t: encode_episode(tok, p, t))
+
+    def row_tokens(self, row: dict) -> tuple[list[int], list[int], list[bool]]:
+        tok = self.tokenizer
+        return row_tokens(row, self.fingerprint, lambda t: encode_prompt(tok, t), lambda t: encode_response(tok, t),
+                          lambda p, t: encode_episode(tok, p, t))
 
     # --- checkpoints: the random state of prompt choice and of every source ---------------------
     def state_dict(self) -> dict:

@@ -17,6 +17,7 @@ from softrl.assemble import RunParts, environment_warnings
 from softrl.config import RunConfig
 from softrl.data import StoreError
 from softrl.data.versions import hold_name, release
+from softrl.rollout import positions_of
 from softrl.runtime.feed import DataFeed, draws_from_store, pinned_snapshot
 from softrl.runtime.model_card import write_model_card
 from softrl.runtime.faults import RunLock, disk_full_reported
@@ -79,7 +80,7 @@ class Session:
             q0 = self.run.q0(progress, log, reads_at)
         self.feed = DataFeed(config, self.run.store, self.run.train_task, q0, self.run.tokenizer, log,
                              self.run.policy.model.get_input_embeddings().num_embeddings, snapshot,
-                             hold_as=hold_name(config.run_dir))
+                             hold_as=hold_name(config.run_dir), positions=positions_of(self.run.policy.model))
         self.runlog = RunLog(config, resume)
         if not resume:
             self.runlog.record_store(self.feed.snapshot)

@@ -97,6 +97,47 @@ def unusable_row(rows: list[dict], fingerprint: str, vocab_size: int | None, enc
 
 
 EpisodeEncoder = Callable[[str, list[dict]], tuple[list[int], list[int], list[bool]]]
+# room a chat template may add around a row's text, in tokens (a system prompt, role markers)
+TEMPLATE_TOKENS = 512
+
+
+def row_tokens(row: dict, fingerprint: str, encode_prompt: Callable[[str], list[int]],
+               encode_response: Callable[[str], list[int]], encode_episode: EpisodeEncoder | None = None
+               ) -> tuple[list[int], list[int], list[bool]]:
+    """(prompt ids, response ids, which response ids are the policy's) of a row as a batch feeds it: its
+    own ids where this tokenizer made them (an episode's only with the mask that says which are the
+    policy's), else its text's, an episode's from its turns."""
+    if own_tokens(row, fingerprint) and (not row.get("turns") or row.get("action_mask")):
+        response = list(row["response_tokens"])
+        return list(row["prompt_tokens"]), response, list(row.get("action_mask") or [True] * len(response))
+    if row.get("turns"):
+        if encode_episode is None:
+            raise ValueError(f"row {row.get('id')!r} is an episode and this batch has no episode encoder")
+        return encode_episode(row["prompt_text"], row["turns"])
+    response = encode_response(row["response_text"])
+    return encode_prompt(row["prompt_text"]), response, [True] * len(response)
+
+
+def too_long_row(rows: list[dict], positions: int, tokens: Callable[[dict], tuple[list[int], list[int], list[bool]]],
+                 fingerprint: str) -> tuple[int, int] | None:
+    """(index, tokens) of the first of `rows` longer than a model of `positions` positions (prompt and
+    response); None when all fit or `positions` is unknown (0). `tokens`: `row_tokens` with the run's
+    encoders. Text is tokenised only where it could be that long: a UTF-8 character is at most 4 bytes,
+    and byte-level tokenizers make at most one token of a byte."""
+    if not positions:
+        return None
+    for i, row in enumerate(rows):
+        if own_tokens(row, fingerprint):
+            length = len(row.get("prompt_tokens") or []) + len(row["response_tokens"])
+        else:
+            chars = len(row.get("prompt_text") or "") + len(row.get("response_text") or "") + len(str(row.get("turns") or ""))
+            if 4 * chars + TEMPLATE_TOKENS * (1 + len(row.get("turns") or [])) <= positions:
+                continue
+            prompt, response, _ = tokens(row)
+            length = len(prompt) + len(response)
+        if length > positions:
+            return i, length
+    return None
 
 
 def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: Callable[[str], list[int]],
@@ -110,17 +151,7 @@ def make_batch(rows: list[dict], fingerprint: str, pad_id: int, encode_prompt: C
         raise ValueError("a batch needs at least one trajectory")
     prompts, responses, masks = [], [], []
     for row in rows:
-        # an episode's own tokens are taken only with the mask that says which are the policy's
-        if own_tokens(row, fingerprint) and (not row.get("turns") or row.get("action_mask")):
-            prompt, response = list(row["prompt_tokens"]), list(row["response_tokens"])
-            mask = list(row.get("action_mask") or [True] * len(response))
-        elif row.get("turns"):
-            if encode_episode is None:
-                raise ValueError(f"row {row.get('id')!r} is an episode and this batch has no episode encoder")
-            prompt, response, mask = encode_episode(row["prompt_text"], row["turns"])
-        else:
-            prompt, response = encode_prompt(row["prompt_text"]), encode_response(row["response_text"])
-            mask = [True] * len(response)
+        prompt, response, mask = row_tokens(row, fingerprint, encode_prompt, encode_response, encode_episode)
         prompts.append(prompt)
         responses.append(response)
         masks.append(mask)
