@@ -186,6 +186,59 @@ def test_prompts_annotations_and_dedupe(root):
     assert {r["id"]: r for r in store.trajectories().to_pylist()}[a.id]["mc_targets"][0]["k"] == 20
 
 
+def test_later_copies_spilled_to_disk_are_those_found_in_memory():
+    """`LaterCopies` past its memory bound writes its pairs to files by key and sorts each alone: the
+    same handles as with everything held, whatever order the batches come in; the files are removed."""
+    import numpy as np
+
+    from softrl.data.pool import LaterCopies
+
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 40, size=(500, 2), dtype=np.uint64)  # many repeats, some sharing one word only
+    handles = rng.permutation(10_000).astype(np.uint64)[:500]
+    expected = sorted(int(h) for i, h in enumerate(handles)
+                      if any((keys[j] == keys[i]).all() and handles[j] < h for j in range(500)))
+    for bound in (10**9, 7):
+        copies = LaterCopies(spill_rows=bound)
+        for start in range(0, 500, 33):
+            copies.add(handles[start:start + 33], keys[start:start + 33])
+        folder = copies.folder.name if copies.folder else None
+        assert copies.handles().tolist() == expected
+        assert (folder is None) == (bound > 500) and (folder is None or not os.path.exists(folder))
+
+
+def test_stats_and_dedupe_stream_and_agree_with_the_rows(root, monkeypatch):
+    """stats counts each id's first copy (sources, prompts, means with nulls left out, annotations) from
+    the ids and five small columns a batch at a time; with the later copies found on disk the figures
+    and dedupe's deletions are the same."""
+    import softrl.data.pool as pool
+
+    store = ExperienceStore(root)
+    rows = [full_trajectory(prompt_id=f"p{i % 5}", response_tokens=[i], source=("human", "online")[i % 2],
+                            reward=float(i % 3 == 0), passed=i % 3 == 0, mc_targets=[],
+                            behavior_logprobs=None) for i in range(30)]
+    store.append(rows[:20])
+    store.append(rows[10:25] + [full_trajectory(prompt_id="p9", response_tokens=[0], source="online", mc_targets=[],
+                                                   behavior_logprobs=None)])
+    store.annotate({rows[3].id: [{"t": 1, "success": 0.5, "k": 4}]})
+    table = store.trajectories().to_pylist()  # first copies
+    expected = {}
+    for source in ("human", "online"):
+        mine = [r for r in table if r["source"] == source]
+        expected[source] = {"trajectories": len(mine), "prompts": len({r["prompt_id"] for r in mine}),
+                            "pass_rate": sum(r["passed"] for r in mine) / len(mine),
+                            "mean_reward": sum(r["reward"] for r in mine) / len(mine),
+                            "with_mc_targets": sum(bool(r["mc_targets"]) for r in mine)}
+    for bound in (pool.SPILL_ROWS, 3):
+        monkeypatch.setattr(pool, "SPILL_ROWS", bound)
+        monkeypatch.setattr(pool.LaterCopies.__init__, "__defaults__", (bound,))
+        stats = store.stats()
+        assert {k: pytest.approx(v) for k, v in expected.items()} == stats["sources"] and stats["trajectories"] == 26
+        assert stats["duplicates"] == 10 and stats["prompts"] == 6
+    assert store.dedupe() == (36, 26) and store.stats()["duplicates"] == 0
+    assert sorted(r["id"] for r in store.trajectories(unique=False).to_pylist()) == sorted(r["id"] for r in table)
+
+
 @pytest.mark.parametrize("name", ["out.parquet", "out.jsonl.gz"])
 def test_an_export_is_whole_or_not_at_all_and_never_among_the_parts(tmp_path, monkeypatch, name):
     import errno

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,6 +62,75 @@ def first_by_handle(handle: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Positions of each id's first committed copy (the lowest row handle), in commit order."""
     order = np.argsort(handle, kind="stable")
     return order[first_copies(keys[order])] if len(order) else order
+
+
+SPILL_ROWS = 1 << 21  # (key, handle) pairs `LaterCopies` holds before it writes them to disk: 48 MiB
+SPILL_BUCKETS = 256  # its files: at 1e8 rows about 400,000 pairs (9 MiB) each, sorted one at a time
+COPY_RECORD = np.dtype([("k0", "<u8"), ("k1", "<u8"), ("handle", "<u8")])
+
+
+class LaterCopies:
+    """The row handles of every later copy of a trajectory id (all but each id's lowest handle), from
+    batches of (handles, id keys) in any order, with at most `spill_rows` pairs in memory: past that
+    they go to temporary files by key (24 bytes a row on disk, in the system's temporary folder),
+    and each file is sorted alone. A store's `stats` and `dedupe` hold no more than that however
+    many rows it has."""
+
+    def __init__(self, spill_rows: int = SPILL_ROWS):
+        self.held: list[np.ndarray] = []
+        self.count, self.spill_rows, self.rows = 0, spill_rows, 0
+        self.folder: tempfile.TemporaryDirectory | None = None
+
+    def add(self, handles: np.ndarray, keys: np.ndarray) -> None:
+        pairs = np.empty(len(handles), COPY_RECORD)
+        pairs["k0"], pairs["k1"], pairs["handle"] = keys[:, 0], keys[:, 1], handles
+        self.held.append(pairs)
+        self.count += len(pairs)
+        self.rows += len(pairs)
+        if self.count > self.spill_rows:
+            self._spill()
+
+    def _spill(self) -> None:
+        if self.folder is None:
+            self.folder = tempfile.TemporaryDirectory(prefix="softrl-copies-")
+        pairs = np.concatenate(self.held) if self.held else np.empty(0, COPY_RECORD)
+        self.held, self.count = [], 0
+        bucket = pairs["k0"] % SPILL_BUCKETS
+        order = np.argsort(bucket, kind="stable")
+        pairs, bounds = pairs[order], np.searchsorted(bucket[order], np.arange(SPILL_BUCKETS + 1))
+        for b in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+            with open(Path(self.folder.name) / str(b), "ab") as f:
+                pairs[bounds[b]:bounds[b + 1]].tofile(f)
+
+    def handles(self) -> np.ndarray:
+        """The later copies' handles, sorted (the files are removed)."""
+        try:
+            if self.folder is None:
+                parts = [later_in(np.concatenate(self.held))] if self.held else []
+            else:
+                self._spill()
+                parts = [later_in(np.fromfile(f, COPY_RECORD)) for f in Path(self.folder.name).iterdir()]
+            return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+        finally:
+            self.held = []
+            if self.folder is not None:
+                self.folder.cleanup()
+                self.folder = None
+
+
+def later_in(pairs: np.ndarray) -> np.ndarray:
+    """Handles of the pairs (COPY_RECORD) whose key a pair of a lower handle has."""
+    pairs = pairs[np.lexsort((pairs["handle"], pairs["k1"], pairs["k0"]))]
+    repeat = (pairs["k0"][1:] == pairs["k0"][:-1]) & (pairs["k1"][1:] == pairs["k1"][:-1])
+    return pairs["handle"][1:][repeat]
+
+
+def in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """`[N]` bool: which of `values` are in `sorted_set` (sorted, as `LaterCopies.handles` gives it)."""
+    if not len(sorted_set):
+        return np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[at] == values
 
 
 def encode(values: pa.Array, names: dict[str, int]) -> np.ndarray:

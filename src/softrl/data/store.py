@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from softrl.data import legacy
-from softrl.data.pool import KeySet, StoredPool, encode, first_by_handle, first_copies, id_keys
+from softrl.data.pool import KeySet, LaterCopies, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
 from softrl.data.lance_table import LanceTable, table_file
 from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, Table, damaged
@@ -76,9 +76,48 @@ def newest(table: pa.Table, key: str) -> dict[str, dict[str, Any]]:
     return {row[key]: row for row in in_commit_order(table).to_pylist()}
 
 
-def nan_mean(values: np.ndarray) -> float | None:
-    known = values[~np.isnan(values)]
-    return float(known.mean()) if len(known) else None
+def prompt_hashes(values: pa.Array) -> np.ndarray:
+    """`[N]` uint64: each prompt id's hash, for counting distinct prompts without a string per prompt
+    held (Python's hash of the text, one call per distinct id in the batch; fixed within a process)."""
+    encoded = pc.dictionary_encode(pc.fill_null(values, ""))
+    words = np.array([hash(v) for v in encoded.dictionary.to_pylist()], dtype=np.int64).view(np.uint64)
+    return words[encoded.indices.to_numpy()] if len(words) else np.empty(0, np.uint64)
+
+
+def distinct(parts: list[np.ndarray]) -> np.ndarray:
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+
+
+class SourceSums:
+    """One source's running figures over the first copies `stats` scans: counts, sums and its distinct
+    prompts' hashes (made distinct whenever the batches since outnumber them)."""
+
+    def __init__(self):
+        self.rows = self.annotated = 0
+        self.known = {"passed": [0, 0.0], "reward": [0, 0.0]}  # values that are not NaN: count, sum
+        self.seen, self.recent, self.recent_size = np.empty(0, np.uint64), [], 0
+
+    def add(self, prompts: np.ndarray, passed: np.ndarray, reward: np.ndarray, annotated: np.ndarray) -> None:
+        self.rows += len(prompts)
+        self.annotated += int(annotated.sum())
+        for name, values in (("passed", passed), ("reward", reward)):
+            values = values[~np.isnan(values)]
+            self.known[name][0] += len(values)
+            self.known[name][1] += float(values.sum())
+        self.recent.append(np.unique(prompts))
+        self.recent_size += len(self.recent[-1])
+        if self.recent_size > max(len(self.seen), 1 << 16):
+            self.prompts()
+
+    def prompts(self) -> np.ndarray:
+        if self.recent:
+            self.seen, self.recent, self.recent_size = distinct([self.seen, *self.recent]), [], 0
+        return self.seen
+
+    def figures(self) -> dict[str, Any]:
+        mean = {name: total / count if count else None for name, (count, total) in self.known.items()}
+        return {"trajectories": self.rows, "prompts": len(self.prompts()), "pass_rate": mean["passed"],
+                "mean_reward": mean["reward"], "with_mc_targets": self.annotated}
 
 
 class TargetIndex:
@@ -267,36 +306,42 @@ class ExperienceStore:
 
     # --- maintenance --------------------------------------------------------------------------
     def stats(self, snapshot: Snapshot | None = None) -> dict[str, Any]:
-        """Per source: trajectories, distinct prompts, pass rate, mean reward, annotated rows. One scan of
-        five small columns a batch at a time (about 30 bytes a row held), never the rows themselves."""
+        """Per source: trajectories, distinct prompts, pass rate, mean reward, annotated rows, of each id's
+        first copy. Two scans, a batch at a time: the ids, for the later copies (`LaterCopies`), then
+        five small columns summed per source. Held: a batch, the later copies' handles and 8 bytes a
+        distinct prompt of each source, never anything per row."""
         snapshot = snapshot or self.snapshot()
-        targets = TargetIndex(self.annotations(snapshot))
-        names: dict[str, dict[str, int]] = {"source": {}, "prompt_id": {}}
-        columns: dict[str, list[np.ndarray]] = {k: [] for k in ("handle", "key", "source", "prompt", "passed",
-                                                                "reward", "targets")}
-        for batch in self.tables["trajectories"].batches(snapshot.versions["trajectories"], ["id", "source", "prompt_id",
-                                                         "passed", "reward", "mc_targets"], handles=True):
-            keys = id_keys(batch["id"])
-            columns["source"].append(encode(batch["source"], names["source"]))
-            columns["prompt"].append(encode(batch["prompt_id"], names["prompt_id"]))
-            columns["handle"].append(batch[HANDLE].to_numpy())
-            columns["key"].append(keys)
+        version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
+        later = self.later_copies(version)
+        notes = self.annotations(snapshot)
+        targets = TargetIndex(notes) if notes else None
+        sums: dict[str, SourceSums] = {}
+        sources: dict[str, int] = {}
+        for batch in table.batches(version, ["source", "prompt_id", "passed", "reward", "mc_targets"]
+                                   + (["id"] if targets else []), handles=True):
+            first = ~in_sorted(batch[HANDLE].to_numpy(), later)
+            source = encode(batch["source"], sources)[first]
+            prompt = prompt_hashes(batch["prompt_id"])[first]
             # as floats, a null as NaN: left out of the means, as pyarrow's mean leaves it out
-            columns["passed"].append(pc.cast(batch["passed"], pa.float64()).to_numpy(zero_copy_only=False))
-            columns["reward"].append(batch["reward"].to_numpy(zero_copy_only=False))
-            columns["targets"].append(targets.of(keys, batch["mc_targets"]))
-        rows = {k: np.concatenate(v) if v else np.empty(0) for k, v in columns.items()}
-        first = first_by_handle(rows["handle"], rows["key"])
-        kept = {k: v[first] for k, v in rows.items() if k not in ("handle", "key")}
-        per_source = {}
-        for source, code in sorted(names["source"].items()):
-            part = kept["source"] == code
-            if part.any():
-                per_source[source] = {
-                    "trajectories": int(part.sum()), "prompts": len(np.unique(kept["prompt"][part])),
-                    "pass_rate": nan_mean(kept["passed"][part]), "mean_reward": nan_mean(kept["reward"][part]),
-                    "with_mc_targets": int(kept["targets"][part].sum())}
-        return self.summary(snapshot, per_source, len(rows["handle"]), len(np.unique(kept["prompt"])))
+            passed = pc.cast(batch["passed"], pa.float64()).to_numpy(zero_copy_only=False)[first]
+            reward = batch["reward"].to_numpy(zero_copy_only=False)[first]
+            annotated = (targets.of(id_keys(batch["id"]), batch["mc_targets"]) if targets else
+                         pc.fill_null(pc.greater(pc.list_value_length(batch["mc_targets"]), 0), False)
+                         .to_numpy(zero_copy_only=False))[first]
+            for name, code in sources.items():
+                part = source == code
+                if part.any():
+                    sums.setdefault(name, SourceSums()).add(prompt[part], passed[part], reward[part], annotated[part])
+        per_source = {name: sums[name].figures() for name in sorted(sums)}
+        prompts = len(distinct([s.prompts() for s in sums.values()]))
+        return self.summary(snapshot, per_source, table.count(version), prompts)
+
+    def later_copies(self, version: int) -> np.ndarray:
+        """Sorted handles of every later copy of an id in `version` of the trajectories (one scan of the ids)."""
+        copies = LaterCopies()
+        for batch in self.tables["trajectories"].batches(version, ["id"], handles=True):
+            copies.add(batch[HANDLE].to_numpy(), id_keys(batch["id"]))
+        return copies.handles()
 
     def rewards_by_prompt(self, source: str, snapshot: Snapshot | None = None) -> pa.Table:
         """One row per prompt with rows of `source` (`PROMPT_REWARDS`): its task, text, and the rewards and
@@ -349,16 +394,10 @@ class ExperienceStore:
         table = self.tables["trajectories"]
 
         def attempt() -> tuple[int, int]:
-            version, handles, keys = table.latest(), [], []
-            for batch in table.batches(version, ["id"], handles=True):
-                handles.append(batch[HANDLE].to_numpy())
-                keys.append(id_keys(batch["id"]))
-            if not handles:
-                return 0, 0
-            handle = np.concatenate(handles)
-            first = np.zeros(len(handle), dtype=bool)
-            first[first_by_handle(handle, np.concatenate(keys))] = True
-            table.delete(version, handle[~first])
-            return len(handle), int(first.sum())
+            version = table.latest()
+            later, rows = self.later_copies(version), table.count(version)
+            if len(later):
+                table.delete(version, later)
+            return rows, rows - len(later)
 
         return table.retried(attempt)
