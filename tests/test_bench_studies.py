@@ -485,3 +485,21 @@ def test_bench_study_feedback_quick(tmp_path, monkeypatch):
     assert again.exit_code == 0, again.output
     assert json.loads((report / "study-feedback.json").read_text())["runs"] == data["runs"]
     assert not (tmp_path / "runs/tinycode-feedback/feedback").exists()  # nothing trained
+
+
+def test_report_only_never_trains_nor_empties_a_report(tmp_path):
+    """`--report-only` on a study that keeps no outcomes file started its whole training silently; with an
+    empty outcomes file it replaced a good report with a table of nothing. Both are refused in one line,
+    before anything is made, and the report is left as it was."""
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "study-code.md").write_text("a good table")
+    (report / "study-code-runs.jsonl").write_text("\n")
+    runs = tmp_path / "runs"
+    for name, said in (("loss", "keeps no outcomes file"), ("grow", "keeps no outcomes file"),
+                       ("code", "no finished runs")):
+        out = CliRunner().invoke(app, ["bench", "study", name, "--report-only", "--runs", str(runs), "--report",
+                                       str(report)])
+        assert out.exit_code == 2 and said in out.output and "Traceback" not in out.output, out.output
+        assert len(out.output.strip().splitlines()) == 1
+    assert not runs.exists() and (report / "study-code.md").read_text() == "a good table"

@@ -42,6 +42,8 @@ def test_trl_conversational_records_are_read_as_the_conversation_they_are():
     ([{"role": "assistant", "content": "3"}], "starts with a assistant message"),
     ([{"role": "narrator", "content": "hi"}], "message 0 has role 'narrator'"),
     ([{"role": "user", "content": "q", "tool_calls": [CALL]}], "has tool_calls, which a prompt cannot carry"),
+    ([{"role": "user", "content": "q"}, {"role": "tool", "tool_call_id": "zz", "content": "x"}],
+     "message 1 has role tool, which a prompt cannot carry"),
 ])
 def test_prompt_conversations_that_are_not_one_are_refused_in_one_line(messages, says):
     with pytest.raises(RecordError, match=says) as e:
@@ -92,3 +94,24 @@ def test_a_conversation_under_the_tasks_prompt_id_gets_that_ids_trajectory_id():
         f.write(json.dumps(record) + "\n")
     (read,) = read_trajectories(f.name, "x", task().name, task_prompt_ids(task()))
     assert read.prompt_id == row.prompt_id and read.id == row.id
+
+
+def test_a_chat_record_of_the_tasks_chat_prompt_is_that_prompt():
+    """A dataset keeps a prompt of one user message as a conversation, a chat import as its text: an
+    offline conversation of the task's chat prompt was refused as none of the task's prompts. It gets
+    the task's prompt id and text, as a text prompt does."""
+    chat = RewardFunctionTask(reward_functions(lambda prompt, completion, **kw: 1.0),
+                              records_of([{"prompt": [{"role": "user", "content": "q1"}], "answer": 1}]))
+    (prompt,) = chat.prompts()
+    conversation = {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "1"}], "reward": 1}
+    pair = {"prompt": [{"role": "user", "content": "q1"}], "completion": "1", "reward": 1}
+    rows, unknown = offline_trajectories([("r1", conversation), ("r2", pair)], chat, "import:x")
+    assert unknown == 0 and [(r.prompt_id, r.prompt_text) for r in rows] == [(prompt.id, prompt.text)] * 2
+
+
+@pytest.mark.parametrize("empty", [[{"role": "user", "content": ""}], [{"role": "system", "content": ""},
+                                                                         {"role": "user", "content": ""}]])
+def test_a_conversation_with_an_empty_prompt_is_refused_as_an_empty_prompt_field_is(empty):
+    record = {"messages": [*empty, {"role": "assistant", "content": "1"}], "reward": 1}
+    with pytest.raises(RecordError, match="^r1: the conversation's system and user messages are empty"):
+        offline_trajectories([("r1", record)], task(), "import:x")

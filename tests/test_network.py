@@ -87,6 +87,35 @@ def test_a_refused_s3_endpoint_ends_at_once(s3_env, closed_port):
     assert seconds < 30
 
 
+def test_an_endpoint_that_is_no_s3_server_is_named_as_such(s3_env):
+    """A web server that answers every request 404 without S3's error document: object_store's raw "Error
+    performing list request ... GET http://...?list-type=2 ... non-2xx" became one line asking whether it
+    is an S3 server and the bucket exists."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotFound(BaseHTTPRequestHandler):
+        def answer(self):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = answer
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        s3_env.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_port}")
+        result, _ = timed("data", "stats", "--store", "s3://bucket/store")
+    finally:
+        server.shutdown()
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "answered 404 Not Found without an S3 error: is it an S3 server (AWS_ENDPOINT_URL), and does bucket " \
+           "'bucket' exist?" in result.output and "list-type" not in result.output
+
+
 def test_a_bad_network_timeout_setting_is_named(s3_env, closed_port):
     s3_env.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port}")
     s3_env.setenv("SOFTRL_NETWORK_TIMEOUT", "soon")

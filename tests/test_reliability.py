@@ -147,6 +147,11 @@ CASES = [
      "model someorg/nosuchmodel: no such local directory, and the hub id is not in the local cache ({d}/hf/hub)"),
     ("train-hub-model-not-cached", ["train", "model.path=someorg/nosuchmodel"], {},
      "(`hf download someorg/nosuchmodel`, with the same hf_home)"),
+    ("eval-model-is-a-file", ["eval", "--model", "{d}/config.json"], {"config.json": "{}"},
+     "model {d}/config.json is a file: give the model's directory"),
+    # a mistyped bare name (no `/`): 35 s of the hub's retries offline before the line
+    ("eval-bare-model-name-mistyped", ["eval", "--model", "tinyy"], {},
+     "model tinyy: no such local directory, and the hub id is not in the local cache ({d}/hf/hub)"),
     ("import-hub-dataset-not-cached", ["data", "import", "hf:someorg/nosuchdata", "--store", "{d}/store"], {},
      "hub dataset someorg/nosuchdata is not in the local datasets cache ({d}/hf/datasets)"),
     ("import-exported-row-wrong-type", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
@@ -158,6 +163,10 @@ CASES = [
     ("sandbox-stdin-endless", ["sandbox", "run", "{d}/p.py", "--stdin", "/dev/zero"], {"p.py": "print(1)"}, "/dev/zero"),
     ("sandbox-program-endless", ["sandbox", "run", "/dev/zero"], {}, "/dev/zero"),
     ("import-endless", ["data", "import", "/dev/zero", "--store", "{d}/store"], {}, "not a regular file"),
+    ("import-an-empty-file", ["data", "import", "{d}/empty.jsonl", "--store", "{d}/store"], {"empty.jsonl": "\n"},
+     "{d}/empty.jsonl: no records in it; nothing imported"),
+    ("import-a-plain-directory", ["data", "import", "{d}/rows.jsonl", "--store", "{d}/store"],
+     {"rows.jsonl/part.txt": "a"}, "a directory, and not a hugging face dataset saved with save_to_disk"),
     ("config-endless", ["train", "/dev/zero"], {}, "not a regular file"),
     ("config-nested-too-deeply", ["train", "{d}/deep.yaml"], {"deep.yaml": "optim: " + "[" * 5000 + "]" * 5000},
      "nested too deeply"),
@@ -265,6 +274,18 @@ def test_bad_input_is_one_line_and_the_store_is_unchanged(tmp_path, args, files,
     assert any(expected in line.lower() for line in out.stderr.splitlines()), out.stderr[-1500:]
     assert snapshot(store) == before
     assert not (tmp_path.parent / "tmp" / "escape").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["data", "compact", "--keep-versions", "0"], "error: Invalid value for '--keep-versions': Input should be greater "
+                                                  "than or equal to 1 (softrl data compact --help)"),
+    (["data", "restore", "-3"], "error: No such option: -3 (softrl data restore --help)"),
+    (["nosuchcommand"], "error: No such command 'nosuchcommand'. (softrl --help)"),
+])
+def test_a_usage_error_is_one_line_naming_the_option(args, says):
+    """A bad option value or name printed click's usage text and a boxed error, five or six lines."""
+    out = subprocess.run([SOFTRL, *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.splitlines() == [says], out.stderr
 
 
 def test_cases_cover_every_command_family():

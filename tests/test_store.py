@@ -252,6 +252,10 @@ def test_an_export_is_whole_or_not_at_all_and_never_among_the_parts(tmp_path, mo
     with pytest.raises(ValueError, match="inside the store"):
         io.export(table, tmp_path / "store" / name, tmp_path / "store")
     assert store.trajectories(unique=False).num_rows == 2
+    (tmp_path / "folder" / name).mkdir(parents=True)  # a rename onto it named the hidden work file
+    with pytest.raises(ValueError, match=f"^cannot export to {tmp_path}/folder/{name}: it is a directory"):
+        io.export(table, tmp_path / "folder" / name)
+    shutil.rmtree(tmp_path / "folder")
     out = tmp_path / name
     assert io.export(table, out, tmp_path / "store") == 2
     before = out.read_bytes()
@@ -353,6 +357,9 @@ def test_bad_local_locations_are_one_line_and_write_nothing(tmp_path):
             ExperienceStore(where)
     with pytest.raises(StoreError, match="is not an experience store"):
         ExperienceStore(tmp_path / "nowhere", create=False)
+    for bare in ("s3://", "s3:///prefix"):  # Lance's "Could not parse bucket" of a path the user never typed
+        with pytest.raises(StoreError, match=f"^{bare} names no bucket: give s3://BUCKET"):
+            ExperienceStore(bare)
     assert not (tmp_path / "nowhere").exists() and files_of(tmp_path / "other") == {"data.csv": files_of(tmp_path / "other")["data.csv"]}
     if os.geteuid() != 0:  # root writes anywhere
         (tmp_path / "ro").mkdir(mode=0o555)

@@ -187,6 +187,9 @@ def study(
     from softrl_bench.studies import STUDIES, check_claims, plan, prepare
     from softrl.config import ConfigError, read_settings
 
+    if report_only and name not in ("code", "feedback"):  # silently ignored, it started hours of training
+        fail(f"--report-only: study {name!r} keeps no outcomes file to report from (code and feedback do); run it "
+             "without the option: its finished runs are reused")
     if name == "grow":
         return _grow(seeds or 3, steps or 120, later_steps, lr or 2e-4, rows or 32, eval_size or 80, eval_every or 20,
                      base, runs, report)
@@ -232,7 +235,9 @@ def _code(name: str, quick: bool, seeds: int | None, steps: int | None, eval_siz
     from softrl.config import ConfigError
 
     kept = kept or report / f"study-{name}-runs.jsonl"
-    if report_only and not kept.is_file():  # before the reference is installed: a build takes an hour
+    # before the reference is installed (a build takes an hour), and an empty file is no report either:
+    # it would replace a good one with a table of nothing
+    if report_only and (not kept.is_file() or not kept.read_text(errors="replace").strip()):
         fail(f"--report-only: no finished runs in {kept} (give --kept FILE)")
     try:
         s = code_study.settings(code_study.STUDIES[name], runs, quick, seeds, steps, eval_size, eval_every, kept,

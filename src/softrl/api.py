@@ -159,7 +159,8 @@ def run_with_progress(config: RunConfig, resume: bool = False, tasks: tuple[Task
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn(), TimeRemainingColumn()]
     lines = ProgressLines(console, enabled=not quiet and not console.is_terminal)
-    with Progress(*columns, console=console, transient=True, disable=quiet) as bar:
+    # off a terminal the lines say the progress, and a bar would leave an empty line before an error's
+    with Progress(*columns, console=console, transient=True, disable=quiet or not console.is_terminal) as bar:
         job = bar.add_task("setup", total=config.optim.steps, info="")
 
         def on_phase(name: str, done: int, total: int) -> None:

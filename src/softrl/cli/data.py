@@ -45,6 +45,8 @@ def data_import(
                 _say_unmatched(rows, task, prompt_ids)
     except (ValueError, OSError) as e:  # RecordError, ModelLoadError and ConfigError are ValueErrors
         fail(str(e))
+    if not rows:  # an empty or mistyped file made an empty store where the user meant data
+        fail(f"{file or solutions}: no records in it; nothing imported")
     target = open_store(store)  # a damaged table refuses the append itself
     with store_errors():
         written = target.append(rows)

@@ -64,6 +64,18 @@ def command_line():
     return command
 
 
+def click_errors() -> tuple:
+    """(UsageError, ClickException, NoArgsIsHelpError, Abort) of the click that parses the command line:
+    typer's own copy in the typer installed here, click itself in typers before it had one."""
+    try:
+        from typer._click import exceptions
+        from typer.exceptions import Abort
+    except ImportError:
+        from click import exceptions
+        from click.exceptions import Abort
+    return exceptions.UsageError, exceptions.ClickException, getattr(exceptions, "NoArgsIsHelpError", ()), Abort
+
+
 def entry(command) -> None:
     """The `softrl` command, `command_line()` run: every error that reaches here is one line on stderr
     (exit status 1); with `--debug` anywhere on the command line, or SOFTRL_DEBUG=1, the full traceback
@@ -76,8 +88,23 @@ def entry(command) -> None:
         os.environ[DEBUG_ENV] = "1"  # processes the command starts (learner ranks, workers) inherit it
         command(args, prog_name="softrl")
         return
+    usage, other, no_args, abort = click_errors()
     try:
-        command(args, prog_name="softrl")
+        status = command.main(args, prog_name="softrl", standalone_mode=False)
+    except no_args as e:  # `softrl data`: the group's help
+        e.show()
+        sys.exit(e.exit_code)
+    except usage as e:  # a bad option or value: one line naming it, not a boxed usage text
+        where = " ".join(["softrl", *e.ctx.command_path.split()[1:], "--help"]) if e.ctx else "softrl --help"
+        typer.echo(f"error: {e.format_message()} ({where})", err=True)
+        sys.exit(e.exit_code)
+    except other as e:
+        typer.echo(f"error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
     except Exception as e:  # noqa: BLE001 - the boundary: one line, the traceback behind --debug
         typer.echo(f"error: {one_line(e)} (--debug shows where)", err=True)
         sys.exit(1)
+    sys.exit(status if isinstance(status, int) else 0)

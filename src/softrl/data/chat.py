@@ -110,6 +110,9 @@ def episode_of(messages: Any, where: str) -> tuple[list[dict[str, str]], list[di
                 raise RecordError(f"{where}: message {i}: 'reward' must be a number, got {reward!r}")
             turn["reward"] = float(reward)
         turns.append(turn)
+    if not any(m["content"] for m in prompt):  # as an empty 'prompt' field is refused
+        raise RecordError(f"{where}: the conversation's system and user messages are empty: a model needs at least "
+                          "one prompt token")
     if not any(t["role"] == POLICY_ROLE for t in turns):
         raise RecordError(f"{where}: the conversation has no assistant message: nothing of the policy's to learn from")
     return prompt, turns

@@ -21,7 +21,7 @@ from softrl.data.chat import chat_record, episode_of, prompt_text_of, single_tur
 from softrl.data.schema import FINISHES, TRAJECTORY_SCHEMA, Trajectory
 from softrl.files import whole_file
 from softrl.tasks.base import RewardError, Task, check_reward, prompt_id_of
-from softrl.tasks.records import RecordError, field, prompt_of, read_records
+from softrl.tasks.records import RecordError, field, prompt_key, prompt_of, read_records
 
 
 def _reward(value: Any, where: str) -> float:
@@ -63,8 +63,8 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
     if conversation is not None:
         row = chat_trajectory(conversation, where, source, task)
         named = field(record, "prompt_id", where, str, "")  # a record that names none, of a prompt of the task
-        if not named and row.task == task and row.prompt_text.strip() in (prompt_ids or {}):
-            prompt_id, text = prompt_ids[row.prompt_text.strip()]
+        if not named and row.task == task and prompt_key(row.prompt_text) in (prompt_ids or {}):
+            prompt_id, text = prompt_ids[prompt_key(row.prompt_text)]
             row = with_prompt_id(replace(row, prompt_text=text), prompt_id)
         return row
     if "response" not in record and "completion" in record:  # TRL's name for it
@@ -74,8 +74,8 @@ def record_to_trajectory(record: dict[str, Any], where: str, source: str | None,
     if not prompt:
         raise RecordError(f"{where}: field 'prompt' must be a non-empty text (a model needs at least one prompt token)")
     prompt_id, named = field(record, "prompt_id", where, str, ""), field(record, "task", where, str, "") or task
-    if not prompt_id and named == task and prompt.strip() in (prompt_ids or {}):
-        prompt_id, prompt = prompt_ids[prompt.strip()]
+    if not prompt_id and named == task and prompt_key(prompt) in (prompt_ids or {}):
+        prompt_id, prompt = prompt_ids[prompt_key(prompt)]
     return Trajectory(prompt_id or prompt_id_of(prompt), response, reward, passed, task=named, prompt_text=prompt,
                       source=source or "import", policy_version=-1)
 
@@ -149,11 +149,10 @@ def chat_form(record: dict[str, Any], where: str) -> dict[str, Any] | None:
 
 
 def task_prompt_ids(task: Task) -> dict[str, tuple[str, str]]:
-    """A task's prompt text (without surrounding white space) -> (its prompt id, its text), the first
-    of prompts with the same text."""
+    """A task's prompts by `prompt_key` -> (its prompt id, its text), the first of prompts with the same key."""
     ids: dict[str, tuple[str, str]] = {}
     for p in task.prompts():
-        ids.setdefault(p.text.strip(), (p.id, p.text))
+        ids.setdefault(prompt_key(p.text), (p.id, p.text))
     return ids
 
 
@@ -176,7 +175,7 @@ def offline_trajectories(records: list[tuple[str, dict[str, Any]]], task: Task, 
     messages) and conversations as trajectories of `task`: a prompt the task has gets its id, so the run
     trains on it; rewards on the task's declared range are mapped to [0, 1] (`in_unit_range`).
     Returns (trajectories, how many have a prompt the task does not have)."""
-    ids = {p.text: p.id for p in task.prompts()}
+    ids = task_prompt_ids(task)
     declared = tuple(task.reward_range) if getattr(task, "declared", False) else None
     rows, unknown = [], 0
     for where, record in records:
@@ -184,12 +183,15 @@ def offline_trajectories(records: list[tuple[str, dict[str, Any]]], task: Task, 
         conversation = chat_form(record, where)
         if conversation is not None:  # a conversation: the chat path keeps its tool calls and turns
             row = chat_trajectory(conversation, where, source, task.name)
-            unknown += row.prompt_text not in ids
-            rows.append(with_prompt_id(row, ids.get(row.prompt_text)))
+            found = ids.get(prompt_key(row.prompt_text))
+            unknown += found is None
+            rows.append(with_prompt_id(replace(row, prompt_text=found[1]), found[0]) if found else row)
             continue
         text = prompt_of(record, where)[0]
-        unknown += text not in ids
-        keyed = {**record, "prompt": text, "prompt_id": ids.get(text) or record.get("prompt_id"), "task": task.name}
+        found = ids.get(prompt_key(text))
+        unknown += found is None
+        prompt_id, text = found or (record.get("prompt_id"), text)
+        keyed = {**record, "prompt": text, "prompt_id": prompt_id, "task": task.name}
         keyed.pop("messages", None)  # the conversation is the prompt text now
         rows.append(record_to_trajectory(keyed, where, source, task.name))
     return rows, unknown
@@ -311,6 +313,8 @@ def export(rows: pa.Table | Iterable[pa.Table], out: str | Path, store: str | Pa
                          "write it elsewhere")
     if not out.parent.is_dir():
         raise ValueError(f"cannot export to {out}: its folder {out.parent} does not exist")
+    if out.is_dir() and out.suffix != ".hf":
+        raise ValueError(f"cannot export to {out}: it is a directory; give a file name")
     chunks = [rows] if isinstance(rows, pa.Table) else rows
     if out.suffix == ".hf":
         return export_hf(chunks, out)

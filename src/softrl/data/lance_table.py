@@ -80,6 +80,10 @@ def explain(error: BaseException, uri: str) -> str:
         return f"{uri}: permission denied (a read-only location?)"
     if "error sending request" in text or "Connection refused" in text:
         return f"{uri}: no S3 server answers at {endpoint} (AWS_ENDPOINT_URL)"
+    status = re.search(r"non-2xx status code: (\d{3}[^:\n]*)", text)
+    if status:  # an answer without S3's error document: a web server, a proxy, not S3
+        return (f"{uri}: {endpoint} answered {status.group(1).strip()} without an S3 error: is it an S3 server "
+                f"(AWS_ENDPOINT_URL), and does bucket {uri.split('/')[2]!r} exist?")
     missing = re.search(r"Not found: \S*?/data/([^/\s,]+\.lance)", text)
     if missing:
         return str(damaged(uri, f"data file data/{missing.group(1)} is missing"))

@@ -154,6 +154,8 @@ def checked_rows(trajectories: Iterable[Trajectory | dict[str, Any]]) -> pa.Tabl
 
 class ExperienceStore:
     def __init__(self, root: str | Path, create: bool = True):
+        if str(root).startswith("s3://") and not str(root).removeprefix("s3://").split("/")[0]:
+            raise StoreError(f"{root} names no bucket: give s3://BUCKET or s3://BUCKET/PREFIX")
         self.root = location(root)
         if legacy.is_legacy(self.root):
             raise StoreError(f"{self.root} is an experience store of the old format (Parquet parts): copy it into "

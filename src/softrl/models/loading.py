@@ -67,7 +67,10 @@ def local_source(path: str | Path) -> str:
     at once."""
     from softrl.hub import ONLINE_HINT, looks_like_hub_id, online
 
-    if not looks_like_hub_id(path) or online():
+    if Path(path).is_file():  # else transformers takes it for a malformed hub id and says so
+        raise ModelLoadError(f"model {path} is a file: give the model's directory (the folder with its config.json)")
+    # `name` as well as `org/name`: a mistyped local name was sent to the hub, 35 s of retries offline
+    if not looks_like_hub_id(path, slashes=(0, 1)) or online():
         return str(path)
     from huggingface_hub import constants, try_to_load_from_cache
 

@@ -119,6 +119,10 @@ def _hf_dataset(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         import datasets
     except ImportError as e:
         raise RecordError(f"{path}: reading a datasets directory needs `pip install softrl[datasets]`") from e
+    # what save_to_disk leaves: a dataset's state file, or a dataset dict's list of splits
+    if not (path / "state.json").is_file() and not (path / "dataset_dict.json").is_file():
+        raise RecordError(f"{path}: a directory, and not a Hugging Face dataset saved with save_to_disk; give a "
+                          ".jsonl, .json or .parquet file, or such a dataset directory")
     data = datasets.load_from_disk(str(path))
     if isinstance(data, datasets.DatasetDict):
         split = "test" if "test" in data else next(iter(data))
@@ -229,6 +233,14 @@ def conversation_of(text: str) -> list[dict[str, str]] | None:
         return None
 
 
+def prompt_key(text: str) -> str:
+    """What two prompt texts share when they are one prompt: white space around it aside, and a conversation
+    of one user message as that message (a dataset keeps it as a conversation, a chat import as its text)."""
+    messages = conversation_of(text)
+    return messages[0]["content"].strip() if messages and len(messages) == 1 and messages[0]["role"] == "user" \
+        else text.strip()
+
+
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -243,9 +255,10 @@ def _messages(value: Any, where: str, name: str) -> list[dict[str, str]]:
         if m["role"] not in CHAT_ROLES:
             raise RecordError(f"{where}: field {name!r}, message {i} has role {m['role']!r}; use "
                               f"{', '.join(CHAT_ROLES)}")
-        if m.get("tool_calls"):
-            raise RecordError(f"{where}: field {name!r}, message {i} has tool_calls, which a prompt cannot carry: "
-                              "give the conversation as 'messages' with a 'reward' to learn from it as an episode")
+        if m.get("tool_calls") or m["role"] == "tool":  # a tool message answers a call, which a prompt cannot make
+            raise RecordError(f"{where}: field {name!r}, message {i} has {'tool_calls' if m.get('tool_calls') else 'role tool'}"
+                              ", which a prompt cannot carry: give the conversation as 'messages' with a 'reward' to "
+                              "learn from it as an episode")
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
