@@ -71,7 +71,8 @@ def save_figure(fig, out: Path, *legends) -> Path:
     import matplotlib.pyplot as plt
 
     for ax in legends:
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # an axis with nothing labelled yet (a partial report) has none
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
