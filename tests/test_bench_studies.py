@@ -349,14 +349,16 @@ def test_code_study_diversity_counts_every_problem():
     assert div["a"]["distinct per solved"] == [2.0, 1.5]
 
 
-def test_bench_study_code_quick(tiny, tmp_path):
+def test_bench_study_code_quick(tmp_path):
     """--quick end to end on a tiny model: every arm tuned over two learning rates, then two report seeds;
     the report keeps the study's form (a reference row, pass@1 and pass@10, the claims); the known
     solutions joined the pool once, as source "human"; the kept outcomes alone rebuild the report."""
     import shutil
 
+    # positions for the known solutions (up to 330 character tokens): a run refuses rows longer than its model's
+    model = save_char_llama(tmp_path / "model", positions=1024, hidden=64, layers=2, heads=4)
     base = tmp_path / "base.yaml"
-    base.write_text(f"model:\n  path: {tiny[0]}\nsampling:\n  max_new_tokens: 8\n")
+    base.write_text(f"model:\n  path: {model}\nsampling:\n  max_new_tokens: 8\n")
     report = tmp_path / "report"
     args = ["bench", "study", "code", "--quick", "--base", str(base), "--runs", str(tmp_path / "runs"),
             "--report", str(report)]
