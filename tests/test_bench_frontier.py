@@ -42,6 +42,55 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
         fr.tuning_plan(s, ["lag1"], ["ppo"], 1)
 
 
+def test_replay_is_set_against_the_same_batch_all_generated(tmp_path):
+    """Replay's pair of regimes: the same 32 rows a step, half generated and half replayed against all
+    generated, both evaluated every 25 steps (or as often as the benchmark asks, if more); the same methods."""
+    s = fr.Settings(tmp_path, steps=10)
+    fresh = fr.run_config(s, fr.REGIMES["fresh"], "agro-off", 1e-4, {}, 0)
+    replay = fr.run_config(s, fr.REGIMES["replay"], "agro-off", 1e-4, {}, 0)
+    assert fresh.data.mix == {"online": 1.0} and replay.data.mix == {"online": 0.5, "replay": 0.5}
+    assert (fresh.sampling.prompts_per_step, replay.sampling.prompts_per_step) == (8, 4)
+    assert fresh.eval.every == replay.eval.every == 25 and fresh.runtime.policy_lag == replay.runtime.policy_lag == 1
+    often = fr.run_config(fr.Settings(tmp_path, steps=10, eval_every=5), fr.REGIMES["replay"], "grpo-tis", 1e-4, {}, 0)
+    assert often.eval.every == 5
+    assert fr.REGIMES["fresh"].methods == fr.REGIMES["replay"].methods
+    plan = fr.tuning_plan(s, ["replay"], None, 1)
+    assert len(plan) == 3 * len(fr.LRS) * 2 and all(c.data.mix.get("replay") == 0.5 for c in plan)
+
+
+def test_samples_to_the_target_are_read_between_evaluations():
+    from softrl_bench.frontier_runs import average, samples_to
+
+    evals = [{"samples": 0, "pass@1": 0.4}, {"samples": 800, "pass@1": 0.45}, {"samples": 1600, "pass@1": 0.55}]
+    assert samples_to(evals, 0.5) == pytest.approx(1200)  # halfway from 0.45 to 0.55
+    assert samples_to(evals, 0.4) == 0.0 and samples_to(evals, 0.56) is None
+    run = {"pass@k": [0.5], "pass@1": 0.55, "pass@10": None, "kl": 0.3, "distinct": 1.0, "samples": 1600,
+           "curve": [(0, 0.4, 0.0)], "lag": None, "clipped_or_masked": 0.0, "evals": evals}
+    slower = {**run, "evals": [{**e, "samples": 2 * e["samples"]} for e in evals]}
+    never = {**run, "curve": [(0, 0.5, 0.0)]}  # its own reference is higher: 0.6 is never reached
+    both = average([run, slower, never])
+    assert (both["samples_to_target"], both["reached_target"], both["seeds"]) == (pytest.approx(1800), 2, 3)
+    flat = [v for point in both["pass@1_by_samples"] for v in point]
+    assert flat == pytest.approx([0, 0.4, 3200 / 3, 0.45, 6400 / 3, 0.55])
+
+
+def test_the_replay_report_sets_each_method_against_itself_all_generated(tmp_path):
+    from softrl_bench.frontier_report import plot_replay, replay_markdown
+
+    def point(name, to_target, reached=4):
+        return {"point": name, "pass@1": 0.6, "pass@1_sd": 0.01, "seeds": 4, "of_seeds": 4, "samples": 4800,
+                "samples_to_target": to_target, "samples_to_target_sd": 100.0, "reached_target": reached,
+                "pass@1_by_samples": [(0, 0.4), (2400, 0.5), (4800, 0.6)]}
+
+    fresh = {"regime": "fresh", "reference_pass@1": 0.4,
+             "best": {"agro-off": point("agro-off_lr0.0001", 2000.0), "spo-moving": point("spo-moving_lr3e-05", 0, 0)}}
+    replay = {"regime": "replay", "reference_pass@1": 0.4, "best": {"agro-off": point("agro-off_lr0.0003", 1500.0)}}
+    table = replay_markdown(fresh, replay)
+    assert "| agro-off | agro-off_lr0.0001 | 2000 ± 100 |" in table and "| 1500 ± 100 | 0.600 ± 0.010 (4800) | 0.75 |" in table
+    assert "| spo-moving | spo-moving_lr3e-05 | not reached (0 of 4) |" in table and table.rstrip().endswith("| not run | - | not run (-) | - |")
+    assert plot_replay(fresh, replay, tmp_path / "r.png", ["agro-off", "spo-moving"]).stat().st_size > 10_000
+
+
 def test_a_base_objective_merges_into_each_methods_own(tmp_path):
     """A --base that sets objective options (the diagnosis's `eps`, `is_correction`) changes those in each
     method's objective (a method without such an option is refused when its config is built) and no others;
@@ -144,6 +193,27 @@ def test_quick_end_to_end_and_resumed(tiny, tmp_path):
     changed = CliRunner().invoke(app, [*args, "--regimes", "lag1", "--report-only", "--eval-size", "4"])
     assert changed.exit_code != 0 and "was kept with task.eval_size=3, this benchmark asks task.eval_size=4" in changed.output
     assert "Traceback" not in changed.output
+
+
+def test_replay_end_to_end_on_a_tiny_model(tiny, tmp_path):
+    """Replay's pair of regimes through the command: half of each batch replayed, and the comparison of
+    samples to the target written beside their reports."""
+    base = tmp_path / "base.yaml"
+    base.write_text(f"model:\n  path: {tiny[0]}\ntask:\n  size: 6\nq0:\n  k: 4\nsampling:\n  max_new_tokens: 8\n")
+    report = tmp_path / "report"
+    result = CliRunner().invoke(app, [
+        "bench", "frontier", "--quick", "--regimes", "fresh,replay", "--methods", "grpo-tis", "--lrs", "1e-4",
+        "--steps", "3", "--eval-size", "3", "--eval-every", "1", "--earlier-steps", "1", "--prompts", "2",
+        "--base", str(base), "--runs", str(tmp_path / "runs"), "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    replay = json.loads((report / "frontier-replay.json").read_text())
+    best = replay["best"]["grpo-tis"]
+    assert best["samples"] == 3 * 1 * 4 and len(best["pass@1_by_samples"]) == 4  # one prompt of 2 generated a step
+    assert json.loads((report / "frontier-fresh.json").read_text())["best"]["grpo-tis"]["samples"] == 3 * 2 * 4
+    table = (report / "frontier-replay-samples.md").read_text()
+    assert "| grpo-tis | grpo-tis_lr0.0001_beta=" in table and (report / "frontier-replay-samples.png").is_file()
+    metrics = [json.loads(line) for line in next((tmp_path / "runs").rglob("replay/*/metrics.jsonl")).read_text().splitlines()]
+    assert any("loss/replay" in r for r in metrics[2:]) and not any("loss/replay" in r for r in metrics[:2])  # from step 2
 
 
 def test_report_seeds_are_averaged_as_they_finish(tmp_path):

@@ -362,7 +362,7 @@ def systems(
 FRONTIER_QUICK = {"regimes": "lag1,lag16,human", "methods": "spo,oapl,grpo-tis,topr", "seeds": 1, "tune_seeds": 1,
          "steps": 30, "lrs": "1e-4,1e-3", "extend": 0, "eval_size": 20, "eval_every": 30, "earlier_steps": 20}
 FRONTIER_QUICK_TASK = {"task.size": 200, "q0.k": 16}  # Q0 of 1,000 prompts x 32 samples alone would take minutes
-FRONTIER_FULL = {"regimes": "lag1,lag4,lag16,lag64,lag256,half,offline,human", "methods": None, "seeds": 4, "tune_seeds": 1,
+FRONTIER_FULL = {"regimes": "lag1,lag4,lag16,lag64,lag256,half,offline,human,fresh,replay", "methods": None, "seeds": 4, "tune_seeds": 1,
         "steps": 300, "lrs": "3e-5,1e-4,3e-4", "extend": 1,
         "eval_size": 50, "eval_every": 100, "earlier_steps": 100}
 
@@ -380,8 +380,8 @@ def _floats(option: str, text: str) -> tuple[float, ...]:
 @bench_app.command("frontier")
 def frontier(
     task: str = TASK_OPT,
-    regimes: str = typer.Option(None, help="comma-separated: lag1, lag4, lag16, lag64, lag256, half, offline, human "
-                                "(default: all; --quick: lag1,lag16,human)"),
+    regimes: str = typer.Option(None, help="comma-separated: lag1, lag4, lag16, lag64, lag256, half, offline, human, "
+                                "fresh, replay (default: all; --quick: lag1,lag16,human)"),
     methods: str = typer.Option(None, help="only these methods (default: every one a regime can use)"),
     seeds: int = typer.Option(None, min=1, help="report seeds 0..N-1 (default 4; --quick 1)"),
     tune_seeds: int = typer.Option(None, min=1, help="tuning seeds 100..100+N-1 (default 1)"),
@@ -407,7 +407,8 @@ def frontier(
 ) -> None:
     """Each method tuned on its own grid (learning rate x strength) on tuning seeds, then reported on other
     seeds at its best point and at a KL common to all: pass@1-KL frontiers, pass@k at matched KL, per regime
-    (policy lag 1..256, half online, offline from another policy, offline from known solutions)."""
+    (policy lag 1..256, half online, offline from another policy, offline from known solutions), and half of
+    each batch replayed against all of it generated (samples to reach the reference's pass@1 + 0.10)."""
     from softrl_bench import frontier as fr
     from softrl_bench.frontier_report import write_reports
     from softrl_bench.learning import slug

@@ -85,6 +85,7 @@ class Regime:
     methods: tuple[str, ...]
     lag: int = 1
     sources: tuple[str, ...] = ()  # the pool's sources it learns from (none: online only)
+    eval_every: int | None = None  # evaluate at least this often (learner steps)
 
     @property
     def generates(self) -> bool:
@@ -93,10 +94,16 @@ class Regime:
 
 LAGS = (1, 4, 16, 64, 256)
 MOVING_LAGS = (1, 64, 256)  # where issue 51 measures the moving reference
+REPLAY_METHODS = ("spo-moving", "agro-off", "grpo-tis")  # softrl's best two at lag 1 and the most lag-robust baseline
 REGIMES: dict[str, Regime] = {
     **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE + (("spo-moving",) if k in MOVING_LAGS else ()), lag=k)
        for k in LAGS},
     "half": Regime("half", {"online": 0.5, "offline": 0.5}, (*STALE, "spo-moving"), sources=tuple(POOL_SOURCES)),
+    # replay (issue 51): the same batch with half of it generated and half this run's earlier groups (FIFO,
+    # each replayed once), against all of it generated (`fresh`: lag 1 evaluated as often); generated samples
+    # to reach the reference's pass@1 + REPLAY_GAIN, read between evaluations every 25 steps
+    "fresh": Regime("fresh", {"online": 1.0}, REPLAY_METHODS, eval_every=25),
+    "replay": Regime("replay", {"online": 0.5, "replay": 0.5}, REPLAY_METHODS, eval_every=25),
     "offline": Regime("offline", {"offline": 1.0}, (*STALE, "kl-pg"), lag=0, sources=("earlier",)),
     # one known solution a prompt: AGRO, KL-PG and the group methods have no group to compare, nor mu to weigh
     "human": Regime("human", {"offline": 1.0}, ("spo", "spo-sq", "topr"), lag=0, sources=("human",)),
@@ -152,8 +159,8 @@ def grid(method: str, lrs: tuple[float, ...]) -> list[tuple[float, dict]]:
 
 def run_config(s: Settings, regime: Regime, method: str, lr: float, strength: dict, seed: int) -> RunConfig:
     """One run, under ROOT/TASK/frontier/REGIME/POINT-sSEED, with its private store beside it."""
-    overrides = base_overrides(s.task, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size, s.eval_every,
-                               EVAL_SAMPLES, s.extra or None)
+    overrides = base_overrides(s.task, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size,
+                               min(regime.eval_every or s.eval_every, s.eval_every), EVAL_SAMPLES, s.extra or None)
     name = f"{point_name(method, lr, strength)}-s{seed}"
     overrides.update({
         "name": name, "out_dir": str(s.where / "frontier" / regime.name),
@@ -161,8 +168,8 @@ def run_config(s: Settings, regime: Regime, method: str, lr: float, strength: di
         "data.objective": METHODS[method].objective, "runtime.policy_lag": regime.lag if regime.generates else 0,
         "data.offline_sources": list(regime.sources or ["reference"]), "data.offline_passed_only": False,
     })
-    if regime.generates and "offline" in regime.mix:  # the same batch of rows, half of it generated
-        overrides["sampling.prompts_per_step"] = max(1, s.prompts // 2)
+    if regime.generates and regime.mix["online"] < 1:  # the same batch of rows, the online share generated
+        overrides["sampling.prompts_per_step"] = max(1, round(s.prompts * regime.mix["online"]))
     return config_from({**with_base(overrides, s.extra), **strength})
 
 

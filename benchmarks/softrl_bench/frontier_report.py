@@ -28,6 +28,18 @@ def _lag(p: dict | None) -> str:
     return "-" if not lag else f"{lag['mean']:.1f} / {lag['median']:.0f} / {lag['max']:.0f}"
 
 
+def _to_target(p: dict | None) -> str:
+    """Samples generated to reach the reference's pass@1 + TARGET_GAIN: mean over the seeds that did."""
+    if not p or "reached_target" not in p:
+        return "-"
+    seeds = p.get("seeds", 1)
+    if not p["reached_target"]:
+        return f"not reached (0 of {seeds})"
+    sd = f" ± {p['samples_to_target_sd']:.0f}" if p["reached_target"] > 1 else ""
+    return f"{p['samples_to_target']:.0f}{sd}" + (f" ({p['reached_target']} of {seeds} seeds)"
+                                                   if p["reached_target"] < seeds else "")
+
+
 def markdown(result: dict) -> str:
     s = result["settings"]
     grown = {m: lrs for m, lrs in result.get("method_lrs", {}).items() if lrs != s["lrs"]}
@@ -40,15 +52,16 @@ def markdown(result: dict) -> str:
              f"points' KL): {_f(result['target_kl'])}. Grid points finished: {result['grid_finished']}. The "
              f"reference's pass@1 (step 0): {_f(result['reference_pass@1'])}.", "",
              "| method | best point | pass@1 | pass@10 | KL(pi‖pi0) | matched point | pass@1 at matched KL | "
-             "pass@10 at matched KL | its KL | samples generated | lag mean / median / max | ESS fraction | "
-             "clipped or masked | KL(mu‖pi) |",
-             "|" + "---|" * 14]
+             "pass@10 at matched KL | its KL | samples generated | samples to reach the reference + 0.10 | "
+             "lag mean / median / max | ESS fraction | clipped or masked | KL(mu‖pi) |",
+             "|" + "---|" * 15]
     for m, best in result["best"].items():
         matched = result["matched"].get(m)
         b = best or {}
         lines.append(f"| {m} | {b.get('point', '-')} | {_pm(best, 'pass@1')} | {_pm(best, 'pass@10')} | "
                      f"{_pm(best, 'kl')} | {(matched or {}).get('point', '-')} | {_pm(matched, 'pass@1')} | "
-                     f"{_pm(matched, 'pass@10')} | {_pm(matched, 'kl')} | {_f(b.get('samples'), 0)} | {_lag(best)} | "
+                     f"{_pm(matched, 'pass@10')} | {_pm(matched, 'kl')} | {_f(b.get('samples'), 0)} | {_to_target(best)} | "
+                     f"{_lag(best)} | "
                      f"{_f(b.get('iw/ess_fraction'))} | {_f(b.get('clipped_or_masked'))} | "
                      f"{_f(b.get('iw/kl_behavior'))} |")
     ks = (1, 2, 5, 10, 20)
@@ -187,6 +200,50 @@ def plot_lags(by_lag: dict[int, dict], out: Path, order: list[str]) -> Path:
     return save_figure(fig, out, left, right)
 
 
+def replay_markdown(fresh: dict, replay: dict) -> str:
+    """Each method at its best point with every row generated (`fresh`) and with half of them replayed:
+    generated samples to reach the reference's pass@1 + 0.10 (report seeds), and the final pass@1."""
+    lines = ["# Replay: generated samples to reach the reference's pass@1 + 0.10", "",
+             "Each method at its best point, tuned in each regime on its own grid; the same batch of rows every step, "
+             "all of it generated (fresh) or half of it this run's earlier groups (replay, each replayed once). "
+             "Samples to the target are read on the straight line between evaluations (every 25 steps), each "
+             "report seed against its own reference's pass@1; the mean over the seeds that reached it.", "",
+             "| method | fresh: point | samples to target | final pass@1 (samples) | replay: point | samples to target "
+             "| final pass@1 (samples) | replay / fresh |", "|---|---|---|---|---|---|---|---|"]
+    for m in dict.fromkeys([*fresh["best"], *replay["best"]]):
+        a, b = fresh["best"].get(m), replay["best"].get(m)
+        both = a and b and a.get("reached_target") and b.get("reached_target")
+        ratio = _f(b["samples_to_target"] / a["samples_to_target"], 2) if both else "-"
+        lines.append(f"| {m} | {(a or {}).get('point', 'not run')} | {_to_target(a)} | {_pm(a, 'pass@1')} "
+                     f"({_f((a or {}).get('samples'), 0)}) | {(b or {}).get('point', 'not run')} | {_to_target(b)} | "
+                     f"{_pm(b, 'pass@1')} ({_f((b or {}).get('samples'), 0)}) | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_replay(fresh: dict, replay: dict, out: Path, order: list[str]) -> Path:
+    """pass@1 against generated samples (report seeds' mean), each method's best point with and without replay."""
+    methods = list(dict.fromkeys([*fresh["best"], *replay["best"]]))
+    fig, left, right, colors = _two_panels(order, methods)
+    for m in methods:
+        for result, style in ((fresh, "-"), (replay, "--")):
+            p = result["best"].get(m)
+            if p and p.get("pass@1_by_samples"):
+                x, y = zip(*p["pass@1_by_samples"])
+                left.plot(x, y, style, color=colors[m], marker="o", markersize=3, label=f"{m}, {result['regime']}")
+        ratios = [(fresh["best"][m], replay["best"][m])] if m in fresh["best"] and m in replay["best"] else []
+        for a, b in ratios:
+            if a and b and a.get("reached_target") and b.get("reached_target"):
+                right.bar(m, b["samples_to_target"] / a["samples_to_target"], color=colors[m])
+    target = fresh["reference_pass@1"] + 0.10
+    if not math.isnan(target):
+        left.axhline(target, color="grey", linestyle=":", linewidth=0.8, label="reference + 0.10 (tuning seed)")
+    right.axhline(1.0, color="black", linewidth=0.8)
+    left.set(xlabel="samples generated", ylabel="pass@1", title="best points, report seeds' mean: fresh (—), replay (--)")
+    right.set(xlabel="method", ylabel="samples to target, replay / fresh",
+              title="below 1: replay reaches the target with fewer samples")
+    return save_figure(fig, out, left, right)
+
+
 def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: int, seeds: int, report: Path,
                   stem: str) -> list[str]:
     """Each regime's table, JSON and figure under `report`, then the lags picture from this run's lags and
@@ -206,7 +263,13 @@ def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: 
         path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
         plot(result, path.with_suffix(".png"), list(fr.METHODS))
         lines.append(table)
-    by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, tune_seeds, seeds))
+    pair = [report / f"{stem}-{name}.json" for name in ("fresh", "replay")]
+    if all(path.is_file() for path in pair):
+        fresh, replay = map(_report, pair)
+        if fresh["settings"] == replay["settings"]:
+            (report / f"{stem}-replay-samples.md").write_text(replay_markdown(fresh, replay))
+            plot_replay(fresh, replay, report / f"{stem}-replay-samples.png", list(fr.METHODS))
+        by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, tune_seeds, seeds))
     lines += [f"{stem}-lags: {path.name} left out (made with other settings)" for path in others]
     if len(by_lag) > 1:
         (report / f"{stem}-lags.md").write_text(lags_markdown(by_lag))

@@ -123,6 +123,23 @@ def outcome(path: Path | None, config: RunConfig) -> dict | None:
     return entry["outcome"]
 
 
+TARGET_GAIN = 0.10  # samples generated to reach the reference's pass@1 + this (issue 51: replay)
+
+
+def samples_to(evals: list[dict], target: float) -> float | None:
+    """Samples generated when pass@1 first reached `target`, read on the straight line between the two
+    evaluations around it; None if it never did."""
+    before = None
+    for e in evals:
+        if e["pass@1"] >= target:
+            if before is None:
+                return float(e["samples"])
+            share = (target - before["pass@1"]) / (e["pass@1"] - before["pass@1"])
+            return before["samples"] + share * (e["samples"] - before["samples"])
+        before = e
+    return None
+
+
 def average(outcomes: list[dict]) -> dict:
     """Seed-mean (and sd) of the numbers of one grid point."""
     out: dict = {"seeds": len(outcomes)}
@@ -132,6 +149,14 @@ def average(outcomes: list[dict]) -> dict:
         out[key] = statistics.fmean(values) if values else math.nan
         out[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
     out["pass@1_start"] = statistics.fmean(o["curve"][0][1] for o in outcomes)  # the reference's, at step 0
+    # each run against its own seed's reference; the mean over the runs that reached it, and how many did
+    reached = [n for o in outcomes if (n := samples_to(o.get("evals", []), o["curve"][0][1] + TARGET_GAIN)) is not None]
+    out["samples_to_target"] = statistics.fmean(reached) if reached else math.nan
+    out["samples_to_target_sd"] = statistics.stdev(reached) if len(reached) > 1 else 0.0
+    out["reached_target"] = len(reached)
+    points = min(len(o.get("evals", [])) for o in outcomes)  # pass@1 against samples generated, the seeds' mean
+    out["pass@1_by_samples"] = [(statistics.fmean(o["evals"][i]["samples"] for o in outcomes),
+                                 statistics.fmean(o["evals"][i]["pass@1"] for o in outcomes)) for i in range(points)]
     ks = min(len(o["pass@k"]) for o in outcomes)
     out["pass@k"] = [statistics.fmean(o["pass@k"][k] for o in outcomes) for k in range(ks)]
     lags = [o["lag"] for o in outcomes if o["lag"]]
