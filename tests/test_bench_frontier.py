@@ -18,7 +18,8 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     s = fr.Settings(tmp_path, steps=10)
     plan = fr.tuning_plan(s, ["lag64", "human"], None, 2)
     lrs = len(fr.LRS)
-    per_seed = 11 * 2 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 11 methods x 2 strengths, topr; human: 2 and topr
+    per_seed = 10 * 2 * lrs + 3 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 10 methods x 2 strengths, spo-moving's 3
+    # intervals, topr; human: 2 and topr
     assert len(plan) == 2 * per_seed and len({c.run_dir for c in plan}) == len(plan)
     lagged = [c for c in plan if Path(c.out_dir).name == "lag64"]
     assert {c.runtime.policy_lag for c in lagged} == {64} and all(c.data.mix == {"online": 1.0} for c in lagged)
@@ -29,7 +30,7 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     assert {c.data.objective.loss for c in spo} == {"bce", "squared"}
     assert sorted({(c.optim.lr, round(c.beta, 4)) for c in spo}) == [(lr, b) for lr in fr.LRS for b in (0.0869, 0.25)]
     moving = [c for c in lagged if c.data.objective.algorithm == "spo" and c.data.objective.reference_update]
-    assert {c.data.objective.reference_update.every for c in moving} == {25, 100}  # the moving reference's knob
+    assert {c.data.objective.reference_update.every for c in moving} == {10, 25, 100}  # the moving reference's knob
     assert "spo-moving" in fr.REGIMES["half"].methods and "spo-moving" not in fr.REGIMES["lag4"].methods
     m2po = [c for c in lagged if c.data.objective.algorithm == "m2po"]
     assert {c.data.objective.tau for c in m2po} == {0.04, 0.2}
@@ -55,7 +56,7 @@ def test_replay_is_set_against_the_same_batch_all_generated(tmp_path):
     assert often.eval.every == 5
     assert fr.REGIMES["fresh"].methods == fr.REGIMES["replay"].methods
     plan = fr.tuning_plan(s, ["replay"], None, 1)
-    assert len(plan) == 3 * len(fr.LRS) * 2 and all(c.data.mix.get("replay") == 0.5 for c in plan)
+    assert len(plan) == (3 + 2 + 2) * len(fr.LRS) and all(c.data.mix.get("replay") == 0.5 for c in plan)
 
 
 def test_samples_to_the_target_are_read_between_evaluations():
