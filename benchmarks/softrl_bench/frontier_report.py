@@ -269,7 +269,7 @@ def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: 
         if fresh["settings"] == replay["settings"]:
             (report / f"{stem}-replay-samples.md").write_text(replay_markdown(fresh, replay))
             plot_replay(fresh, replay, report / f"{stem}-replay-samples.png", list(fr.METHODS))
-        by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, tune_seeds, seeds))
+    by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, tune_seeds, seeds))
     lines += [f"{stem}-lags: {path.name} left out (made with other settings)" for path in others]
     if len(by_lag) > 1:
         (report / f"{stem}-lags.md").write_text(lags_markdown(by_lag))
