@@ -167,6 +167,9 @@ def table_file(name: str) -> str:
     return f"{name}.lance"
 
 
+RECHECKS = 5  # looks at the newest version while writers and a dedupe keep committing new ones
+
+
 class LanceTable:
     """Table `name` under `root` (a local directory or an s3:// URI) as a Lance dataset of rows of `schema`
     (data/storage.py's `Table`), created empty when it is missing and `create` (else MissingTable); the
@@ -201,10 +204,13 @@ class LanceTable:
     def damage(self, version: int | None = None) -> str | None:
         """What is wrong with the files the table's newest version (or `version`) is made of: a data file
         missing or shorter than its manifest says (None: nothing)."""
-        dataset = self._newest() if version is None else self._at(version)
-        problem = self._files_missing(dataset)
-        if problem is not None and version is None and self.latest() != dataset.version:
-            problem = self._files_missing(self._newest())  # a compaction's cleanup, not damage: look again
+        if version is not None:
+            return self._files_missing(self._at(version))
+        for _ in range(RECHECKS):  # a file gone while a newer version came: a compaction's cleanup, not damage
+            dataset = self._newest()
+            problem = self._files_missing(dataset)
+            if problem is None or self.latest() == dataset.version:
+                break
         return problem
 
     def _files_missing(self, dataset: lance.LanceDataset) -> str | None:
