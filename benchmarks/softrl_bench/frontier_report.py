@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from softrl.config import ConfigError
+from softrl_bench.frontier_runs import TARGET_GAIN
 from softrl.plots import save_figure
 
 
@@ -52,7 +53,7 @@ def markdown(result: dict) -> str:
              f"points' KL): {_f(result['target_kl'])}. Grid points finished: {result['grid_finished']}. The "
              f"reference's pass@1 (step 0): {_f(result['reference_pass@1'])}.", "",
              "| method | best point | pass@1 | pass@10 | KL(pi‖pi0) | matched point | pass@1 at matched KL | "
-             "pass@10 at matched KL | its KL | samples generated | samples to reach the reference + 0.10 | "
+             f"pass@10 at matched KL | its KL | samples generated | samples to reach the reference + {TARGET_GAIN:.2f} | "
              "lag mean / median / max | ESS fraction | clipped or masked | KL(mu‖pi) |",
              "|" + "---|" * 15]
     for m, best in result["best"].items():
@@ -200,10 +201,17 @@ def plot_lags(by_lag: dict[int, dict], out: Path, order: list[str]) -> Path:
     return save_figure(fig, out, left, right)
 
 
+def _replay_ratio(fresh: dict | None, replay: dict | None) -> float | None:
+    """Replay's samples to the target over fresh's, where both reached it."""
+    if not (fresh and replay and fresh.get("reached_target") and replay.get("reached_target")):
+        return None
+    return replay["samples_to_target"] / fresh["samples_to_target"]
+
+
 def replay_markdown(fresh: dict, replay: dict) -> str:
     """Each method at its best point with every row generated (`fresh`) and with half of them replayed:
-    generated samples to reach the reference's pass@1 + 0.10 (report seeds), and the final pass@1."""
-    lines = ["# Replay: generated samples to reach the reference's pass@1 + 0.10", "",
+    generated samples to reach the reference's pass@1 + TARGET_GAIN (report seeds), and the final pass@1."""
+    lines = [f"# Replay: generated samples to reach the reference's pass@1 + {TARGET_GAIN:.2f}", "",
              "Each method at its best point, tuned in each regime on its own grid; the same batch of rows every step, "
              "all of it generated (fresh) or half of it this run's earlier groups (replay, each replayed once). "
              "Samples to the target are read on the straight line between evaluations (every 25 steps), each "
@@ -212,8 +220,7 @@ def replay_markdown(fresh: dict, replay: dict) -> str:
              "| final pass@1 (samples) | replay / fresh |", "|---|---|---|---|---|---|---|---|"]
     for m in dict.fromkeys([*fresh["best"], *replay["best"]]):
         a, b = fresh["best"].get(m), replay["best"].get(m)
-        both = a and b and a.get("reached_target") and b.get("reached_target")
-        ratio = _f(b["samples_to_target"] / a["samples_to_target"], 2) if both else "-"
+        ratio = _f(_replay_ratio(a, b), 2)
         lines.append(f"| {m} | {(a or {}).get('point', 'not run')} | {_to_target(a)} | {_pm(a, 'pass@1')} "
                      f"({_f((a or {}).get('samples'), 0)}) | {(b or {}).get('point', 'not run')} | {_to_target(b)} | "
                      f"{_pm(b, 'pass@1')} ({_f((b or {}).get('samples'), 0)}) | {ratio} |")
@@ -230,13 +237,13 @@ def plot_replay(fresh: dict, replay: dict, out: Path, order: list[str]) -> Path:
             if p and p.get("pass@1_by_samples"):
                 x, y = zip(*p["pass@1_by_samples"])
                 left.plot(x, y, style, color=colors[m], marker="o", markersize=3, label=f"{m}, {result['regime']}")
-        ratios = [(fresh["best"][m], replay["best"][m])] if m in fresh["best"] and m in replay["best"] else []
-        for a, b in ratios:
-            if a and b and a.get("reached_target") and b.get("reached_target"):
-                right.bar(m, b["samples_to_target"] / a["samples_to_target"], color=colors[m])
-    target = fresh["reference_pass@1"] + 0.10
+        ratio = _replay_ratio(fresh["best"].get(m), replay["best"].get(m))
+        if ratio is not None:
+            right.bar(m, ratio, color=colors[m])
+    target = fresh["reference_pass@1"] + TARGET_GAIN
     if not math.isnan(target):
-        left.axhline(target, color="grey", linestyle=":", linewidth=0.8, label="reference + 0.10 (tuning seed)")
+        left.axhline(target, color="grey", linestyle=":", linewidth=0.8,
+                     label=f"reference + {TARGET_GAIN:.2f} (tuning seed)")
     right.axhline(1.0, color="black", linewidth=0.8)
     left.set(xlabel="samples generated", ylabel="pass@1", title="best points, report seeds' mean: fresh (—), replay (--)")
     right.set(xlabel="method", ylabel="samples to target, replay / fresh",
