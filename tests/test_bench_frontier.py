@@ -65,6 +65,8 @@ def test_samples_to_the_target_are_read_between_evaluations():
     evals = [{"samples": 0, "pass@1": 0.4}, {"samples": 800, "pass@1": 0.45}, {"samples": 1600, "pass@1": 0.55}]
     assert samples_to(evals, 0.5) == pytest.approx(1200)  # halfway from 0.45 to 0.55
     assert samples_to(evals, 0.4) == 0.0 and samples_to(evals, 0.56) is None
+    # on a grid of 1600 the 800 evaluation is not read: the line from 0 to 1600 reaches 0.5 at 1067
+    assert samples_to(evals, 0.5, grid=1600) == pytest.approx(1600 * 0.1 / 0.15)
     run = {"pass@k": [0.5], "pass@1": 0.55, "pass@10": None, "kl": 0.3, "distinct": 1.0, "samples": 1600,
            "curve": [(0, 0.4, 0.0)], "lag": None, "clipped_or_masked": 0.0, "evals": evals}
     slower = {**run, "evals": [{**e, "samples": 2 * e["samples"]} for e in evals]}
@@ -83,13 +85,33 @@ def test_the_replay_report_sets_each_method_against_itself_all_generated(tmp_pat
                 "samples_to_target": to_target, "samples_to_target_sd": 100.0, "reached_target": reached,
                 "pass@1_by_samples": [(0, 0.4), (2400, 0.5), (4800, 0.6)]}
 
-    fresh = {"regime": "fresh", "reference_pass@1": 0.4,
+    fresh = {"regime": "fresh", "reference_pass@1": 0.4, "target_grid": 800,
              "best": {"agro-off": point("agro-off_lr0.0001", 2000.0), "spo-moving": point("spo-moving_lr3e-05", 0, 0)}}
     replay = {"regime": "replay", "reference_pass@1": 0.4, "best": {"agro-off": point("agro-off_lr0.0003", 1500.0)}}
+    fresh["best"]["agro-off"]["to_target_by_seed"] = {"0": 2000.0, "1": 1000.0, "2": None, "3": 3000.0}
+    replay["best"]["agro-off"]["to_target_by_seed"] = {"0": 1000.0, "1": 900.0, "2": 800.0}
     table = replay_markdown(fresh, replay)
-    assert "| agro-off | agro-off_lr0.0001 | 2000 ± 100 |" in table and "| 1500 ± 100 | 0.600 ± 0.010 (4800) | 0.75 |" in table
-    assert "| spo-moving | spo-moving_lr3e-05 | not reached (0 of 4) |" in table and table.rstrip().endswith("| not run | - | not run (-) | - |")
+    assert "| agro-off | agro-off_lr0.0001 | 2000 ± 100 |" in table
+    # seed by seed where both of a seed's runs reached it: seeds 0 and 1
+    assert "| 1500 ± 100 | 0.600 ± 0.010 (4800) | 0.75 | 0.50, 0.90 (median 0.70) |" in table
+    assert "| spo-moving | spo-moving_lr3e-05 | not reached (0 of 4) |" in table and table.rstrip().endswith("| not run | - | not run (-) | - | - |")
     assert plot_replay(fresh, replay, tmp_path / "r.png", ["agro-off", "spo-moving"]).stat().st_size > 10_000
+
+
+def test_a_replay_pair_of_other_settings_is_named_not_compared(tmp_path):
+    """Fresh and replay reports made with other settings (say, another --steps) are not set against each
+    other: the lines to show say which settings differ."""
+    from softrl_bench.frontier_report import write_reports
+
+    s = fr.Settings(tmp_path / "runs", steps=300)
+    for name, steps in (("fresh", 300), ("replay", 30)):
+        result = {"regime": name, "reference_pass@1": 0.4, "best": {}, "target_grid": 800,
+                  "settings": {**fr.report_settings(s, 1, 4), "steps": steps}}
+        (tmp_path / f"frontier-{name}.json").write_text(json.dumps(result))
+    lines = write_reports(s, [], None, 1, 4, tmp_path, "frontier")
+    assert lines == ["frontier-replay-samples: not rewritten, frontier-fresh.json and frontier-replay.json were made "
+                     "with other settings (steps): rerun the one that differs"]
+    assert not (tmp_path / "frontier-replay-samples.md").exists()
 
 
 def test_a_base_objective_merges_into_each_methods_own(tmp_path):

@@ -143,3 +143,24 @@ def test_a_damaged_table_on_s3_is_read_only_until_restored(s3_env, tmp_path):
              "softrl data restore")
     assert run("data", "restore", "2", "--store", root)[0] == 0
     assert run("data", "import", records, "--store", root)[0] == 0 and len(ExperienceStore(root)) == 7
+
+
+def test_a_listing_that_leaves_a_file_out_is_not_damage(store, monkeypatch):
+    """A directory listing taken while other processes add files may leave an old one out (readdir makes
+    no promise then; CI saw a writer refused so, with four writers and a dedupe at once): a file the listing
+    lacks is looked at on its own before the table is called damaged, and one really gone still is."""
+    from softrl.data import lance_table
+
+    real = lance_table.file_sizes
+    victim = newest_data_file(store)
+
+    def listing_without_victim(folder, options, names=None):
+        sizes = real(folder, options, names)
+        return sizes if names is not None else {k: v for k, v in sizes.items() if k != victim.name}
+
+    monkeypatch.setattr(lance_table, "file_sizes", listing_without_victim)
+    s = ExperienceStore(store)
+    assert s.tables["trajectories"].damage() is None
+    s.append(task_solutions(load_task("countdown", size=2, seed=5), "human"))  # a write is not refused
+    victim.unlink()
+    assert s.tables["trajectories"].damage(3) == f"data file data/{victim.name} is missing"

@@ -25,7 +25,7 @@ from pathlib import Path
 from softrl.algorithms.common import SPO_BETA
 from softrl_bench import reference
 from softrl_bench.anydata import POOL_SOURCES, prepare_pool
-from softrl_bench.frontier_runs import EVAL_SAMPLES, average, keep, mean, outcome
+from softrl_bench.frontier_runs import EVAL_SAMPLES, average, keep, mean, outcome, to_target
 from softrl_bench.learning import base_overrides, grown_lrs, run_all, slug, with_base
 from softrl_bench.start_eval import SharedStartEval
 from softrl.config import RunConfig, config_from
@@ -86,7 +86,7 @@ class Regime:
     methods: tuple[str, ...]
     lag: int = 1
     sources: tuple[str, ...] = ()  # the pool's sources it learns from (none: online only)
-    eval_every: int | None = None  # evaluate at least this often (learner steps)
+    eval_every: int | None = None  # evaluate at least this often (learner steps); see target_grid
 
     @property
     def generates(self) -> bool:
@@ -158,10 +158,22 @@ def grid(method: str, lrs: tuple[float, ...]) -> list[tuple[float, dict]]:
     return [(lr, s) for lr in lrs for s in METHODS[method].strengths]
 
 
+def eval_steps(s: Settings, regime: Regime) -> int:
+    return min(regime.eval_every or s.eval_every, s.eval_every)
+
+
+def target_grid(s: Settings, regime: Regime) -> int | None:
+    """Generated samples between the evaluations that samples to the target are read on, in a regime of
+    its own evaluation schedule (replay's pair): those of an all-generated run. A run generating half its
+    rows evaluates twice as often in samples, and a straight line over a finer grid of a concave curve
+    reaches the target sooner: replay was favoured so. Other regimes read every evaluation."""
+    return s.prompts * s.samples_per_prompt * eval_steps(s, regime) if regime.eval_every else None
+
+
 def run_config(s: Settings, regime: Regime, method: str, lr: float, strength: dict, seed: int) -> RunConfig:
     """One run, under ROOT/TASK/frontier/REGIME/POINT-sSEED, with its private store beside it."""
     overrides = base_overrides(s.task, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size,
-                               min(regime.eval_every or s.eval_every, s.eval_every), EVAL_SAMPLES, s.extra or None)
+                               eval_steps(s, regime), EVAL_SAMPLES, s.extra or None)
     name = f"{point_name(method, lr, strength)}-s{seed}"
     overrides.update({
         "name": name, "out_dir": str(s.where / "frontier" / regime.name),
@@ -341,7 +353,7 @@ def grid_points(s: Settings, regime: Regime, lrs: dict[str, tuple[float, ...]], 
             done = tuning_outcomes(s, regime, m, lr, strength, tune_seeds)
             if all(done):
                 out.setdefault(m, []).append({"point": point_name(m, lr, strength), "lr": lr, "strength": strength,
-                                              **average(done)})
+                                              **average(done, target_grid(s, regime))})
     return out
 
 
@@ -365,10 +377,12 @@ def choose(points: dict[str, list[dict]]) -> dict:
 def reported(s: Settings, regime: Regime, point: dict, method: str, seeds: int) -> dict | None:
     """The report seeds' average at a chosen point, over the seeds finished so far (its `seeds` says how
     many: a benchmark in chunks reports as it goes); None before the first."""
-    done = [outcome(s.kept, run_config(s, regime, method, point["lr"], point["strength"], k)) for k in range(seeds)]
-    done = [o for o in done if o is not None]
+    runs = {k: outcome(s.kept, run_config(s, regime, method, point["lr"], point["strength"], k)) for k in range(seeds)}
+    done, grid = {k: o for k, o in runs.items() if o is not None}, target_grid(s, regime)
+    # by seed, so that two regimes' runs of one seed can be compared pair by pair (replay / fresh)
     return {"point": point["point"], "lr": point["lr"], "strength": point["strength"], "of_seeds": seeds,
-            **average(done)} if done else None
+            **average(list(done.values()), grid), "to_target_by_seed": {k: to_target(o, grid) for k, o in done.items()}} \
+        if done else None
 
 
 def report_settings(s: Settings, tune_seeds: int, seeds: int) -> dict:
@@ -409,7 +423,7 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
             "sources": list(regime.sources), "method_lrs": {m: list(v) for m, v in lrs.items()}, "grid": points, "target_kl": chosen["target_kl"],
             "frontiers": {m: [p["point"] for p in f] for m, f in chosen["frontiers"].items()},
             "best": best, "matched": matched, "against_frontiers": verdicts,
-            "settings": report_settings(s, tune_seeds, seeds)}
+            "target_grid": target_grid(s, regime), "settings": report_settings(s, tune_seeds, seeds)}
 
 
 def run_stage(s, configs: list[RunConfig], jobs: int, update, what: str, prepare, say) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 from softrl.config import ConfigError
@@ -208,22 +209,32 @@ def _replay_ratio(fresh: dict | None, replay: dict | None) -> float | None:
     return replay["samples_to_target"] / fresh["samples_to_target"]
 
 
+def _paired_ratios(fresh: dict | None, replay: dict | None) -> str:
+    """Replay / fresh seed by seed (a seed's two runs share its prompts and its reference), where both of
+    that seed's runs reached the target: each, then the median."""
+    a, b = (fresh or {}).get("to_target_by_seed", {}), (replay or {}).get("to_target_by_seed", {})
+    ratios = [b[k] / a[k] for k in a if a[k] and b.get(k)]
+    return f"{', '.join(f'{r:.2f}' for r in ratios)} (median {statistics.median(ratios):.2f})" if ratios else "-"
+
+
 def replay_markdown(fresh: dict, replay: dict) -> str:
     """Each method at its best point with every row generated (`fresh`) and with half of them replayed:
     generated samples to reach the reference's pass@1 + TARGET_GAIN (report seeds), and the final pass@1."""
     lines = [f"# Replay: generated samples to reach the reference's pass@1 + {TARGET_GAIN:.2f}", "",
              "Each method at its best point, tuned in each regime on its own grid; the same batch of rows every step, "
              "all of it generated (fresh) or half of it this run's earlier groups (replay, each replayed once). "
-             "Samples to the target are read on the straight line between evaluations (every 25 steps), each "
+             "Samples to the target are read on the straight line between the evaluations of the all-generated runs' "
+             f"grid, every {fresh['target_grid']} generated samples "
+             "(replay evaluates twice as often in samples: every other evaluation is read), each "
              "report seed against its own reference's pass@1; the mean over the seeds that reached it.", "",
              "| method | fresh: point | samples to target | final pass@1 (samples) | replay: point | samples to target "
-             "| final pass@1 (samples) | replay / fresh |", "|---|---|---|---|---|---|---|---|"]
+             "| final pass@1 (samples) | replay / fresh, means | seed by seed |", "|---|---|---|---|---|---|---|---|---|"]
     for m in dict.fromkeys([*fresh["best"], *replay["best"]]):
         a, b = fresh["best"].get(m), replay["best"].get(m)
         ratio = _f(_replay_ratio(a, b), 2)
         lines.append(f"| {m} | {(a or {}).get('point', 'not run')} | {_to_target(a)} | {_pm(a, 'pass@1')} "
                      f"({_f((a or {}).get('samples'), 0)}) | {(b or {}).get('point', 'not run')} | {_to_target(b)} | "
-                     f"{_pm(b, 'pass@1')} ({_f((b or {}).get('samples'), 0)}) | {ratio} |")
+                     f"{_pm(b, 'pass@1')} ({_f((b or {}).get('samples'), 0)}) | {ratio} | {_paired_ratios(a, b)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -276,6 +287,11 @@ def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: 
         if fresh["settings"] == replay["settings"]:
             (report / f"{stem}-replay-samples.md").write_text(replay_markdown(fresh, replay))
             plot_replay(fresh, replay, report / f"{stem}-replay-samples.png", list(fr.METHODS))
+        else:
+            differ = sorted(k for k in {*fresh["settings"], *replay["settings"]}
+                            if fresh["settings"].get(k) != replay["settings"].get(k))
+            lines.append(f"{stem}-replay-samples: not rewritten, {pair[0].name} and {pair[1].name} were made with "
+                         f"other settings ({', '.join(differ)}): rerun the one that differs")
     by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, tune_seeds, seeds))
     lines += [f"{stem}-lags: {path.name} left out (made with other settings)" for path in others]
     if len(by_lag) > 1:

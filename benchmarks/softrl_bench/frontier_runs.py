@@ -126,11 +126,11 @@ def outcome(path: Path | None, config: RunConfig) -> dict | None:
 TARGET_GAIN = 0.10  # samples generated to reach the reference's pass@1 + this (issue 51: replay)
 
 
-def samples_to(evals: list[dict], target: float) -> float | None:
+def samples_to(evals: list[dict], target: float, grid: int | None = None) -> float | None:
     """Samples generated when pass@1 first reached `target`, read on the straight line between the two
-    evaluations around it; None if it never did."""
+    evaluations around it (those at multiples of `grid` samples only, when given); None if it never did."""
     before = None
-    for e in evals:
+    for e in (e for e in evals if not grid or e["samples"] % grid == 0):
         if e["pass@1"] >= target:
             if before is None:
                 return float(e["samples"])
@@ -140,8 +140,14 @@ def samples_to(evals: list[dict], target: float) -> float | None:
     return None
 
 
-def average(outcomes: list[dict]) -> dict:
-    """Seed-mean (and sd) of the numbers of one grid point."""
+def to_target(outcome: dict, grid: int | None = None) -> float | None:
+    """`samples_to` the run's own reference's pass@1 (its step 0) + TARGET_GAIN."""
+    return samples_to(outcome.get("evals", []), outcome["curve"][0][1] + TARGET_GAIN, grid)
+
+
+def average(outcomes: list[dict], grid: int | None = None) -> dict:
+    """Seed-mean (and sd) of the numbers of one grid point; samples to the target read on `grid`
+    (`samples_to`)."""
     out: dict = {"seeds": len(outcomes)}
     for key in ("pass@1", "pass@10", "kl", "distinct", "samples", *DIAGNOSTICS, "clipped_or_masked"):
         values = [o.get(key) for o in outcomes]
@@ -150,7 +156,7 @@ def average(outcomes: list[dict]) -> dict:
         out[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
     out["pass@1_start"] = statistics.fmean(o["curve"][0][1] for o in outcomes)  # the reference's, at step 0
     # each run against its own seed's reference; the mean over the runs that reached it, and how many did
-    reached = [n for o in outcomes if (n := samples_to(o.get("evals", []), o["curve"][0][1] + TARGET_GAIN)) is not None]
+    reached = [n for o in outcomes if (n := to_target(o, grid)) is not None]
     out["samples_to_target"] = statistics.fmean(reached) if reached else math.nan
     out["samples_to_target_sd"] = statistics.stdev(reached) if len(reached) > 1 else 0.0
     out["reached_target"] = len(reached)

@@ -97,23 +97,32 @@ def explain(error: BaseException, uri: str) -> str:
     return f"{uri}: {first[:300]}"
 
 
-def file_sizes(folder: str, options: dict[str, str] | None) -> dict[str, int]:
-    """Name -> bytes of the files in `folder`, a local directory or an s3:// prefix (read with `options`,
-    as Lance reads it)."""
-    if options is None:
-        try:
-            return {entry.name: entry.stat().st_size for entry in os.scandir(folder) if entry.is_file()}
-        except FileNotFoundError:
-            return {}
+def data_files(folder: str, options: dict[str, str] | None) -> tuple[Any, str]:
+    """(a pyarrow filesystem, the path in it) for `folder`, a local directory or an s3:// prefix (read
+    with `options`, as Lance reads it)."""
     from pyarrow import fs
 
+    if options is None:
+        return fs.LocalFileSystem(), folder
     endpoint = urlsplit(options.get("aws_endpoint", ""))
     s3 = fs.S3FileSystem(access_key=options.get("aws_access_key_id"), secret_key=options.get("aws_secret_access_key"),
                          session_token=options.get("aws_session_token"), region=options.get("aws_region"),
                          endpoint_override=endpoint.netloc or None, scheme=endpoint.scheme or "https",
                          connect_timeout=float(options["connect_timeout"].rstrip("s")),
                          request_timeout=float(options["timeout"].rstrip("s")))
-    found = s3.get_file_info(fs.FileSelector(folder.removeprefix("s3://"), allow_not_found=True))
+    return s3, folder.removeprefix("s3://")
+
+
+def file_sizes(folder: str, options: dict[str, str] | None, names: list[str] | None = None) -> dict[str, int]:
+    """Name -> bytes of the files in `folder` (data_files), from one listing; or of just `names`, each
+    looked at on its own: a listing taken while other processes add files to the folder may leave an
+    old one out (a local directory's readdir does not promise to return every entry when others change
+    it meanwhile), a look at one file does not."""
+    from pyarrow import fs
+
+    filesystem, path = data_files(folder, options)
+    found = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True)) if names is None else \
+        filesystem.get_file_info([f"{path}/{name}" for name in names])
     return {info.base_name: info.size for info in found if info.type == fs.FileType.File}
 
 
@@ -214,14 +223,18 @@ class LanceTable:
         return problem
 
     def _files_missing(self, dataset: lance.LanceDataset) -> str | None:
+        named = {file.path: file.file_size_bytes for fragment in dataset.get_fragments()
+                 for file in fragment.data_files()}
         sizes = file_sizes(f"{self.uri}/data", self.options)
-        for fragment in dataset.get_fragments():
-            for file in fragment.data_files():
-                size = sizes.get(file.path)
-                if size is None:
-                    return f"data file data/{file.path} is missing"
-                if file.file_size_bytes and size < file.file_size_bytes:
-                    return f"data file data/{file.path} is cut short ({size} of {file.file_size_bytes} bytes)"
+        suspects = [path for path, size in named.items() if sizes.get(path) is None or sizes[path] < (size or 0)]
+        if suspects:  # the listing's word checked file by file (file_sizes)
+            sizes = file_sizes(f"{self.uri}/data", self.options, suspects)
+        for path in suspects:
+            size = sizes.get(path)
+            if size is None:
+                return f"data file data/{path} is missing"
+            if named[path] and size < named[path]:
+                return f"data file data/{path} is cut short ({size} of {named[path]} bytes)"
         return None
 
     def _writable(self, checked: bool = True) -> None:
