@@ -483,7 +483,7 @@ def test_group_sampler_and_replay(tmp_path):
 
 
 def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version(root, monkeypatch):
-    """The store's pool holds row addresses, not rows: every draw, group and row (first copies, the
+    """The store's pool holds row addresses and narrow columns, not whole rows: every draw, group and row (first copies, the
     newest annotation joined, a prompt and an MC-target filter) is the one an in-memory pool of the
     same read gives, and it keeps drawing its version's rows after appends and a dedupe. Scans of 7
     rows a batch, so keys and annotations are matched across batches."""

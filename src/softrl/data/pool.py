@@ -202,8 +202,9 @@ class TrajectoryPool(Pool):
 
 
 class StoredPool(Pool):
-    """Rows of one version of a store's trajectory table, held as row handles (`[N]` uint64) and
-    fetched by `take(handles) -> pa.Table` (with the run's joins, e.g. MC-target annotations)."""
+    """Rows of one version of a store's trajectory table, held as row handles (`[N]` uint64, ascending:
+    commit order) and fetched by `take(positions) -> pa.Table` (positions ascending; with the run's
+    joins, e.g. MC-target annotations)."""
 
     def __init__(self, handles: np.ndarray, prompt_index: np.ndarray, prompt_names: Sequence[str],
                  take: Callable[[np.ndarray], pa.Table]):
@@ -212,8 +213,7 @@ class StoredPool(Pool):
         def fetch(positions: list[int]) -> Rows:
             if not positions:
                 return []
-            wanted = np.asarray(positions, dtype=np.int64)
-            unique, back = np.unique(self.handles[wanted], return_inverse=True)
+            unique, back = np.unique(np.asarray(positions, dtype=np.int64), return_inverse=True)
             rows = take(unique).to_pylist()  # in handle order
             return [rows[k] for k in back]
 
@@ -222,4 +222,4 @@ class StoredPool(Pool):
     def tables(self, rows: int = 10_000) -> Iterator[pa.Table]:
         """Every row in commit order, `rows` at a time (what an export streams)."""
         for start in range(0, len(self), rows):
-            yield self.take(self.handles[start:start + rows])
+            yield self.take(np.arange(start, min(start + rows, len(self))))

@@ -33,6 +33,12 @@ from softrl.tasks.base import check_reward
 
 __all__ = ["ExperienceStore", "Snapshot", "StoreError"]
 
+# The narrow columns a pool holds in memory from its build scan (about 40 bytes a row, the strings
+# dictionary-encoded), so that a draw takes only the wide ones by handle: Lance reads each column of each
+# data file a draw touches on its own, and at 1e7 rows (200 files) 64 rewards alone took 10 ms, a column
+# of token lists 12-17 ms, all twenty 54-58 ms (docs/BENCHMARKS.md, "The experience store").
+HELD = ("prompt_id", "task", "tokenizer", "reward", "passed", "source", "run_id", "policy_version", "decoding",
+        "created_at", "finish")
 TABLES = {"trajectories": TRAJECTORY_SCHEMA, "prompts": PROMPT_SCHEMA, "annotations": ANNOTATION_SCHEMA}
 KEYS = {"prompts": "prompt_id", "annotations": "trajectory_id"}
 FILTERABLE = ("task", "source", "run_id", "passed", "policy_version", "tokenizer", "prompt_id")
@@ -267,30 +273,39 @@ class ExperienceStore:
     def pool(self, snapshot: Snapshot | None = None, prompt_ids: Sequence[str] | None = None, annotated: bool = False,
              **filters: Any) -> StoredPool:
         """The rows `trajectories(snapshot, **filters)` gives (of `prompt_ids` only, and only those with MC
-        targets when `annotated`) as a StoredPool: one scan of their ids and prompt ids, the filters
-        pushed down to the storage; each draw takes its rows by handle."""
+        targets when `annotated`) as a StoredPool: one scan of their ids and HELD columns, the filters
+        pushed down to the storage; each draw takes the other columns of its rows by handle."""
         snapshot = snapshot or self.snapshot()
         version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
         where = both(filter_expression(filters), None if prompt_ids is None else pc.field("prompt_id").isin(list(prompt_ids)))
         targets = TargetIndex(self.annotations(snapshot)) if annotated else None
         names: dict[str, int] = {}
-        handles, keys, codes, keeps = [], [], [], []
-        for batch in table.batches(version, ["id", "prompt_id"] + (["mc_targets"] if annotated else []), where, True):
+        handles, keys, codes, keeps, held = [], [], [], [], []
+        for batch in table.batches(version, ["id", *HELD] + (["mc_targets"] if annotated else []), where, True):
             batch_keys = id_keys(batch["id"])
             keeps.append(targets.of(batch_keys, batch["mc_targets"]) if targets else np.ones(batch.num_rows, dtype=bool))
             handles.append(batch[HANDLE].to_numpy())
             keys.append(batch_keys)
             codes.append(encode(batch["prompt_id"], names))
+            held.append(pa.table({c: pc.dictionary_encode(batch[c]) if pa.types.is_string(batch[c].type) else batch[c]
+                                  for c in HELD}))
         handle = np.concatenate(handles) if handles else np.empty(0, dtype=np.uint64)
         first = first_by_handle(handle, np.concatenate(keys) if keys else np.empty((0, 2), dtype=np.uint64))
         if len(first):
             first = first[np.concatenate(keeps)[first]]  # the first copy decides, as `trajectories` does
         handle = handle[first]
         code = np.concatenate(codes)[first] if len(first) else np.empty(0, dtype=np.int64)
+        kept = pa.concat_tables(held).unify_dictionaries().take(first) if held else TRAJECTORY_SCHEMA.empty_table()
+        del held
+        wide = [f.name for f in TRAJECTORY_SCHEMA if f.name not in HELD]
+        noted = self.tables["annotations"].count(snapshot.versions["annotations"]) > 0  # else no join to read
 
-        def take(wanted: np.ndarray) -> pa.Table:
-            rows = table.take(version, wanted)
-            return self._join_annotations(rows, snapshot, by_filter=True) if rows.num_rows else rows
+        def take(positions: np.ndarray) -> pa.Table:
+            """The rows at `positions` (ascending): the held columns from memory, the rest by handle."""
+            taken, part = table.take(version, handle[positions], wide), kept.take(positions)
+            rows = pa.table([part[f.name].cast(f.type) if f.name in HELD else taken[f.name] for f in TRAJECTORY_SCHEMA],
+                            schema=TRAJECTORY_SCHEMA)
+            return self._join_annotations(rows, snapshot, by_filter=True) if noted and rows.num_rows else rows
 
         return StoredPool(handle, code, list(names), take)
 
