@@ -133,11 +133,60 @@ def in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     return sorted_set[at] == values
 
 
-def encode(values: pa.Array, names: dict[str, int]) -> np.ndarray:
-    """`[N]` int64: each value's index in `names`, new values added (so codes hold across batches)."""
-    encoded = pc.dictionary_encode(values)
+def encode(values: pa.Array, names: dict[str | None, int], nulls: bool = False) -> np.ndarray:
+    """`[N]` int64: each value's index in `names`, new values added (so codes hold across batches);
+    `nulls`: a null is a value of its own (None), else there must be none."""
+    encoded = pc.dictionary_encode(values, null_encoding="encode" if nulls else "mask")
     code = np.array([names.setdefault(v, len(names)) for v in encoded.dictionary.to_pylist()], dtype=np.int64)
     return code[encoded.indices.to_numpy()] if len(code) else np.empty(0, dtype=np.int64)
+
+
+class HeldColumns:
+    """Some narrow columns (`fields`) of the rows a pool scans, held compactly in memory: a string column
+    as codes into its distinct values (the smallest integer type that holds them), any other as one Arrow
+    array. `add` each scanned batch, `keep` the pool's rows (positions into everything added), then
+    `take(positions)` gives those rows' columns with their own types."""
+
+    def __init__(self, fields: Sequence[pa.Field]):
+        self.fields = list(fields)
+        self.values: dict[str, dict[str | None, int]] = {f.name: {} for f in self.fields if pa.types.is_string(f.type)}
+        self.parts: dict[str, list] = {f.name: [] for f in self.fields}
+        self.columns: dict[str, np.ndarray | pa.Array] = {}
+        self.dictionaries: dict[str, pa.Array] = {}
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        for f in self.fields:
+            column = batch[f.name]
+            self.parts[f.name].append(encode(column, self.values[f.name], nulls=True).astype(np.int32)
+                                      if f.name in self.values else column)
+
+    def keep(self, rows: np.ndarray) -> None:
+        everything = sum(len(p) for p in self.parts[self.fields[0].name]) if self.fields else 0
+        identity = len(rows) == everything and bool((rows == np.arange(everything)).all())  # no copy needed
+        for f in self.fields:
+            parts = self.parts.pop(f.name)
+            if f.name in self.values:
+                names = self.values.pop(f.name)
+                width = np.min_scalar_type(max(len(names) - 1, 0))
+                codes = np.concatenate(parts).astype(width) if parts else np.empty(0, width)
+                self.columns[f.name] = codes if identity else codes[rows]
+                self.dictionaries[f.name] = pa.array(list(names), f.type)
+            else:
+                column = pa.concat_arrays(parts) if parts else pa.array([], f.type)
+                self.columns[f.name] = column if identity else column.take(pa.array(rows))
+
+    def names(self, name: str) -> list[str | None]:
+        """The distinct values of string column `name`, by code."""
+        return self.dictionaries[name].to_pylist()
+
+    def take(self, positions: np.ndarray) -> dict[str, pa.Array]:
+        out = {}
+        for f in self.fields:
+            column = self.columns[f.name]
+            out[f.name] = pa.DictionaryArray.from_arrays(pa.array(column[positions].astype(np.int32)),
+                                                         self.dictionaries[f.name]).cast(f.type) \
+                if f.name in self.dictionaries else column.take(pa.array(positions))
+        return out
 
 
 class KeySet:

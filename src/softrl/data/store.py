@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from softrl.data import legacy
-from softrl.data.pool import KeySet, LaterCopies, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted
+from softrl.data.pool import HeldColumns, KeySet, LaterCopies, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
 from softrl.data.lance_table import LanceTable, table_file
 from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, Table, damaged
@@ -33,10 +33,11 @@ from softrl.tasks.base import check_reward
 
 __all__ = ["ExperienceStore", "Snapshot", "StoreError"]
 
-# The narrow columns a pool holds in memory from its build scan (about 40 bytes a row, the strings
-# dictionary-encoded), so that a draw takes only the wide ones by handle: Lance reads each column of each
-# data file a draw touches on its own, and at 1e7 rows (200 files) 64 rewards alone took 10 ms, a column
-# of token lists 12-17 ms, all twenty 54-58 ms (docs/BENCHMARKS.md, "The experience store").
+# The narrow columns a pool holds in memory from its build scan (strings as codes), so that a draw takes
+# only the others by handle: Lance reads each column of each data file a draw touches on its own. At 1e7
+# rows (200 files) a draw of 64 took 32-38 ms this way against 65-70 ms taking all twenty columns
+# (benchmarks/store_draw.py); holding seven of these eleven kept the build's peak memory 130 MiB lower
+# but drew in 45-51 ms against 54 (docs/BENCHMARKS.md, "The experience store").
 HELD = ("prompt_id", "task", "tokenizer", "reward", "passed", "source", "run_id", "policy_version", "decoding",
         "created_at", "finish")
 TABLES = {"trajectories": TRAJECTORY_SCHEMA, "prompts": PROMPT_SCHEMA, "annotations": ANNOTATION_SCHEMA}
@@ -279,35 +280,32 @@ class ExperienceStore:
         version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
         where = both(filter_expression(filters), None if prompt_ids is None else pc.field("prompt_id").isin(list(prompt_ids)))
         targets = TargetIndex(self.annotations(snapshot)) if annotated else None
-        names: dict[str, int] = {}
-        handles, keys, codes, keeps, held = [], [], [], [], []
+        held = HeldColumns([TRAJECTORY_SCHEMA.field(name) for name in HELD])
+        handles, keys, keeps = [], [], []
         for batch in table.batches(version, ["id", *HELD] + (["mc_targets"] if annotated else []), where, True):
             batch_keys = id_keys(batch["id"])
             keeps.append(targets.of(batch_keys, batch["mc_targets"]) if targets else np.ones(batch.num_rows, dtype=bool))
             handles.append(batch[HANDLE].to_numpy())
             keys.append(batch_keys)
-            codes.append(encode(batch["prompt_id"], names))
-            held.append(pa.table({c: pc.dictionary_encode(batch[c]) if pa.types.is_string(batch[c].type) else batch[c]
-                                  for c in HELD}))
+            held.add(batch)
         handle = np.concatenate(handles) if handles else np.empty(0, dtype=np.uint64)
         first = first_by_handle(handle, np.concatenate(keys) if keys else np.empty((0, 2), dtype=np.uint64))
+        del keys
         if len(first):
             first = first[np.concatenate(keeps)[first]]  # the first copy decides, as `trajectories` does
         handle = handle[first]
-        code = np.concatenate(codes)[first] if len(first) else np.empty(0, dtype=np.int64)
-        kept = pa.concat_tables(held).unify_dictionaries().take(first) if held else TRAJECTORY_SCHEMA.empty_table()
-        del held
+        held.keep(first)
         wide = [f.name for f in TRAJECTORY_SCHEMA if f.name not in HELD]
         noted = self.tables["annotations"].count(snapshot.versions["annotations"]) > 0  # else no join to read
 
         def take(positions: np.ndarray) -> pa.Table:
             """The rows at `positions` (ascending): the held columns from memory, the rest by handle."""
-            taken, part = table.take(version, handle[positions], wide), kept.take(positions)
-            rows = pa.table([part[f.name].cast(f.type) if f.name in HELD else taken[f.name] for f in TRAJECTORY_SCHEMA],
+            taken, part = table.take(version, handle[positions], wide), held.take(positions)
+            rows = pa.table([part[f.name] if f.name in HELD else taken[f.name] for f in TRAJECTORY_SCHEMA],
                             schema=TRAJECTORY_SCHEMA)
             return self._join_annotations(rows, snapshot, by_filter=True) if noted and rows.num_rows else rows
 
-        return StoredPool(handle, code, list(names), take)
+        return StoredPool(handle, held.columns["prompt_id"], held.names("prompt_id"), take)
 
     def prompts(self, snapshot: Snapshot | None = None, ids: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         """prompt_id -> its last committed row (meta decoded); of `ids` only (read by filter) when given."""
