@@ -17,6 +17,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -523,6 +524,28 @@ def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version
     assert len(store.pool(task="t")) == 94
     with_targets = sum(bool(r["mc_targets"]) for r in store.trajectories(source="online").to_pylist())
     assert store.stats()["sources"]["online"]["with_mc_targets"] == with_targets == 2  # rows[1], the last append
+
+
+def test_held_columns_give_back_what_was_scanned():
+    """A pool's narrow columns held as codes and arrays: the rows kept (in any order given, a null string
+    its own value, codes across batches of different values) come back equal, with their own types."""
+    from softrl.data.pool import HeldColumns
+
+    schema = pa.schema([("finish", pa.string()), ("reward", pa.float64()), ("decoding", pa.struct([("t", pa.float32())]))])
+    batches = [pa.record_batch([pa.array(["stop", None, "length"]), pa.array([1.0, None, 0.5]),
+                                pa.array([{"t": 1.0}, None, {"t": 0.5}], schema.field("decoding").type)], schema=schema),
+               pa.record_batch([pa.array([None, "tool"]), pa.array([0.0, 2.0]),
+                                pa.array([{"t": 0.7}, {"t": 0.7}], schema.field("decoding").type)], schema=schema)]
+    whole = pa.Table.from_batches(batches)
+    for kept in (np.arange(5), np.array([4, 1, 3])):
+        held = HeldColumns(list(schema))
+        for batch in batches:
+            held.add(batch)
+        held.keep(kept)
+        assert held.columns["finish"].dtype == np.uint8 and held.names("finish") == ["stop", None, "length", "tool"]
+        positions = np.array([0, len(kept) - 1])
+        got = pa.table(held.take(positions), schema=schema)
+        assert got.equals(whole.take(pa.array(kept[positions]))), got.to_pylist()
 
 
 def test_repeated_ids_are_found_by_their_whole_key():
