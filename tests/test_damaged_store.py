@@ -146,9 +146,9 @@ def test_a_damaged_table_on_s3_is_read_only_until_restored(s3_env, tmp_path):
 
 
 def test_a_listing_that_leaves_a_file_out_is_not_damage(store, monkeypatch):
-    """A directory listing taken while other processes add files may leave an old one out (readdir makes
-    no promise then; CI saw a writer refused so, with four writers and a dedupe at once): a file the listing
-    lacks is looked at on its own before the table is called damaged, and one really gone still is."""
+    """A listing taken while other processes write may not show every file (CI saw a writer refuse a
+    healthy table, with four writers and a dedupe at once, when a file vanished mid-listing): a file the
+    listing lacks is looked at on its own before the table is called damaged, and one really gone still is."""
     from softrl.data import lance_table
 
     real = lance_table.file_sizes

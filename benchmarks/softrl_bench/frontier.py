@@ -166,7 +166,8 @@ def target_grid(s: Settings, regime: Regime) -> int | None:
     """Generated samples between the evaluations that samples to the target are read on, in a regime of
     its own evaluation schedule (replay's pair): those of an all-generated run. A run generating half its
     rows evaluates twice as often in samples, and a straight line over a finer grid of a concave curve
-    reaches the target sooner: replay was favoured so. Other regimes read every evaluation."""
+    reaches the target sooner (replay's reading was so favoured for two of three methods). Other
+    regimes read every evaluation."""
     return s.prompts * s.samples_per_prompt * eval_steps(s, regime) if regime.eval_every else None
 
 

@@ -284,12 +284,13 @@ def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: 
     pair = [report / f"{stem}-{name}.json" for name in ("fresh", "replay")]
     if all(path.is_file() for path in pair):
         fresh, replay = map(_report, pair)
-        if fresh["settings"] == replay["settings"]:
+        if fresh["settings"] == replay["settings"] and fresh.get("target_grid") == replay.get("target_grid"):
             (report / f"{stem}-replay-samples.md").write_text(replay_markdown(fresh, replay))
             plot_replay(fresh, replay, report / f"{stem}-replay-samples.png", list(fr.METHODS))
         else:
             differ = sorted(k for k in {*fresh["settings"], *replay["settings"]}
                             if fresh["settings"].get(k) != replay["settings"].get(k))
+            differ += ["target_grid"] * (fresh.get("target_grid") != replay.get("target_grid"))  # a report from before it
             lines.append(f"{stem}-replay-samples: not rewritten, {pair[0].name} and {pair[1].name} were made with "
                          f"other settings ({', '.join(differ)}): rerun the one that differs")
     by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, tune_seeds, seeds))

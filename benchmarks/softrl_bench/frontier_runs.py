@@ -128,9 +128,10 @@ TARGET_GAIN = 0.10  # samples generated to reach the reference's pass@1 + this (
 
 def samples_to(evals: list[dict], target: float, grid: int | None = None) -> float | None:
     """Samples generated when pass@1 first reached `target`, read on the straight line between the two
-    evaluations around it (those at multiples of `grid` samples only, when given); None if it never did."""
+    evaluations around it (those at multiples of `grid` samples only, when given, and the last); None if
+    it never did."""
     before = None
-    for e in (e for e in evals if not grid or e["samples"] % grid == 0):
+    for e in (e for k, e in enumerate(evals) if not grid or e["samples"] % grid == 0 or k == len(evals) - 1):
         if e["pass@1"] >= target:
             if before is None:
                 return float(e["samples"])

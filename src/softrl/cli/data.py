@@ -129,7 +129,7 @@ def data_export(
     from softrl.data.io import export
 
     target = open_store(store, create=False)
-    with store_errors():  # streamed: the pool holds row addresses, rows are taken 10,000 at a time
+    with store_errors():  # streamed: the pool holds row addresses and narrow columns, rows are taken 10,000 at a time
         pool = target.pool(source=source or None, task=task or None, passed=passed)
     try:
         with store_errors():

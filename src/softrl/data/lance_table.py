@@ -115,9 +115,11 @@ def data_files(folder: str, options: dict[str, str] | None) -> tuple[Any, str]:
 
 def file_sizes(folder: str, options: dict[str, str] | None, names: list[str] | None = None) -> dict[str, int]:
     """Name -> bytes of the files in `folder` (data_files), from one listing; or of just `names`, each
-    looked at on its own: a listing taken while other processes add files to the folder may leave an
-    old one out (a local directory's readdir does not promise to return every entry when others change
-    it meanwhile), a look at one file does not."""
+    looked at on its own. A listing taken while other processes write into the folder meets files that
+    vanish between being listed and being looked at (a writer's temporary file renamed): pyarrow's
+    listing skips them (the os.scandir one before it gave up on the whole listing there, so a healthy
+    table read as damaged in CI); a file the listing lacks is still looked at on its own before it is
+    called missing."""
     from pyarrow import fs
 
     filesystem, path = data_files(folder, options)

@@ -1,8 +1,9 @@
 """Pools: the rows a source of the training mix draws from. `Pool` holds, per row, only the index of its
 prompt; the rows themselves come from `fetch`. `TrajectoryPool` keeps rows in memory (a run's online
-buffer, tests); `StoredPool` keeps the row handles of one store version and fetches a draw's rows
-with the storage's `take`, so its memory is about 12 bytes a row whatever the rows hold (a store of 1e7
-rows of 500 tokens is a 120 MB pool, not tens of gigabytes of Python objects)."""
+buffer, tests); `StoredPool` keeps the row handles of one store version and its rows' narrow columns
+(`HeldColumns`), and takes a draw's wide columns with the storage's `take`, so its memory is about 50
+bytes a row whatever the rows hold (a store of 1e7 rows of 500 tokens is a pool of a few hundred MB,
+not tens of gigabytes of Python objects)."""
 
 from __future__ import annotations
 

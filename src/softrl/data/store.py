@@ -37,7 +37,7 @@ __all__ = ["ExperienceStore", "Snapshot", "StoreError"]
 # only the others by handle: Lance reads each column of each data file a draw touches on its own. At 1e7
 # rows (200 files) a draw of 64 took 32-38 ms this way against 65-70 ms taking all twenty columns
 # (benchmarks/store_draw.py); holding seven of these eleven kept the build's peak memory 130 MiB lower
-# but drew in 45-51 ms against 54 (docs/BENCHMARKS.md, "The experience store").
+# but drew in 45-51 ms against 54 (docs/BENCHMARKS.md, "The experience store: `softrl bench store`").
 HELD = ("prompt_id", "task", "tokenizer", "reward", "passed", "source", "run_id", "policy_version", "decoding",
         "created_at", "finish")
 TABLES = {"trajectories": TRAJECTORY_SCHEMA, "prompts": PROMPT_SCHEMA, "annotations": ANNOTATION_SCHEMA}
