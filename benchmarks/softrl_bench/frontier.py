@@ -102,7 +102,7 @@ REGIMES: dict[str, Regime] = {
     "half": Regime("half", {"online": 0.5, "offline": 0.5}, (*STALE, "spo-moving"), sources=tuple(POOL_SOURCES)),
     # replay (issue 51): the same batch with half of it generated and half this run's earlier groups (FIFO,
     # each replayed once), against all of it generated (`fresh`: lag 1 evaluated as often); generated samples
-    # to reach the reference's pass@1 + frontier_runs.TARGET_GAIN, read between evaluations every 25 steps
+    # to reach the reference's pass@1 + frontier_runs.TARGET_GAIN, read between the evaluations of `target_grid`
     "fresh": Regime("fresh", {"online": 1.0}, REPLAY_METHODS, eval_every=25),
     "replay": Regime("replay", {"online": 0.5, "replay": 0.5}, REPLAY_METHODS, eval_every=25),
     "offline": Regime("offline", {"offline": 1.0}, (*STALE, "kl-pg"), lag=0, sources=("earlier",)),
