@@ -347,3 +347,95 @@ def test_static_backend_under_an_autocast_computes_in_the_models_dtype(tiny):
     with Placement.create("cpu", "float32", "bfloat16").autocast():
         samples = _generator("static", model, tok).generate(prompts, params)
     _assert_behaviour_logprobs(model, prompts, samples)  # exact fp32 log-probs: no bf16 inside
+
+
+class _Prefills:
+    """Counts the tokens a model is fed in its multi-token forwards (prefills), not its decode steps."""
+
+    def __init__(self, model):
+        self.model, self.widths = model, []
+        self.forward = model.forward
+        model.forward = self
+
+    def __call__(self, *args, input_ids=None, **kwargs):
+        if input_ids is not None and input_ids.shape[1] > 1:
+            self.widths.append(input_ids.shape[1])
+        return self.forward(*args, input_ids=input_ids, **kwargs)
+
+    def close(self):
+        self.model.forward = self.forward
+
+
+def _next_turn(tok, prompts, samples):
+    """The next turn's contexts of `samples`: each conversation so far plus an environment's answer of its
+    own length; one cut inside its sample (a turn kept shorter than drawn), one new prompt, one sample left out."""
+    contexts = [prompts[s.prompt_index] + s.tokens + _encode(tok, ["\nno: " + "x" * i])[0] for i, s in enumerate(samples)]
+    contexts[1] = prompts[samples[1].prompt_index] + samples[1].tokens[:2] + _encode(tok, ["\nshort"])[0]
+    return contexts[:-1] + _encode(tok, ["5 5 -> 10\n"])
+
+
+def test_a_prefix_session_prefills_only_what_the_prompts_add_and_draws_what_a_fresh_call_draws(tiny):
+    _, model, tok = tiny
+    biased = _eos_biased(model, tok, bias=2.0)  # some samples end early, so rows hold pads after their EOS
+    prompts = _encode(tok, ["3 7 25 -> 178\n", "1 2 -> 3\n"])
+    generator = StaticCacheGenerator(biased, tok, compile=False)
+    prefills = _Prefills(biased)
+    try:
+        with generator.prefix_session():
+            first = generator.generate(prompts, SamplingParams(n=3, max_new_tokens=10, temperature=0.9, seed=0))
+            contexts = _next_turn(tok, prompts, first)
+            prefills.widths.clear()
+            second = generator.generate(contexts, SamplingParams(n=1, max_new_tokens=10, temperature=0.9, seed=1))
+            kept = prefills.widths
+            prefills.widths = []
+            third = generator.generate(contexts, SamplingParams(n=1, max_new_tokens=10, temperature=0.9, seed=1))
+        fresh = StaticCacheGenerator(biased, tok, compile=False).generate(
+            contexts, SamplingParams(n=1, max_new_tokens=10, temperature=0.9, seed=1))
+        whole = prefills.widths[-1]
+    finally:
+        prefills.close()
+    assert any(s.finish == "eos" for s in first)
+    # the conversations so far are not fed again: the widest new part is the new prompt, not a whole context
+    assert kept and max(kept) < max(len(c) for c in contexts) - 1 == whole
+    for same in (second, third):  # third: every context is now cached whole but its last token
+        assert [s.tokens for s in same] == [s.tokens for s in fresh]
+        for a, b in zip(same, fresh):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    _assert_behaviour_logprobs(biased, contexts, second)
+
+
+def test_a_prefix_session_does_not_reuse_keys_and_values_of_weights_that_changed(tiny):
+    _, model, tok = tiny
+    model = copy.deepcopy(model)
+    prompts = _encode(tok, ["3 7 25 -> 178\n", "1 2 -> 3\n"])
+    params = SamplingParams(n=2, max_new_tokens=8, seed=0)
+    generator = StaticCacheGenerator(model, tok, compile=False)
+    with generator.prefix_session():
+        contexts = [prompts[s.prompt_index] + s.tokens + [tok.eos_token_id] for s in generator.generate(prompts, params)]
+        with torch.no_grad():  # an optimizer step's kind of change: in place
+            for p in model.parameters():
+                p.mul_(1.1)
+        after = generator.generate(contexts, SamplingParams(n=1, max_new_tokens=8, seed=1))
+    fresh = StaticCacheGenerator(model, tok, compile=False).generate(contexts, SamplingParams(n=1, max_new_tokens=8, seed=1))
+    assert [s.tokens for s in after] == [s.tokens for s in fresh]
+    _assert_behaviour_logprobs(model, contexts, after)
+
+
+def test_outside_a_prefix_session_and_compiled_nothing_is_kept(tiny):
+    _, model, tok = tiny
+    generator = StaticCacheGenerator(model, tok, compile=False)
+    prompts = _encode(tok, ["1 2 -> 3\n"])
+    generator.generate(prompts, SamplingParams(n=2, max_new_tokens=4, seed=0))
+    assert getattr(generator.decoder._local, "session", None) is None
+    with generator.prefix_session():
+        generator.generate(prompts, SamplingParams(n=2, max_new_tokens=4, seed=0))
+        assert generator.decoder._local.session.kept is not None
+        seen = []  # another thread is outside this thread's session
+        thread = threading.Thread(target=lambda: seen.append(getattr(generator.decoder._local, "session", None)))
+        thread.start()
+        thread.join()
+        assert seen == [None]
+    assert generator.decoder._local.session is None
+    compiled = StaticDecoder(model, compile=True)
+    with compiled.prefix_session():
+        assert getattr(compiled._local, "session", None) is None

@@ -55,6 +55,41 @@ def test_feedback_episodes_alternate_turns_with_the_environment_masked(setting):
     assert any(len(r.turns) == 5 for r in rows)  # a random policy fails: three tries, feedback between them
 
 
+def test_episodes_on_a_prefix_session_draw_what_whole_prefills_draw(setting):
+    """The static backend's turns continue from the last turn's keys and values (`prefix_session`); the hf
+    backend prefills each conversation whole: for one seed they draw the same episodes."""
+    from dataclasses import replace
+
+    from softrl.models.generation import StaticCacheGenerator
+
+    spec, contexts, tokenizer, task = setting
+    static = StaticCacheGenerator(spec.generator.model, tokenizer, compile=False)
+    prefills = []
+    forward = static.model.forward
+
+    def counted(*args, input_ids=None, **kwargs):
+        if input_ids is not None and input_ids.shape[1] > 1:
+            prefills.append(input_ids.shape[1])
+        return forward(*args, input_ids=input_ids, **kwargs)
+
+    kwargs = dict(contexts=contexts, k=3, seed=4, limits=EpisodeLimits(max_turns=3), tokenizer=tokenizer)
+    whole = episodes(spec, FeedbackEnvironment(task), **kwargs)
+    static.model.forward = counted
+    try:
+        resumed = episodes(replace(spec, generator=static), FeedbackEnvironment(task), **kwargs)
+    finally:
+        static.model.forward = forward
+    assert [r.response_tokens for r in resumed] == [r.response_tokens for r in whole]
+    assert [r.finish for r in resumed] == [r.finish for r in whole]
+    for a, b in zip(resumed, whole):
+        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < 1e-4
+    assert any(len(r.turns) == 5 for r in resumed)
+    # turns 2 and 3 prefill the feedback ("\nuser: ... assistant: "), not the prompt and the turns before it
+    feedback = len(tokenizer("\nuser: That is not right. Try again.\nassistant: ", add_special_tokens=False)["input_ids"])
+    shortest_whole = min(len(c.prompt_tokens) for c in contexts) + 1 + feedback  # a turn of one token at least
+    assert len(prefills) == 3 and max(prefills[1:]) <= feedback + 1 < shortest_whole
+
+
 def test_a_faulty_environment_ends_its_own_episode_with_the_reason(setting):
     spec, contexts, tokenizer, task = setting
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from softrl.data.schema import Trajectory, new_turn
 from softrl.limits import MAX_CHARS_PER_TOKEN, MAX_RECORD_CHARS
-from softrl.models.generation import Generator, SamplingParams
+from softrl.models.generation import Generator, SamplingParams, prefix_session
 from softrl.tasks.base import Prompt, Task
 
 
@@ -295,62 +295,65 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
         budget = limits.token_budget or (spec.max_length - len(e.context.prompt_tokens) if spec.max_length else 10**9)
         return budget - len(e.tokens)
 
-    for turn in range(limits.max_turns):
-        active = [e for e in live if e.finish is None]
-        if not active:
-            break
-        for e in active:
-            if room(e) < 1:
-                e.end("token_budget")
-        active = [e for e in active if e.finish is None]
-        if not active:
-            break
-        params = SamplingParams(n=1, max_new_tokens=max(min(spec.max_new_tokens, room(e)) for e in active),
-                                temperature=spec.temperature, top_p=spec.top_p,
-                                temperature_range=spec.temperature_range, seed=seed + 7919 * turn,
-                                ignore_eos=spec.ignore_eos)
-        got = spec.generator.generate([e.context.prompt_tokens + e.tokens for e in active], params)
-        waiting = []
-        for e, sample in zip(active, sorted(got, key=lambda s: s.prompt_index)):
-            keep = min(spec.max_new_tokens, room(e))  # one call for all: each episode cut to its own room
-            tokens, logprobs = sample.tokens[:keep], sample.logprobs[:keep]
-            text = spec.decode(tokens)
-            calls = None
-            if getattr(env, "tools", None):  # the calls its text carries, for an environment with tools
-                text, calls = parse_tool_calls(text, turn)
-            e.turns.append(new_turn("assistant", text, tool_calls=json.dumps(calls) if calls else None))
-            e.messages.append(turn_message(e.turns[-1]))
-            e.tokens += tokens
-            e.mask += [True] * len(tokens)
-            e.logprobs += logprobs
-            e.temperature = sample.temperature
-            if e.failed_start:
-                e.end(*e.failed_start)
-            elif turn + 1 == limits.max_turns:
-                e.end("max_turns")
-            else:
-                waiting.append(e)
-        answers = _answer_all(env, waiting, limits)
-        for e in waiting:
-            answer = answers[id(e)]
-            if answer is None:
-                continue
-            start = len(e.turns)
-            try:
-                pieces = turn_pieces(tokenizer, e.context.prompt.text, e.turns + answer, start, policy_next=True)
-            except Exception as error:  # noqa: BLE001 - a chat template's error is the episode's, not the run's
-                e.end("env_error", f"the environment's turn could not be tokenised: {type(error).__name__}: "
-                      f"{str(error).splitlines()[0][:200] if str(error) else ''}")
-                continue
-            tokens = [t for piece in pieces for t in piece]
-            if len(tokens) + 1 > room(e):  # no room for its tokens and one of the policy's after them
-                e.end("token_budget")
-                continue
-            e.turns += answer
-            e.messages += [turn_message(t) for t in answer]
-            e.tokens += tokens
-            e.mask += [False] * len(tokens)
-            e.logprobs += [0.0] * len(tokens)
+    with prefix_session(spec.generator):  # a turn prefills what the last one added, not the conversation
+        for turn in range(limits.max_turns):
+            active = [e for e in live if e.finish is None]
+            if not active:
+                break
+            for e in active:
+                if room(e) < 1:
+                    e.end("token_budget")
+            active = [e for e in active if e.finish is None]
+            if not active:
+                break
+            # a context's k episodes start alike (each one's room is its context's): its prompt prefilled once
+            n = k if turn == 0 else 1
+            params = SamplingParams(n=n, max_new_tokens=max(min(spec.max_new_tokens, room(e)) for e in active),
+                                    temperature=spec.temperature, top_p=spec.top_p,
+                                    temperature_range=spec.temperature_range, seed=seed + 7919 * turn,
+                                    ignore_eos=spec.ignore_eos)
+            got = spec.generator.generate([e.context.prompt_tokens + e.tokens for e in active[::n]], params)
+            waiting = []
+            for e, sample in zip(active, sorted(got, key=lambda s: s.prompt_index)):
+                keep = min(spec.max_new_tokens, room(e))  # one call for all: each episode cut to its own room
+                tokens, logprobs = sample.tokens[:keep], sample.logprobs[:keep]
+                text = spec.decode(tokens)
+                calls = None
+                if getattr(env, "tools", None):  # the calls its text carries, for an environment with tools
+                    text, calls = parse_tool_calls(text, turn)
+                e.turns.append(new_turn("assistant", text, tool_calls=json.dumps(calls) if calls else None))
+                e.messages.append(turn_message(e.turns[-1]))
+                e.tokens += tokens
+                e.mask += [True] * len(tokens)
+                e.logprobs += logprobs
+                e.temperature = sample.temperature
+                if e.failed_start:
+                    e.end(*e.failed_start)
+                elif turn + 1 == limits.max_turns:
+                    e.end("max_turns")
+                else:
+                    waiting.append(e)
+            answers = _answer_all(env, waiting, limits)
+            for e in waiting:
+                answer = answers[id(e)]
+                if answer is None:
+                    continue
+                start = len(e.turns)
+                try:
+                    pieces = turn_pieces(tokenizer, e.context.prompt.text, e.turns + answer, start, policy_next=True)
+                except Exception as error:  # noqa: BLE001 - a chat template's error is the episode's, not the run's
+                    e.end("env_error", f"the environment's turn could not be tokenised: {type(error).__name__}: "
+                          f"{str(error).splitlines()[0][:200] if str(error) else ''}")
+                    continue
+                tokens = [t for piece in pieces for t in piece]
+                if len(tokens) + 1 > room(e):  # no room for its tokens and one of the policy's after them
+                    e.end("token_budget")
+                    continue
+                e.turns += answer
+                e.messages += [turn_message(t) for t in answer]
+                e.tokens += tokens
+                e.mask += [False] * len(tokens)
+                e.logprobs += [0.0] * len(tokens)
     rows = []
     for e, (reward, passed, failure) in zip(live, _episode_rewards(spec, env, live, limits)):
         finish = f"{failure[0]}: reward: {failure[1]}" if failure else e.finish_text

@@ -15,6 +15,7 @@ they differ only in speed; for one seed they draw the same samples (fp32, up to 
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
@@ -209,6 +210,19 @@ class StaticCacheGenerator:
             samples += [finish_sample(self.tokenizer, offset + r // params.n, tokens[r], logp[r], temps[r], params)
                         for r in range(rows)]
         return samples
+
+    def prefix_session(self):
+        """`StaticDecoder.prefix_session`: successive calls in it prefill only what their prompts add to the
+        previous call's (one chunk of `max_batch` rows is kept: a larger call reuses less)."""
+        return self.decoder.prefix_session()
+
+
+def prefix_session(generator):
+    """A context in which `generator`'s successive calls reuse the keys and values of what their prompts
+    share with the previous call's prompts and samples (the turns of multi-turn episodes): the backend's
+    `prefix_session`, or nothing where it has none (each call prefills its prompts whole)."""
+    session = getattr(generator, "prefix_session", None)
+    return session() if session is not None else nullcontext()
 
 
 BACKENDS = ("hf", "static", "auto")

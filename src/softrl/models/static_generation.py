@@ -20,7 +20,8 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -69,6 +70,38 @@ def cuda_graphs_in_this_thread() -> None:
     torch._C._stash_obj_in_tls("tree_manager_locks", local.tree_manager_locks)
 
 
+@dataclass
+class _Start:
+    """Where a decode starts: the cache with each row's context in it but the last token, the attention
+    mask over its columns `[rows, length]`, the last tokens and their positions `[rows, 1]`, the column
+    the first step writes (`first`), and each row's context with the columns its tokens sit in."""
+
+    cache: object
+    mask: Tensor
+    token: Tensor
+    position: Tensor
+    first: int
+    contexts: list[list[int]]
+    columns: list[list[int]]
+
+
+@dataclass
+class _Kept:
+    """A prefix session's cache after a decode: `written` columns, each row's tokens in it (in context
+    order) and their columns, and the weights' version they were computed with."""
+
+    cache: object
+    written: int
+    tokens: list[list[int]]
+    columns: list[list[int]]
+    weights: int
+
+
+@dataclass
+class _Session:
+    kept: _Kept | None = None
+
+
 class StaticDecoder:
     """Samples continuations of token-id prompts on a reused static KV cache.
 
@@ -84,6 +117,7 @@ class StaticDecoder:
         self.device, self.dtype = first.device, first.dtype
         self.compiled = compile is True or (compile == "auto" and self.device.type == "cuda")
         self._caches: dict[int, tuple] = {}  # rows -> (StaticCache, length)
+        self._local = threading.local()  # .session: this thread's prefix session (`prefix_session`)
         self.kept = KEPT_CACHES.get(self.device.type, 1)
         self.cache_name = cache_name()  # read here, not in the compiled graph
         self._step = self._forward
@@ -105,26 +139,49 @@ class StaticDecoder:
                          use_cache=True)
         return out.logits[:, -1].float()
 
-    def cache(self, rows: int, length: int):
+    def cache(self, rows: int, length: int, private: bool = False):
         """(cache, length): a zeroed static cache for `rows` x `length` positions, `length` rounded up to
-        LENGTH_BUCKET: the one from an earlier call when its shape is the same, else a new one. (Sliding-
+        LENGTH_BUCKET: the one from an earlier call when its shape is the same, else a new one; `private`:
+        always a new one, kept by nobody else (a prefix session's, which outlives the call). (Sliding-
         window layers hold at most their window; `length` is what the attention mask spans.)"""
         from transformers import StaticCache
 
         bucket = LENGTH_BUCKET[self.compiled]
         length = -(-length // bucket) * bucket
-        cache, kept = self._caches.get(rows, (None, 0))
-        if cache is not None and kept == length:
-            cache.reset()
-            return cache, length
-        self._caches.pop(rows, None)
-        while len(self._caches) >= self.kept:  # drop the oldest before allocating
-            self._caches.pop(next(iter(self._caches)))
+        if not private:
+            cache, kept = self._caches.get(rows, (None, 0))
+            if cache is not None and kept == length:
+                cache.reset()
+                return cache, length
+            self._caches.pop(rows, None)
+            while len(self._caches) >= self.kept:  # drop the oldest before allocating
+                self._caches.pop(next(iter(self._caches)))
         cache = StaticCache(config=self.model.config, max_cache_len=length)
         heads, head_dim = _config_dims(self.model.config)
         cache.early_initialization(rows, heads, head_dim, self.dtype, self.device)
-        self._caches[rows] = cache, length
+        if not private:
+            self._caches[rows] = cache, length
         return cache, length
+
+    @contextmanager
+    def prefix_session(self):
+        """Within it, each decode of this thread continues every prompt from the keys and values that the
+        session's previous decode left for its longest shared prefix, and prefills only the rest: the next
+        turn of a multi-turn episode prefills the environment's answer, not the whole conversation again.
+        Outside a session nothing is kept between calls. Off (each call starts afresh) where the decode step
+        is compiled (its graphs are recorded on fixed cache tensors) or a layer is not a plain static one
+        (sliding-window, hybrid); kept keys and values of weights that changed since are not used."""
+        from transformers.cache_utils import StaticLayer
+
+        plain = all(type(layer) is StaticLayer for layer in self.cache(1, 1, private=True)[0].layers)
+        if self.compiled or not plain or getattr(self._local, "session", None) is not None:
+            yield
+            return
+        self._local.session = _Session()
+        try:
+            yield
+        finally:
+            self._local.session = None
 
     def _prefill(self, ids: Tensor, mask: Tensor, positions: Tensor, n: int, cache, full_mask: Tensor) -> None:
         """Run the prompts' tokens but the last into `cache` (rows = prompts x n, prompt-major)."""
@@ -164,17 +221,90 @@ class StaticDecoder:
         grouped by prompt. `process` maps fp32 logits `[rows, V]` to the sampling distribution's logits;
         tokens are drawn from its softmax and scored by its log-softmax. A row that produced `eos_id` emits
         `pad_id` after it; `steps` < `max_new_tokens` when every row finished early."""
+        session = getattr(self._local, "session", None)
+        start = None
+        if session is not None and session.kept is not None and session.kept.weights == self._weights_version():
+            start = self._resumed_start([p for p in prompts for _ in range(n)], session.kept, max_new_tokens, pad_id)
+        if start is None:
+            start = self._fresh_start(prompts, n, max_new_tokens, pad_id, private=session is not None)
+        tokens, logps = self._sample(start, max_new_tokens, process, pad_id, eos_id, generator)
+        if session is not None:
+            session.kept = self._kept_after(start, tokens, eos_id)
+        return tokens, logps
+
+    def _fresh_start(self, prompts: list[list[int]], n: int, max_new_tokens: int, pad_id: int,
+                     private: bool = False) -> _Start:
+        """Every prompt prefilled from its first token (once, shared by its n rows), left-padded."""
         batch = pad_batch(prompts, [[] for _ in prompts], pad_id, side="left")  # generation continues at the right
         ids, mask, positions = (x.to(self.device) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
         rows, width = len(prompts) * n, ids.shape[1]
-        cache, length = self.cache(rows, width + max_new_tokens)
+        cache, length = self.cache(rows, width + max_new_tokens, private)
         # full-length mask: the prompt's padding, then every later position (the causal mask hides the future)
         full_mask = torch.ones(rows, length, dtype=torch.bool, device=self.device)
         full_mask[:, :width] = mask.repeat_interleave(n, 0).bool()
         self._prefill(ids, mask, positions, n, cache, full_mask)
+        contexts = [p for p in prompts for _ in range(n)]
+        return _Start(cache, full_mask, ids[:, -1:].repeat_interleave(n, 0), positions[:, -1:].repeat_interleave(n, 0),
+                      width - 1, contexts, [list(range(width - len(c), width)) for c in contexts])
 
-        token = ids[:, -1:].repeat_interleave(n, 0)  # [rows, 1]
-        position = positions[:, -1:].repeat_interleave(n, 0)
+    def _resumed_start(self, contexts: list[list[int]], kept: _Kept, max_new_tokens: int, pad_id: int) -> _Start | None:
+        """Each row continued from the kept row whose tokens share the longest prefix with its context: those
+        keys and values are copied, the rest of the context is prefilled (a segment, each row's part
+        right-aligned, its padding masked), as a multi-turn episode's next turn needs only the environment's
+        answer prefilled. None (start afresh) where nothing is shared or the holes of masked columns would
+        make the cache more than twice the longest context."""
+        import numpy as np
+
+        longest = max(len(t) for t in kept.tokens)
+        table = np.full((len(kept.tokens), longest), -1, dtype=np.int64)
+        for r, t in enumerate(kept.tokens):
+            table[r, : len(t)] = t
+        source, shared = [], []
+        for context in contexts:
+            width = min(longest, len(context) - 1)  # the context's last token is fed by the first decode step
+            same = np.cumprod(table[:, :width] == np.asarray(context[:width], dtype=np.int64), axis=1).sum(axis=1)
+            best = int(same.argmax()) if len(same) else 0
+            source.append(best)
+            shared.append(int(same[best]) if width > 0 else 0)
+        if not any(shared):
+            return None
+        written = kept.written
+        segment = max(len(c) - s for c, s in zip(contexts, shared)) - 1  # [rows, segment] prefilled
+        if written + segment > 2 * max(len(c) for c in contexts):
+            return None
+        rows = len(contexts)
+        cache, length = self.cache(rows, written + segment + max_new_tokens, private=True)
+        index = torch.tensor(source, device=self.device)
+        for target, old in zip(cache.layers, kept.cache.layers):
+            for dst, src in ((target.keys, old.keys), (target.values, old.values)):
+                dst[:, :, :written].copy_(src[:, :, :written].index_select(0, index))
+            target.cumulative_length.fill_(written)
+        full_mask = torch.zeros(rows, length, dtype=torch.bool, device=self.device)
+        full_mask[:, written + segment:] = True
+        ids = torch.full((rows, max(segment, 1)), pad_id, dtype=torch.long)
+        positions = torch.zeros((rows, max(segment, 1)), dtype=torch.long)
+        columns = []
+        for j, (context, s) in enumerate(zip(contexts, shared)):
+            rest = context[s:-1]  # prefilled in the segment; context[-1] comes with the first decode step
+            first = written + segment - len(rest)
+            reused = kept.columns[source[j]][:s]
+            full_mask[j, reused] = True
+            full_mask[j, first : written + segment] = True
+            ids[j, segment - len(rest) : segment] = torch.tensor(rest, dtype=torch.long)
+            positions[j, segment - len(rest) : segment] = torch.arange(s, len(context) - 1)
+            columns.append(reused + list(range(first, written + segment)) + [written + segment])
+        if segment > 0:
+            self.model(input_ids=ids.to(self.device), attention_mask=full_mask, position_ids=positions.to(self.device),
+                       **cache_arg(cache), use_cache=True, logits_to_keep=1)
+        token = torch.tensor([[c[-1]] for c in contexts], device=self.device)
+        position = torch.tensor([[len(c) - 1] for c in contexts], device=self.device)
+        return _Start(cache, full_mask, token, position, written + segment, contexts, columns)
+
+    def _sample(self, start: _Start, max_new_tokens: int, process: Callable[[Tensor], Tensor], pad_id: int,
+                eos_id: int | None, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """The decode loop from `start`: (tokens, log-probs) `[rows, steps]`."""
+        cache, full_mask, token, position = start.cache, start.mask, start.token, start.position
+        rows = token.shape[0]
         tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=self.device)
         logps = torch.zeros(rows, max_new_tokens, device=self.device)
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
@@ -194,3 +324,20 @@ class StaticDecoder:
                     break
             token, position = nxt[:, None], position + 1
         return tokens[:, :steps], logps[:, :steps]
+
+    def _kept_after(self, start: _Start, tokens: Tensor, eos_id: int | None) -> _Kept:
+        """What the cache holds once `start`'s decode drew `tokens`: each row's context, then the drawn
+        tokens that were fed back (all but the last step's, and none after the row's EOS)."""
+        steps = tokens.shape[1]
+        kept_tokens, kept_columns = [], []
+        for context, columns, drawn in zip(start.contexts, start.columns, tokens[:, : max(steps - 1, 0)].tolist()):
+            if eos_id is not None and eos_id in drawn:
+                drawn = drawn[: drawn.index(eos_id) + 1]
+            kept_tokens.append(context + drawn)
+            kept_columns.append(columns + list(range(start.first + 1, start.first + 1 + len(drawn))))
+        return _Kept(start.cache, start.first + steps, kept_tokens, kept_columns, self._weights_version())
+
+    def _weights_version(self) -> int:
+        """Grows with every in-place change of the weights (an optimizer step, a `load_state_dict`): kept
+        keys and values of older weights are not reused."""
+        return sum(p._version for p in self.model.parameters())
