@@ -564,11 +564,12 @@ def test_repeated_ids_are_found_by_their_whole_key():
     assert first_copies(id_keys(pa.array(drawn))).tolist() == expected
 
 
-def test_stats_on_ray_data_are_the_local_scan_s(tmp_path):
+def test_stats_on_ray_data_are_the_local_scan_s(root):
     """`softrl data stats --ray` (Ray Data: reads by fragment, first copies by a distributed group-by)
-    gives the figures of the one-process scan: repeats, annotations (the newest wins), Q0 counted."""
+    gives the figures of the one-process scan: repeats, annotations (the newest wins), Q0 counted; on a
+    directory and on an S3 server (Ray's readers get the store's S3 options)."""
     pytest.importorskip("ray")
-    store = ExperienceStore(tmp_path / "store")
+    store = ExperienceStore(root)
     rows = [full_trajectory(prompt_id=f"p{i % 7}", response_tokens=[i], source=("online", "human", "pts")[i % 3],
                             reward=(i % 4) / 4, passed=i % 4 == 3, **({"mc_targets": []} if i % 5 else {}))
             for i in range(60)]
@@ -576,7 +577,7 @@ def test_stats_on_ray_data_are_the_local_scan_s(tmp_path):
     store.append([full_trajectory(**{**rows[i].to_row(), "source": "human"}) for i in range(30, 60)])  # 10 repeats
     store.annotate({rows[1].id: [{"t": 1, "success": 0.5, "k": 4}], rows[5].id: []})
     store.put_prompts([{"prompt_id": "p1", "q0_hat": 0.2}, {"prompt_id": "p2"}])
-    proc = softrl("data", "stats", "--ray", "--json", "--store", str(tmp_path / "store"))
+    proc = softrl("data", "stats", "--ray", "--json", "--store", str(root))
     assert proc.returncode == 0, proc.stderr[-2000:]
     on_ray = json.loads(proc.stdout)
     assert on_ray == json.loads(json.dumps(store.stats())) and on_ray["duplicates"] == 10
@@ -605,26 +606,31 @@ def test_rewards_by_prompt_are_first_copies_in_commit_order(root):
     assert store.rewards_by_prompt("human").num_rows == 0
 
 
+def q0_from_store(where, extra: list[str], expected: dict[str, list[float]]) -> None:
+    """`softrl q0 --from-store` (with `extra` options) at `where` writes each prompt's Q0 of `expected`."""
+    from softrl.annotate.q0 import soft_value
+
+    proc = softrl("q0", "--from-store", "--store", str(where), "--model", "my-sampler", "--beta", "0.5", "--json",
+                  *extra)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["prompts"] == 3 and json.loads(proc.stdout)["samples"] == 12
+    stored = ExperienceStore(where).prompts()
+    assert {p: r["q0_rewards"] for p, r in stored.items()} == expected
+    assert all(r["q0_hat"] == pytest.approx(soft_value(expected[p], 0.5)) and r["q0_model"] == "my-sampler"
+               and r["q0_k"] == 4 and r["text"] == f"prompt {p[1]}" and r["task"] == "countdown"
+               for p, r in stored.items())
+
+
 def test_q0_from_stored_samples_locally_and_on_ray_data(tmp_path):
     """`softrl q0 --from-store`: each prompt's Q0 from the reference rows already in the store (first copies
     only: a later copy's other reward does not count; other sources are left out), the same by the
     one-process scan and on Ray Data, written to the prompts table with its rewards; another model's Q0
     is replaced only when asked. `softrl data q0` is its older spelling, the same command."""
-    from softrl.annotate.q0 import soft_value
-
     _, expected = reference_samples(tmp_path / "store")
     ray_store = tmp_path / "ray-store"
     shutil.copytree(tmp_path / "store", ray_store)
     for where, extra in ((tmp_path / "store", []), *([(ray_store, ["--ray"])] if has_ray() else [])):
-        proc = softrl("q0", "--from-store", "--store", str(where), "--model", "my-sampler", "--beta", "0.5", "--json",
-                      *extra)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert json.loads(proc.stdout)["prompts"] == 3 and json.loads(proc.stdout)["samples"] == 12
-        stored = ExperienceStore(where).prompts()
-        assert {p: r["q0_rewards"] for p, r in stored.items()} == expected
-        assert all(r["q0_hat"] == pytest.approx(soft_value(expected[p], 0.5)) and r["q0_model"] == "my-sampler"
-                   and r["q0_k"] == 4 and r["text"] == f"prompt {p[1]}" and r["task"] == "countdown"
-                   for p, r in stored.items())
+        q0_from_store(where, extra, expected)
     proc = softrl("q0", "--from-store", "--store", str(tmp_path / "store"), "--model", "another-sampler")
     assert proc.returncode != 0 and proc.stderr.strip().endswith(
         "3 prompts have Q0 from another model already (prompt p0: 'my-sampler', not 'another-sampler'): --force "
@@ -634,6 +640,15 @@ def test_q0_from_stored_samples_locally_and_on_ray_data(tmp_path):
     assert proc.returncode == 0 and ExperienceStore(tmp_path / "store").prompts()["p0"]["q0_model"] == "another-sampler"
     proc = softrl("data", "q0", "--store", str(tmp_path / "store"), "--source", "human")
     assert proc.returncode != 0 and proc.stderr.strip().endswith("no trajectories of source 'human'")
+
+
+def test_q0_from_stored_samples_on_ray_data_on_an_s3_server(s3_env):
+    """Ray Data's readers of an s3:// store get its S3 options (endpoint, credentials): `q0 --from-store
+    --ray` on SeaweedFS writes what the one-process scan writes."""
+    pytest.importorskip("ray")
+    where = f"s3://{s3_env.bucket}/{uuid.uuid4().hex[:12]}"
+    _, expected = reference_samples(where)
+    q0_from_store(where, ["--ray"], expected)
 
 
 def has_ray() -> bool:
