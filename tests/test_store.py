@@ -564,6 +564,21 @@ def test_repeated_ids_are_found_by_their_whole_key():
     assert first_copies(id_keys(pa.array(drawn))).tolist() == expected
 
 
+def test_first_copies_by_handle_in_scan_order_or_any_other():
+    """Each id's copy of the lowest row handle, in handle order, whether the rows come in handle order (a
+    pool's scan: no reordering) or shuffled; runs of three or more ids that share their first word too."""
+    from softrl.data.pool import first_by_handle, id_keys
+
+    many = [f"{random.Random(i % 40).getrandbits(64):016x}{i % 3:016x}" for i in range(120)]  # 3 ids a first word
+    drawn = random.Random(1).choices(many, k=1500)
+    keys, handles = id_keys(pa.array(drawn)), np.arange(1500, dtype=np.uint64) * 7 + 3
+    expected = sorted({x: i for i, x in reversed(list(enumerate(drawn)))}.values())
+    assert first_by_handle(handles, keys).tolist() == expected
+    shuffled = np.random.default_rng(0).permutation(1500)
+    got = first_by_handle(handles[shuffled], keys[shuffled])
+    assert shuffled[got].tolist() == expected
+
+
 def test_stats_on_ray_data_are_the_local_scan_s(root):
     """`softrl data stats --ray` (Ray Data: reads by fragment, first copies by a distributed group-by)
     gives the figures of the one-process scan: repeats, annotations (the newest wins), Q0 counted; on a

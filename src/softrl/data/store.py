@@ -25,7 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from softrl.data import legacy
-from softrl.data.pool import HeldColumns, KeySet, LaterCopies, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted
+from softrl.data.pool import (
+    HeldColumns, KeySet, LaterCopies, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted, owned,
+)
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
 from softrl.data.lance_table import LanceTable, table_file
 from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, Table, damaged
@@ -285,15 +287,19 @@ class ExperienceStore:
         for batch in table.batches(version, ["id", *HELD] + (["mc_targets"] if annotated else []), where, True):
             batch_keys = id_keys(batch["id"])
             keeps.append(targets.of(batch_keys, batch["mc_targets"]) if targets else np.ones(batch.num_rows, dtype=bool))
-            handles.append(batch[HANDLE].to_numpy())
+            handles.append(owned(batch[HANDLE]))
             keys.append(batch_keys)
             held.add(batch)
-        handle = np.concatenate(handles) if handles else np.empty(0, dtype=np.uint64)
-        first = first_by_handle(handle, np.concatenate(keys) if keys else np.empty((0, 2), dtype=np.uint64))
+        # each list replaced by its concatenation, so that the batches' parts are not held beside it
+        handles = np.concatenate(handles) if handles else np.empty(0, dtype=np.uint64)
+        keys = np.concatenate(keys) if keys else np.empty((0, 2), dtype=np.uint64)
+        first = first_by_handle(handles, keys)
         del keys
         if len(first):
             first = first[np.concatenate(keeps)[first]]  # the first copy decides, as `trajectories` does
-        handle = handle[first]
+        del keeps
+        handle = handles[first]
+        del handles
         held.keep(first)
         wide = [f.name for f in TRAJECTORY_SCHEMA if f.name not in HELD]
         noted = self.tables["annotations"].count(snapshot.versions["annotations"]) > 0  # else no join to read
@@ -368,11 +374,11 @@ class ExperienceStore:
         columns: dict[str, list[np.ndarray]] = {k: [] for k in ("handle", "key", "prompt", "reward", "passed")}
         for batch in table.batches(version, ["id", "prompt_id", "reward", "passed"], pc.field("source") == source,
                                    handles=True):
-            columns["handle"].append(batch[HANDLE].to_numpy())
+            columns["handle"].append(owned(batch[HANDLE]))
             columns["key"].append(id_keys(batch["id"]))
             columns["prompt"].append(encode(batch["prompt_id"], names))
-            columns["reward"].append(batch["reward"].to_numpy(zero_copy_only=False))
-            columns["passed"].append(batch["passed"].to_numpy(zero_copy_only=False))
+            columns["reward"].append(owned(batch["reward"]))
+            columns["passed"].append(owned(batch["passed"]))
         if not names:
             return PROMPT_REWARDS.empty_table()
         rows = {k: np.concatenate(v) for k, v in columns.items()}
