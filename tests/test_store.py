@@ -569,14 +569,16 @@ def test_first_copies_by_handle_in_scan_order_or_any_other():
     pool's scan: no reordering) or shuffled; runs of three or more ids that share their first word too."""
     from softrl.data.pool import first_by_handle, id_keys
 
-    many = [f"{random.Random(i % 40).getrandbits(64):016x}{i % 3:016x}" for i in range(120)]  # 3 ids a first word
-    drawn = random.Random(1).choices(many, k=1500)
-    keys, handles = id_keys(pa.array(drawn)), np.arange(1500, dtype=np.uint64) * 7 + 3
-    expected = sorted({x: i for i, x in reversed(list(enumerate(drawn)))}.values())
-    assert first_by_handle(handles, keys).tolist() == expected
-    shuffled = np.random.default_rng(0).permutation(1500)
-    got = first_by_handle(handles[shuffled], keys[shuffled])
-    assert shuffled[got].tolist() == expected
+    shared_first_words = [f"{random.Random(i % 40).getrandbits(64):016x}{i % 3:016x}" for i in range(120)]
+    sequential = [f"{i:032x}" for i in range(300)]  # first halves all 0
+    for many in (shared_first_words, sequential):
+        drawn = random.Random(1).choices(many, k=1500)
+        keys, handles = id_keys(pa.array(drawn)), np.arange(1500, dtype=np.uint64) * 7 + 3
+        expected = sorted({x: i for i, x in reversed(list(enumerate(drawn)))}.values())
+        assert first_by_handle(handles, keys).tolist() == expected
+        shuffled = np.random.default_rng(0).permutation(1500)
+        got = first_by_handle(handles[shuffled], keys[shuffled])
+        assert shuffled[got].tolist() == expected
 
 
 def test_stats_on_ray_data_are_the_local_scan_s(root):

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from softrl.data import legacy
 from softrl.data.pool import (
     HeldColumns, KeySet, LaterCopies, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted, owned,
+    sorted_distinct,
 )
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
 from softrl.data.lance_table import LanceTable, table_file
@@ -94,7 +95,7 @@ def prompt_hashes(values: pa.Array) -> np.ndarray:
 
 
 def distinct(parts: list[np.ndarray]) -> np.ndarray:
-    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+    return sorted_distinct(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
 
 
 class SourceSums:
@@ -113,7 +114,7 @@ class SourceSums:
             values = values[~np.isnan(values)]
             self.known[name][0] += len(values)
             self.known[name][1] += float(values.sum())
-        self.recent.append(np.unique(prompts))
+        self.recent.append(sorted_distinct(prompts))
         self.recent_size += len(self.recent[-1])
         if self.recent_size > max(len(self.seen), 1 << 16):
             self.prompts()
