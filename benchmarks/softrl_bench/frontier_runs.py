@@ -14,14 +14,10 @@ import math
 import statistics
 from pathlib import Path
 
-from softrl_bench.learning import check_same_settings, curves, difference, settings_of
+from softrl_bench.learning import check_same_settings, curves, difference, finished, run_records, settings_of
 from softrl.config import ConfigError, RunConfig
 
 EVAL_SAMPLES = 20  # per held-out prompt: pass@k for k = 1..20
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def mean(values: list[float]) -> float:
@@ -36,13 +32,13 @@ def measured(config: RunConfig) -> dict | None:
     """A finished run's final evaluation (pass@k for every k, KL(pi || pi0), distinct), samples generated,
     its lag's distribution over the learner steps, and the last third's per-step diagnostics; None if
     the run has not finished."""
-    if not (config.run_dir / "summary.json").is_file():
+    if not finished(config.run_dir):
         return None
     try:  # a folder finished with other settings (another preset, another grid) is not this run
         check_same_settings(config)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    log = records(config.run_dir)
+    log = run_records(config.run_dir)
     evals = [r for r in log if "eval/pass@1" in r]
     last = evals[-1]
     steps = [r for r in log if "loss" in r]

@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from softrl_bench.learning import base_overrides, curves, final, generated_prompts, judged, mean_over_training, with_base
+from softrl_bench.learning import base_overrides, curves, final, finished, generated_prompts, judged, mean_over_training, with_base
 from softrl.config import RunConfig, config_from
 
 ROLES = ("A", "baseline", "B", "C", "B-only", "C-only")
@@ -130,7 +130,7 @@ def report(configs: list[RunConfig], runs: Path) -> dict:
     for i in range(len(configs) // len(ROLES)):
         row = {"lineage": i}
         for config in configs[i * len(ROLES):(i + 1) * len(ROLES)]:
-            if not (config.run_dir / "summary.json").is_file():
+            if not finished(config.run_dir):
                 continue
             curve = curves(config.run_dir)
             by_role.setdefault(config.name, {})[i] = curve

@@ -153,21 +153,26 @@ WEIGHTS_RECORD = "model-weights.txt"  # in a finished run's folder: the digest o
 def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], None] | None = None,
             log: Callable[[str], None] = lambda m: None, before: Callable[[RunConfig], None] | None = None,
             after: Callable[[RunConfig], None] | None = None, shared=None) -> None:
-    """Train each config in turn; a run with a summary.json is done and kept (a killed benchmark
+    """Train each config in turn; a finished run (a summary.json, or diverged) is done and kept (a killed benchmark
     resumes where it stopped), a run without one starts over, after `before(config)` (e.g. its store);
     `after(config)` once it has finished. `shared`: a `softrl_bench.start_eval.SharedStartEval`, where runs
     that start alike share their evaluation before training."""
     from softrl.runtime.local import train
 
+    from softrl.training.learner import NonFiniteLossError
+
     for i, config in enumerate(configs):
-        if (config.run_dir / "summary.json").is_file():
+        if finished(config.run_dir):
             check_same_settings(config)
             continue
         shutil.rmtree(config.run_dir, ignore_errors=True)
         if before is not None:
             before(config)
-        train(config, on_step=(lambda r, i=i, c=config: on_step(i, c, r)) if on_step else None, log=log,
-              start_eval=shared.for_run(config) if shared is not None else None)
+        try:
+            train(config, on_step=(lambda r, i=i, c=config: on_step(i, c, r)) if on_step else None, log=log,
+                  start_eval=shared.for_run(config) if shared is not None else None)
+        except NonFiniteLossError as error:  # an outcome of its learning rate, not a failure of the benchmark
+            (config.run_dir / DIVERGED).write_text(json.dumps({"error": str(error)}))
         weights = settings_of(config).get("model.weights")  # after training: a bootstrap may be built by it
         if weights:
             (config.run_dir / WEIGHTS_RECORD).write_text(weights)
@@ -252,11 +257,34 @@ EVAL_KEYS = ("pass@1", "pass@10", "success_per_sample", "kl_to_reference", "mean
              "first_turn_pass@10")  # the last three: episodes only
 
 
+DIVERGED = "diverged.json"  # a run whose loss stopped being finite (`NonFiniteLossError`): its error
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether a run ended: trained to its last step (summary.json), or diverged."""
+    return (run_dir / "summary.json").is_file() or (run_dir / DIVERGED).is_file()
+
+
+def run_records(run_dir: Path) -> list[dict]:
+    """The run's metrics records; a diverged run's end with one more evaluation, at the samples generated
+    by then: its policy, no longer a finite function of its data, solves nothing (every pass@k and success
+    rate 0, the other figures unknown; `diverged` holds the error)."""
+    log = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] \
+        if (run_dir / "metrics.jsonl").is_file() else []
+    if (run_dir / DIVERGED).is_file():
+        last = log[-1] if log else {}
+        shown = next((r for r in reversed(log) if "eval/pass@1" in r), {"eval/pass@1": 0.0})
+        solved = {k: 0.0 for k in shown if k.startswith(("eval/pass@", "eval/first_turn_pass@"))
+                  or k in ("eval/success_per_sample", "eval/solved_problems")}
+        log.append({"step": last.get("step", 0), "samples": last.get("samples", 0), "time": last.get("time", 0.0),
+                    **solved, "diverged": json.loads((run_dir / DIVERGED).read_text())["error"]})
+    return log
+
+
 def curves(run_dir: Path) -> list[dict]:
     """The run's evaluation points: step, samples generated, training wall time and the eval numbers."""
     points = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in run_records(run_dir):
         if "eval/pass@1" in r:
             points.append({"step": r["step"], "samples": r["samples"], "time": r["time"],
                            **{k: r.get(f"eval/{k}") for k in EVAL_KEYS}})
@@ -359,7 +387,7 @@ def collect(configs: list[RunConfig]) -> dict[str, dict[int, list[dict]]]:
     """method -> seed -> curve, for the finished runs among `configs`."""
     runs: dict[str, dict[int, list[dict]]] = {}
     for config in configs:
-        if (config.run_dir / "summary.json").is_file():
+        if finished(config.run_dir):
             method = config.name.rsplit("-s", 1)[0]
             runs.setdefault(method, {})[config.seed] = curves(config.run_dir)
     return runs
