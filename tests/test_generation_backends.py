@@ -389,6 +389,7 @@ def test_a_prefix_session_prefills_only_what_the_prompts_add_and_draws_what_a_fr
             kept = prefills.widths
             prefills.widths = []
             third = generator.generate(contexts, SamplingParams(n=1, max_new_tokens=10, temperature=0.9, seed=1))
+            assert prefills.widths == []  # every context cached but its last token, which the first step feeds
         fresh = StaticCacheGenerator(biased, tok, compile=False).generate(
             contexts, SamplingParams(n=1, max_new_tokens=10, temperature=0.9, seed=1))
         whole = prefills.widths[-1]
@@ -429,7 +430,7 @@ def test_outside_a_prefix_session_and_compiled_nothing_is_kept(tiny):
     assert getattr(generator.decoder._local, "session", None) is None
     with generator.prefix_session():
         generator.generate(prompts, SamplingParams(n=2, max_new_tokens=4, seed=0))
-        assert generator.decoder._local.session.kept is not None
+        assert len(generator.decoder._local.session.current) == 1
         seen = []  # another thread is outside this thread's session
         thread = threading.Thread(target=lambda: seen.append(getattr(generator.decoder._local, "session", None)))
         thread.start()
@@ -439,3 +440,33 @@ def test_outside_a_prefix_session_and_compiled_nothing_is_kept(tiny):
     compiled = StaticDecoder(model, compile=True)
     with compiled.prefix_session():
         assert getattr(compiled._local, "session", None) is None
+
+
+def test_a_prefix_session_continues_every_chunk_of_a_call_and_samples_n_a_prompt(tiny):
+    """A call larger than `max_batch` decodes in chunks: each continues from any chunk of the call before
+    (rows move between chunks as episodes end); n samples of a prompt continue from its cached prefix too."""
+    _, model, tok = tiny
+    prompts = _encode(tok, ["3 7 25 -> 178\n", "1 2 -> 3\n", "9 9 -> 18\n"])
+    session_generator = StaticCacheGenerator(model, tok, max_batch=4, compile=False)
+    fresh_generator = StaticCacheGenerator(model, tok, max_batch=4, compile=False)
+    prefills = _Prefills(model)
+    try:
+        with session_generator.prefix_session():
+            first = session_generator.generate(prompts, SamplingParams(n=2, max_new_tokens=6, seed=0))  # chunks 4 + 2
+            contexts = [prompts[s.prompt_index] + s.tokens + _encode(tok, [" ok" * (i % 3)])[0] + [tok.eos_token_id]
+                        for i, s in enumerate(first)][::-1][:5]  # another order, one row fewer
+            prefills.widths = []
+            second = session_generator.generate(contexts, SamplingParams(n=1, max_new_tokens=6, seed=1))
+            resumed = prefills.widths
+            prefills.widths = []
+            third = session_generator.generate(contexts[:2], SamplingParams(n=3, max_new_tokens=6, seed=2))
+            assert prefills.widths == []
+        for got, params, asked in ((second, SamplingParams(n=1, max_new_tokens=6, seed=1), contexts),
+                                   (third, SamplingParams(n=3, max_new_tokens=6, seed=2), contexts[:2])):
+            fresh = fresh_generator.generate(asked, params)
+            assert [s.tokens for s in got] == [s.tokens for s in fresh]
+            for a, b in zip(got, fresh):
+                assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    finally:
+        prefills.close()
+    assert len(resumed) == 2 and max(resumed) <= len(" ok" * 2) + 1  # two chunks, each prefilling only what was added

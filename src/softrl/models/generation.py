@@ -198,6 +198,7 @@ class StaticCacheGenerator:
         device = self.decoder.device
         generator = None if params.seed is None else torch.Generator(device).manual_seed(params.seed)
         samples: list[Sample] = []
+        self.decoder.next_call()
         for offset, chunk in prompt_chunks(prompts, params, self.max_batch):
             rows = len(chunk) * params.n
             temps = draw_temperatures(rng, params, rows)
@@ -213,7 +214,7 @@ class StaticCacheGenerator:
 
     def prefix_session(self):
         """`StaticDecoder.prefix_session`: successive calls in it prefill only what their prompts add to the
-        previous call's (one chunk of `max_batch` rows is kept: a larger call reuses less)."""
+        previous call's prompts and samples (each chunk of `max_batch` rows continues from any of them)."""
         return self.decoder.prefix_session()
 
 

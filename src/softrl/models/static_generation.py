@@ -99,7 +99,14 @@ class _Kept:
 
 @dataclass
 class _Session:
-    kept: _Kept | None = None
+    """A prefix session's kept caches: one per chunk of the last generate call (`previous`), from which
+    the chunks of this one continue, and this call's so far (`current`)."""
+
+    previous: list[_Kept]
+    current: list[_Kept]
+
+    def next_call(self) -> None:
+        self.previous, self.current = self.current, []
 
 
 class StaticDecoder:
@@ -118,6 +125,7 @@ class StaticDecoder:
         self.compiled = compile is True or (compile == "auto" and self.device.type == "cuda")
         self._caches: dict[int, tuple] = {}  # rows -> (StaticCache, length)
         self._local = threading.local()  # .session: this thread's prefix session (`prefix_session`)
+        self._plain: bool | None = None  # whether every cache layer is a plain static one (`prefix_session`)
         self.kept = KEPT_CACHES.get(self.device.type, 1)
         self.cache_name = cache_name()  # read here, not in the compiled graph
         self._step = self._forward
@@ -173,15 +181,23 @@ class StaticDecoder:
         (sliding-window, hybrid); kept keys and values of weights that changed since are not used."""
         from transformers.cache_utils import StaticLayer
 
-        plain = all(type(layer) is StaticLayer for layer in self.cache(1, 1, private=True)[0].layers)
-        if self.compiled or not plain or getattr(self._local, "session", None) is not None:
+        if self._plain is None:
+            self._plain = all(type(layer) is StaticLayer for layer in self.cache(1, 1, private=True)[0].layers)
+        if self.compiled or not self._plain or getattr(self._local, "session", None) is not None:
             yield
             return
-        self._local.session = _Session()
+        self._local.session = _Session([], [])
         try:
             yield
         finally:
             self._local.session = None
+
+    def next_call(self) -> None:
+        """A new generate call begins (its chunks are decoded one by one): they continue from the chunks of
+        the call before, not from each other."""
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            session.next_call()
 
     def _prefill(self, ids: Tensor, mask: Tensor, positions: Tensor, n: int, cache, full_mask: Tensor) -> None:
         """Run the prompts' tokens but the last into `cache` (rows = prompts x n, prompt-major)."""
@@ -222,14 +238,14 @@ class StaticDecoder:
         tokens are drawn from its softmax and scored by its log-softmax. A row that produced `eos_id` emits
         `pad_id` after it; `steps` < `max_new_tokens` when every row finished early."""
         session = getattr(self._local, "session", None)
-        start = None
-        if session is not None and session.kept is not None and session.kept.weights == self._weights_version():
-            start = self._resumed_start([p for p in prompts for _ in range(n)], session.kept, max_new_tokens, pad_id)
+        weights = self._weights_version()  # before the decode: keys and values of these weights are kept
+        kept = [k for k in session.previous if k.weights == weights] if session is not None else []
+        start = self._resumed_start([p for p in prompts for _ in range(n)], kept, max_new_tokens, pad_id) if kept else None
         if start is None:
             start = self._fresh_start(prompts, n, max_new_tokens, pad_id, private=session is not None)
         tokens, logps = self._sample(start, max_new_tokens, process, pad_id, eos_id, generator)
         if session is not None:
-            session.kept = self._kept_after(start, tokens, eos_id)
+            session.current.append(self._kept_after(start, tokens, eos_id, weights))
         return tokens, logps
 
     def _fresh_start(self, prompts: list[list[int]], n: int, max_new_tokens: int, pad_id: int,
@@ -247,38 +263,45 @@ class StaticDecoder:
         return _Start(cache, full_mask, ids[:, -1:].repeat_interleave(n, 0), positions[:, -1:].repeat_interleave(n, 0),
                       width - 1, contexts, [list(range(width - len(c), width)) for c in contexts])
 
-    def _resumed_start(self, contexts: list[list[int]], kept: _Kept, max_new_tokens: int, pad_id: int) -> _Start | None:
-        """Each row continued from the kept row whose tokens share the longest prefix with its context: those
-        keys and values are copied, the rest of the context is prefilled (a segment, each row's part
-        right-aligned, its padding masked), as a multi-turn episode's next turn needs only the environment's
-        answer prefilled. None (start afresh) where nothing is shared or the holes of masked columns would
-        make the cache more than twice the longest context."""
+    def _resumed_start(self, contexts: list[list[int]], kept: list[_Kept], max_new_tokens: int,
+                       pad_id: int) -> _Start | None:
+        """Each row continued from the kept row (of any of `kept`) whose tokens share the longest prefix with
+        its context: those keys and values are copied, the rest of the context is prefilled (a segment, each
+        row's part right-aligned, its padding masked), as a multi-turn episode's next turn needs only the
+        environment's answer prefilled. None (start afresh) where nothing is shared or the holes of masked
+        columns would make the cache more than twice the longest context. The matching compares every
+        context with every kept row: O(rows^2 x length) integer comparisons, in numpy."""
         import numpy as np
 
-        longest = max(len(t) for t in kept.tokens)
-        table = np.full((len(kept.tokens), longest), -1, dtype=np.int64)
-        for r, t in enumerate(kept.tokens):
-            table[r, : len(t)] = t
+        rows_of = [(part, r) for part in kept for r in range(len(part.tokens))]
+        longest = max(len(part.tokens[r]) for part, r in rows_of)
+        table = np.full((len(rows_of), longest), -1, dtype=np.int64)
+        for i, (part, r) in enumerate(rows_of):
+            table[i, : len(part.tokens[r])] = part.tokens[r]
         source, shared = [], []
         for context in contexts:
             width = min(longest, len(context) - 1)  # the context's last token is fed by the first decode step
             same = np.cumprod(table[:, :width] == np.asarray(context[:width], dtype=np.int64), axis=1).sum(axis=1)
-            best = int(same.argmax()) if len(same) else 0
-            source.append(best)
+            best = int(same.argmax())
+            source.append(rows_of[best])
             shared.append(int(same[best]) if width > 0 else 0)
         if not any(shared):
             return None
-        written = kept.written
+        written = max(part.written for (part, _), s in zip(source, shared) if s)
         segment = max(len(c) - s for c, s in zip(contexts, shared)) - 1  # [rows, segment] prefilled
         if written + segment > 2 * max(len(c) for c in contexts):
             return None
         rows = len(contexts)
         cache, length = self.cache(rows, written + segment + max_new_tokens, private=True)
-        index = torch.tensor(source, device=self.device)
-        for target, old in zip(cache.layers, kept.cache.layers):
-            for dst, src in ((target.keys, old.keys), (target.values, old.values)):
-                dst[:, :, :written].copy_(src[:, :, :written].index_select(0, index))
+        for target in cache.layers:
             target.cumulative_length.fill_(written)
+        for part in {id(part): part for (part, _), s in zip(source, shared) if s}.values():
+            into = [j for j, ((p, _), s) in enumerate(zip(source, shared)) if s and p is part]
+            index = torch.tensor([source[j][1] for j in into], device=self.device)
+            into = torch.tensor(into, device=self.device)
+            for target, old in zip(cache.layers, part.cache.layers):
+                for dst, src in ((target.keys, old.keys), (target.values, old.values)):
+                    dst[into, :, : part.written] = src[:, :, : part.written].index_select(0, index)
         full_mask = torch.zeros(rows, length, dtype=torch.bool, device=self.device)
         full_mask[:, written + segment:] = True
         ids = torch.full((rows, max(segment, 1)), pad_id, dtype=torch.long)
@@ -287,7 +310,8 @@ class StaticDecoder:
         for j, (context, s) in enumerate(zip(contexts, shared)):
             rest = context[s:-1]  # prefilled in the segment; context[-1] comes with the first decode step
             first = written + segment - len(rest)
-            reused = kept.columns[source[j]][:s]
+            part, r = source[j]
+            reused = part.columns[r][:s]
             full_mask[j, reused] = True
             full_mask[j, first : written + segment] = True
             ids[j, segment - len(rest) : segment] = torch.tensor(rest, dtype=torch.long)
@@ -325,7 +349,7 @@ class StaticDecoder:
             token, position = nxt[:, None], position + 1
         return tokens[:, :steps], logps[:, :steps]
 
-    def _kept_after(self, start: _Start, tokens: Tensor, eos_id: int | None) -> _Kept:
+    def _kept_after(self, start: _Start, tokens: Tensor, eos_id: int | None, weights: int) -> _Kept:
         """What the cache holds once `start`'s decode drew `tokens`: each row's context, then the drawn
         tokens that were fed back (all but the last step's, and none after the row's EOS)."""
         steps = tokens.shape[1]
@@ -335,7 +359,7 @@ class StaticDecoder:
                 drawn = drawn[: drawn.index(eos_id) + 1]
             kept_tokens.append(context + drawn)
             kept_columns.append(columns + list(range(start.first + 1, start.first + 1 + len(drawn))))
-        return _Kept(start.cache, start.first + steps, kept_tokens, kept_columns, self._weights_version())
+        return _Kept(start.cache, start.first + steps, kept_tokens, kept_columns, weights)
 
     def _weights_version(self) -> int:
         """Grows with every in-place change of the weights (an optimizer step, a `load_state_dict`): kept

@@ -25,7 +25,9 @@ TIMEOUT = timedelta(minutes=30)
 def weight_tensors(model) -> list[Tensor]:
     """The trained tensors of `model`, in a fixed order (a tied weight once; buffers such as rotary
     frequencies never change in training and are left out)."""
-    return [p.data for p in model.parameters()]
+    # detached, not .data: a copy into them then counts as a change of the parameter (its _version), which a
+    # generator's prefix session reads before reusing keys and values (models/static_generation.py)
+    return [p.detach() for p in model.parameters()]
 
 
 def buckets(tensors: list[Tensor]) -> list[list[Tensor]]:
