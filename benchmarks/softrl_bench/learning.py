@@ -158,7 +158,6 @@ def run_all(configs: list[RunConfig], on_step: Callable[[int, RunConfig, dict], 
     `after(config)` once it has finished. `shared`: a `softrl_bench.start_eval.SharedStartEval`, where runs
     that start alike share their evaluation before training."""
     from softrl.runtime.local import train
-
     from softrl.training.learner import NonFiniteLossError
 
     for i, config in enumerate(configs):

@@ -70,11 +70,20 @@ def cuda_graphs_in_this_thread() -> None:
     torch._C._stash_obj_in_tls("tree_manager_locks", local.tree_manager_locks)
 
 
+def plain_static(cache) -> bool:
+    """Whether every layer of `cache` is a plain static one (not sliding-window, not hybrid): its rows'
+    keys and values can be copied between caches column for column."""
+    from transformers.cache_utils import StaticLayer
+
+    return all(type(layer) is StaticLayer for layer in cache.layers)
+
+
 @dataclass
 class _Start:
     """Where a decode starts: the cache with each row's context in it but the last token, the attention
     mask over its columns `[rows, length]`, the last tokens and their positions `[rows, 1]`, the column
-    the first step writes (`first`), and each row's context with the columns its tokens sit in."""
+    the first step writes (`first`), and each row's context with the columns its tokens sit in (None:
+    each context's, contiguous, ending at `first`)."""
 
     cache: object
     mask: Tensor
@@ -82,7 +91,7 @@ class _Start:
     position: Tensor
     first: int
     contexts: list[list[int]]
-    columns: list[list[int]]
+    columns: list[list[int]] | None
 
 
 @dataclass
@@ -179,10 +188,8 @@ class StaticDecoder:
         Outside a session nothing is kept between calls. Off (each call starts afresh) where the decode step
         is compiled (its graphs are recorded on fixed cache tensors) or a layer is not a plain static one
         (sliding-window, hybrid); kept keys and values of weights that changed since are not used."""
-        from transformers.cache_utils import StaticLayer
-
         if self._plain is None:
-            self._plain = all(type(layer) is StaticLayer for layer in self.cache(1, 1, private=True)[0].layers)
+            self._plain = plain_static(self.cache(1, 1, private=True)[0])
         if self.compiled or not self._plain or getattr(self._local, "session", None) is not None:
             yield
             return
@@ -201,12 +208,10 @@ class StaticDecoder:
 
     def _prefill(self, ids: Tensor, mask: Tensor, positions: Tensor, n: int, cache, full_mask: Tensor) -> None:
         """Run the prompts' tokens but the last into `cache` (rows = prompts x n, prompt-major)."""
-        from transformers.cache_utils import StaticLayer
-
         width = ids.shape[1] - 1
         if width < 1:
             return
-        shareable = n > 1 and all(type(layer) is StaticLayer for layer in cache.layers)
+        shareable = n > 1 and plain_static(cache)
         if not shareable:  # n == 1, or sliding-window / hybrid layers: prefill every row into the cache
             self.model(input_ids=ids[:, :width].repeat_interleave(n, 0), attention_mask=full_mask,
                        position_ids=positions[:, :width].repeat_interleave(n, 0), **cache_arg(cache),
@@ -238,7 +243,8 @@ class StaticDecoder:
         tokens are drawn from its softmax and scored by its log-softmax. A row that produced `eos_id` emits
         `pad_id` after it; `steps` < `max_new_tokens` when every row finished early."""
         session = getattr(self._local, "session", None)
-        weights = self._weights_version()  # before the decode: keys and values of these weights are kept
+        # read before the decode: the keys and values it leaves are of these weights
+        weights = self._weights_version() if session is not None else None
         kept = [k for k in session.previous if k.weights == weights] if session is not None else []
         start = self._resumed_start([p for p in prompts for _ in range(n)], kept, max_new_tokens, pad_id) if kept else None
         if start is None:
@@ -259,9 +265,8 @@ class StaticDecoder:
         full_mask = torch.ones(rows, length, dtype=torch.bool, device=self.device)
         full_mask[:, :width] = mask.repeat_interleave(n, 0).bool()
         self._prefill(ids, mask, positions, n, cache, full_mask)
-        contexts = [p for p in prompts for _ in range(n)]
         return _Start(cache, full_mask, ids[:, -1:].repeat_interleave(n, 0), positions[:, -1:].repeat_interleave(n, 0),
-                      width - 1, contexts, [list(range(width - len(c), width)) for c in contexts])
+                      width - 1, [p for p in prompts for _ in range(n)], None)
 
     def _resumed_start(self, contexts: list[list[int]], kept: list[_Kept], max_new_tokens: int,
                        pad_id: int) -> _Start | None:
@@ -354,7 +359,8 @@ class StaticDecoder:
         tokens that were fed back (all but the last step's, and none after the row's EOS)."""
         steps = tokens.shape[1]
         kept_tokens, kept_columns = [], []
-        for context, columns, drawn in zip(start.contexts, start.columns, tokens[:, : max(steps - 1, 0)].tolist()):
+        columns_of = start.columns or [list(range(start.first + 1 - len(c), start.first + 1)) for c in start.contexts]
+        for context, columns, drawn in zip(start.contexts, columns_of, tokens[:, : max(steps - 1, 0)].tolist()):
             if eos_id is not None and eos_id in drawn:
                 drawn = drawn[: drawn.index(eos_id) + 1]
             kept_tokens.append(context + drawn)
