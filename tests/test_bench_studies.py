@@ -410,6 +410,7 @@ def test_feedback_study_arms_generate_alike_and_the_logged_ones_nothing(tmp_path
     tis, half = by_arm["grpo-tis-half"], by_arm["spo-half"]
     assert tis.data.objective.is_correction == "token_truncate" and tis.data.mix == half.data.mix
     assert tis.data.offline_sources == half.data.offline_sources == ["reference"] and half.data.offline_passed_only
+    assert not tis.data.offline_passed_only  # GRPO needs whole groups: the passed episodes alone give none
     assert len({c.data.store for c in tuning}) == len(tuning)
 
 

@@ -8,8 +8,8 @@ batch is twice that, its other half from the store; an arm from logged data gene
   the problems' known, human-written solutions); ppo and grpo, online; cispo-half: of the off-policy
   baselines (GRPO with TIS, CISPO, TOPR) the one with the best pass@1 at lag 1 in `bench frontier`, on
   spo-half's data.
-- feedback: spo-online, spo-half, ppo, grpo and grpo-tis-half (GRPO with TIS on spo-half's data: online
-  alone, in the sync runtime, its weights are 1); then spo, agro-off, topr and kl-pg offline from logged
+- feedback: spo-online, spo-half, ppo, grpo and grpo-tis-half (GRPO with TIS, its other half the reference's
+  episodes passed or not, since GRPO needs whole groups; online alone, in the sync runtime, its weights are 1); then spo, agro-off, topr and kl-pg offline from logged
   traces of another agent (`logged_traces`: its conversations, rewards and no log-probs, imported as
   `softrl data import` reads a chat file).
 
@@ -176,14 +176,16 @@ FEEDBACK = Study("feedback", "tinycode-feedback", {
     "kl-pg-logged": Arm({"algorithm": "kl-pg"}, OFFLINE, LOGGED, passed_only=False),
     "spo-online": Arm(SPO, {"online": 1.0}),
     "spo-half": Arm(SPO, HALF),
-    "grpo-tis-half": Arm({"algorithm": "grpo", "is_correction": "token_truncate"}, HALF),
+    # GRPO learns from groups of samples_per_prompt responses to a prompt, and the reference's passed episodes
+    # give almost none (its offline half was empty, 2026-11-29): this arm's offline half is all of them, graded
+    "grpo-tis-half": Arm({"algorithm": "grpo", "is_correction": "token_truncate"}, HALF, passed_only=False),
     "grpo": Arm({"algorithm": "grpo"}, {"online": 1.0}),
     "ppo": Arm({"algorithm": "ppo"}, {"online": 1.0}),
 }, [
     ("SPO's pass@10 beats PPO's (online, episodes)", "spo-online", "ppo", "final pass@10", "pass@10", "higher", 0.0),
     ("SPO's pass@10 beats GRPO's (online, episodes)", "spo-online", "grpo", "final pass@10", "pass@10", "higher", 0.0),
-    ("half-online SPO matches GRPO with TIS on the same data (pass@1)", "spo-half", "grpo-tis-half", "final pass@1",
-     "pass@1", "higher|within 2 SE", 0.0),
+    ("half-online SPO matches GRPO with TIS on the reference's episodes (pass@1)", "spo-half", "grpo-tis-half",
+     "final pass@1", "pass@1", "higher|within 2 SE", 0.0),
     ("logged traces without log-probs raise pass@1 over online SPO", "spo-logged", "spo-online", "final pass@1",
      "pass@1", "higher", 0.0),
     ("SPO learns from logged traces as well as AGRO", "spo-logged", "agro-logged", "final pass@1", "pass@1",
