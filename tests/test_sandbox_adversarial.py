@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from softrl.rewards.sandbox import Limits, Sandbox, probe
+from softrl.rewards.sandbox import Limits, Sandbox, probe, runner_pids
 
 BACKENDS = [b for b, (ok, _) in probe().items() if ok]
 LIMITS = Limits(wall_s=2.0, cpu_s=1.5, memory_mb=256, output_bytes=1 << 20, open_files=32)
@@ -42,7 +42,7 @@ def run(sandbox, source, stdin=""):
     result = sandbox.run(source, stdin)
     elapsed = time.monotonic() - start
     assert elapsed <= LIMITS.wall_s + 1.0, f"took {elapsed:.2f} s"
-    assert _children() <= before, "a process outlived the sandbox"
+    assert _children() - {str(pid) for pid in runner_pids()} <= before, "a process outlived the sandbox"
     return result
 
 

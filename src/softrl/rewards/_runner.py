@@ -1,6 +1,7 @@
 """The program that runs *inside* the sandbox: standard library only, started as `python -I -S`.
 
-It reads one job (marshal, written by the host) on stdin and runs each test of it in a forked child. The child takes
+It stays up between jobs (each a frame on stdin: a 4-byte length, then marshal written by the host), takes each
+in a fresh fork of itself, and runs each test of it in a forked child. The child takes
 rlimits, a Landlock layer (scoped signals, no TCP, and in the landlock backend the filesystem)
 and the seccomp filter (raw BPF built outside by pyseccomp), then executes the untrusted source
 in-process. The runner reports facts only, one JSON line per test on its stdout; the host
@@ -141,9 +142,7 @@ def child(job, test, in_fd, out_w, err_w, bpf):
         os.write(2, b"MemoryError\n")
         code = 120
     except BaseException:
-        import traceback
-
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())  # built in: printing it imports nothing (the program may hold every fd)
         code = 1
     try:
         sys.stdout.flush()
@@ -227,8 +226,37 @@ def _b64(data):
     return binascii.b2a_base64(bytes(data), newline=False).decode()
 
 
-def main():
-    job = marshal.loads(sys.stdin.buffer.read())
+def read_exact(n):
+    """n bytes of stdin, or None at its end (the host is gone or done)."""
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def wipe(scratch):
+    """Remove everything a job's programs left in scratch, so the next job starts from an empty one.
+    False where something stays (a directory a program made unreadable): this runner then stops."""
+    for top, dirs, files in os.walk(scratch, topdown=False):
+        for name in files + dirs:
+            path = os.path.join(top, name)
+            try:
+                os.rmdir(path) if name in dirs and not os.path.islink(path) else os.unlink(path)
+            except OSError:
+                pass
+    return not os.listdir(scratch)
+
+
+def one_job():
+    """Read one framed job, run its tests, empty scratch: the exit code says whether this runner may take
+    another (0), must stop (3: scratch not emptied) or the host closed its end (4)."""
+    header = read_exact(4)
+    if header is None:
+        return 4
+    job = marshal.loads(read_exact(struct.unpack("<I", header)[0]))
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/<runner>/fd for the children
     if job.get("landlock_runner"):
         landlock(job["read_paths"], [job["scratch"]], filesystem=True)
@@ -238,6 +266,26 @@ def main():
         sys.stdout.flush()
         if not clean and job.get("stop_at_first_error"):
             break
+    emptied = wipe(job["scratch"])
+    sys.stdout.write("END\n" if emptied else "DIRTY\n")
+    sys.stdout.flush()
+    return 0 if emptied else 3
+
+
+def main():
+    """Warm: jobs one after another, each in a fresh fork of this process, which never reads a job itself,
+    so that nothing of one job (its programs, its inputs) is in the memory of the next one's programs."""
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = one_job()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            return
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Run untrusted Python programs: bubblewrap + seccomp + rlimits, or Landlock + seccomp + rlimits.
 
 One sandbox runs all tests of a problem: a small runner inside (`_runner.py`) forks one child per
-test, so the sandbox start-up is paid once. The host never trusts what comes back beyond facts
+test. Runners stay up between calls (`Runners`, a few per process), each call's job in a fresh fork of
+its runner with an emptied scratch, so the sandbox start-up is paid once per runner, not per call. The host never trusts what comes back beyond facts
 (exit code, output, times): statuses are decided here, outputs compared here.
 
 Statuses: passed | wrong_answer | runtime_error | time_limit | memory_limit | output_limit |
@@ -18,12 +19,18 @@ import json
 import marshal
 import os
 import secrets
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,7 +111,7 @@ def _read_paths() -> list[str]:
     return list(dict.fromkeys(p for p in paths if os.path.exists(p)))
 
 
-def _bwrap_command(limits: Limits) -> list[str]:
+def _bwrap_command(scratch_mb: int) -> list[str]:
     cmd = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534", "--die-with-parent",
            "--new-session", "--clearenv", "--cap-drop", "ALL"]
     for path in _read_paths():
@@ -115,7 +122,7 @@ def _bwrap_command(limits: Limits) -> list[str]:
         else:
             cmd += ["--ro-bind", path, path]
     cmd += ["--ro-bind", str(RUNNER), "/sandbox/runner.py", "--dev", "/dev",
-            "--size", str(limits.scratch_mb * 1024 * 1024), "--tmpfs", "/tmp", "--chdir", "/tmp",
+            "--size", str(scratch_mb * 1024 * 1024), "--tmpfs", "/tmp", "--chdir", "/tmp",
             "--", _python(), "-I", "-S", "/sandbox/runner.py"]
     return cmd
 
@@ -168,31 +175,19 @@ class Sandbox:
     def _execute(self, source: str, tests: list[dict], limits: Limits | None, nonce: str = "",
                  stop_at_first_error: bool = False) -> list[ExecResult]:
         limits = limits or self.limits
-        scratch = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="softrl-sandbox-")
+        try:
+            runner = _runners().take(self.backend, limits.scratch_mb)
+        except OSError as e:
+            return [_sandbox_error(f"could not start the sandbox: {e}") for _ in tests]
         job = {
-            "source": source, "tests": tests, "limits": limits.for_runner(), "nonce": nonce,
-            "scratch": "/tmp" if scratch is None else scratch,
+            "source": source, "tests": tests, "limits": limits.for_runner(), "nonce": nonce, "scratch": runner.scratch,
             "bpf": b"" if self.backend == "unsafe" else seccomp_bpf(),
             "child_landlock": self.backend != "unsafe" and landlock_abi() >= 6,
             "landlock_runner": self.backend == "landlock", "read_paths": _read_paths(),
             "helpers": HELPERS, "helper_names": HELPER_NAMES, "stop_at_first_error": stop_at_first_error,
         }
-        cmd = _bwrap_command(limits) if self.backend == "bwrap" else [_python(), "-I", "-S", str(RUNNER)]
-        budget = len(tests) * (limits.wall_s + 0.5) + 10
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    cwd=scratch, env={} if scratch else None, start_new_session=True)
-            try:
-                out, err = proc.communicate(marshal.dumps(job), timeout=budget)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, err = proc.communicate()
-        except OSError as e:
-            return [_sandbox_error(f"could not start the sandbox: {e}") for _ in tests]
-        finally:
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
-        lines = out.decode(errors="replace").splitlines()
+        lines, end = runner.ask(marshal.dumps(job), budget=len(tests) * (limits.wall_s + 0.5) + 10)
+        _runners().give_back(runner, reusable=end == "END")
         results = []
         for i in range(len(tests)):
             if stop_at_first_error and results and results[-1].status != "passed" and i >= len(lines):
@@ -202,9 +197,141 @@ class Sandbox:
                 results.append(_classify(json.loads(lines[i]), limits))
             except (IndexError, ValueError, KeyError):
                 # the runner is gone: the program killed it, or the sandbox failed to start
-                reason = err.decode(errors="replace").strip()[-2000:] or f"runner exit {proc.returncode}"
-                results.append(_runner_lost(reason, proc.returncode))
+                reason = runner.stderr.strip()[-2000:] or f"runner exit {runner.returncode}"
+                results.append(_runner_lost(reason, runner.returncode))
         return results
+
+
+MAX_RUNNERS = 16  # warm runners a process keeps per backend; a call beyond them waits for one
+
+
+class Runner:
+    """One warm runner process (`_runner.py`), in bubblewrap or not, answering one job at a time: its start-up
+    (a namespace, an interpreter: some 30 ms, more than a program's tests) is paid once, not per call."""
+
+    def __init__(self, backend: str, scratch_mb: int, spawn: Callable[..., subprocess.Popen]):
+        self.backend, self.scratch_mb = backend, scratch_mb
+        # bwrap: its own tmpfs at /tmp; otherwise a folder of the host's, the runner's working directory
+        self.scratch = "/tmp" if backend == "bwrap" else tempfile.mkdtemp(prefix="softrl-sandbox-")
+        self._folder = None if backend == "bwrap" else self.scratch
+        cmd = _bwrap_command(scratch_mb) if backend == "bwrap" else [_python(), "-I", "-S", str(RUNNER)]
+        self.stderr, self.returncode = "", None
+        try:
+            self.proc = spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              cwd=self._folder, env={} if self._folder else None, start_new_session=True)
+        except OSError:
+            self._remove_folder()
+            raise
+
+    def ask(self, job: bytes, budget: float) -> tuple[list[str], str]:
+        """A job's result lines (one per test run) and how it ended: END (this runner can take another),
+        DIRTY (its scratch could not be emptied), timeout (over `budget` seconds) or lost (the runner
+        died: the program killed it, or the sandbox failed to start). Any ending but END closes it."""
+        try:
+            self.proc.stdin.write(struct.pack("<I", len(job)) + job)
+            self.proc.stdin.flush()
+        except OSError:
+            return self._ended([], "lost")
+        fd, out = self.proc.stdout.fileno(), bytearray()
+        deadline = time.monotonic() + budget
+        while not (out.endswith(b"END\n") or out.endswith(b"DIRTY\n")):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self._ended(out, "timeout")
+            if select.select([fd], [], [], left)[0]:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return self._ended(out, "lost")
+                out += chunk
+        lines = out.decode(errors="replace").splitlines()
+        return self._ended(lines[:-1], lines[-1]) if lines[-1] != "END" else (lines[:-1], "END")
+
+    def _ended(self, out, end: str) -> tuple[list[str], str]:
+        self.close()
+        lines = out if isinstance(out, list) else out.decode(errors="replace").splitlines()
+        return lines, end
+
+    def close(self) -> None:
+        """Kill it (bubblewrap takes its namespace down with it) and keep what it said on stderr."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.returncode = self.proc.wait()
+        self.stderr = self.proc.stderr.read().decode(errors="replace")
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self._remove_folder()
+
+    def _remove_folder(self) -> None:
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+
+class Runners:
+    """This process's warm runners, by backend and scratch size: taken for a call, given back after it. They
+    are started from one long-lived thread, since bubblewrap's --die-with-parent follows the thread that
+    started it, and a call's thread may end before the runner should."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.idle: dict[tuple[str, int], list[Runner]] = {}
+        self.live: dict[tuple[str, int], int] = {}
+        self.changed = threading.Condition()
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="softrl-sandbox-starter")
+
+    def take(self, backend: str, scratch_mb: int) -> Runner:
+        key = (backend, scratch_mb)
+        with self.changed:
+            self.changed.wait_for(lambda: self.idle.get(key) or self.live.get(key, 0) < MAX_RUNNERS)
+            if self.idle.get(key):
+                return self.idle[key].pop()
+            self.live[key] = self.live.get(key, 0) + 1
+        try:
+            return Runner(backend, scratch_mb, lambda *a, **k: self._starter.submit(subprocess.Popen, *a, **k).result())
+        except BaseException:
+            self._forget(key)
+            raise
+
+    def give_back(self, runner: Runner, reusable: bool) -> None:
+        key = (runner.backend, runner.scratch_mb)
+        if not reusable:  # it closed itself
+            self._forget(key)
+            return
+        with self.changed:
+            self.idle.setdefault(key, []).append(runner)
+            self.changed.notify()
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        with self.changed:
+            self.live[key] -= 1
+            self.changed.notify()
+
+    def pids(self) -> set[int]:
+        """The host-side process of every idle runner (a test tells them from a process a program left)."""
+        with self.changed:
+            return {r.proc.pid for runners in self.idle.values() for r in runners}
+
+
+_RUNNERS: Runners | None = None
+_RUNNERS_LOCK = threading.Lock()
+
+
+def _runners() -> Runners:
+    """This process's runners (a forked child makes its own: its parent's are not its to use)."""
+    global _RUNNERS
+    with _RUNNERS_LOCK:
+        if _RUNNERS is None or _RUNNERS.pid != os.getpid():
+            _RUNNERS = Runners()
+        return _RUNNERS
+
+
+def runner_pids() -> set[int]:
+    """The pids of this process's idle warm runners."""
+    return _runners().pids()
 
 
 def _decode(b64: str) -> str:
