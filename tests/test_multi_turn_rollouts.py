@@ -173,6 +173,38 @@ def test_hung_calls_cost_a_turn_one_timeout_and_a_failed_start_or_reward_ends_on
     assert rows[2].finish == "done" and rows[2].reward == 0.5
 
 
+def test_an_ended_episodes_reward_is_asked_for_while_the_others_go_on(setting):
+    """The first prompt's episodes end at turn 1; their reward is asked for then, on a thread of its own,
+    not after the other episodes' last turn: the others' environment, at turn 2, sees it was asked."""
+    import threading
+
+    spec, contexts, tokenizer, task = setting
+    asked, seen = threading.Event(), []
+
+    class EarlyAndLate:
+        deterministic = True
+
+        def initial_state(self, prompt):
+            return {"id": prompt.id}
+
+        def is_completed(self, messages, state):
+            return state["id"] == contexts[0].prompt.id
+
+        def env_response(self, messages, state):
+            if len(messages) > 3:  # the second environment turn: the reward had all of turn 2 to be asked
+                seen.append(asked.wait(timeout=5))
+            return [{"role": "user", "content": "again"}], state
+
+        def reward(self, messages, state):
+            if state["id"] == contexts[0].prompt.id:
+                asked.set()
+            return 0.25
+
+    rows = episodes(spec, EarlyAndLate(), contexts, 2, seed=0, limits=EpisodeLimits(max_turns=3), tokenizer=tokenizer)
+    assert [r.finish for r in rows] == ["done"] * 2 + ["max_turns"] * 4 and {r.reward for r in rows} == {0.25}
+    assert seen and all(seen)
+
+
 def test_an_async_environment_is_awaited(setting):
     spec, contexts, tokenizer, task = setting
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from dataclasses import dataclass, replace
 
@@ -259,8 +260,6 @@ def _environment_turns(env, episode: Episode, limits: EpisodeLimits) -> list[dic
 def _answer_all(env, waiting: list[Episode], limits: EpisodeLimits) -> dict[int, list[dict] | None]:
     """Every waiting episode's environment answer, asked at once (one thread each): a slow environment
     costs a turn its slowest call, not the sum of them."""
-    from concurrent.futures import ThreadPoolExecutor
-
     if not waiting:
         return {}
     # each worker waits on its own daemon call thread (`_ask`), so none of these threads ever hangs
@@ -277,85 +276,34 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
     Environment tokens are tokenised as training tokenises them (`models.loading.turn_pieces`) and
     masked; the policy's keep their behaviour log-probs. An environment that raises, hangs or floods
     ends its episode, never the run. Each episode has its own token budget: `token_budget`, or the
-    model's positions after its prompt."""
-    from softrl.data.chat import prompt_messages, transcript, turn_message
-    from softrl.models.loading import turn_pieces
-    from softrl.tasks.environment import initial_state
-    from softrl.tasks.tools import parse_tool_calls
+    model's positions after its prompt. An episode's reward is asked for as soon as it ends, on a thread
+    of its own, while the others go on."""
+    from softrl.data.chat import transcript
 
     refuse_unfit(spec, contexts)
-    live = []
-    for c in contexts:
-        for _ in range(k):
-            state, failure = _ask(initial_state, (env, c.prompt), limits.timeout_s)
-            live.append(Episode(c, prompt_messages(c.prompt.text), state if isinstance(state, dict) else {},
-                                [], [], [], [], failed_start=failure))  # it ends after its first policy turn
-
-    def room(e: Episode) -> int:
-        budget = limits.token_budget or (spec.max_length - len(e.context.prompt_tokens) if spec.max_length else 10**9)
-        return budget - len(e.tokens)
-
-    with prefix_session(spec.generator):  # a turn prefills what the last one added, not the conversation
+    live = _started(env, contexts, k, limits)
+    asked: list[tuple[list[Episode], Future]] = []  # episodes whose rewards were asked for, together
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="softrl-episode-reward") as rewards, \
+            prefix_session(spec.generator):  # a turn prefills what the last one added, not the conversation
         for turn in range(limits.max_turns):
             active = [e for e in live if e.finish is None]
-            if not active:
-                break
             for e in active:
-                if room(e) < 1:
+                if _room(spec, limits, e) < 1:
                     e.end("token_budget")
             active = [e for e in active if e.finish is None]
             if not active:
                 break
-            # a context's k episodes start alike (each one's room is its context's): its prompt prefilled once
-            n = k if turn == 0 else 1
-            params = SamplingParams(n=n, max_new_tokens=max(min(spec.max_new_tokens, room(e)) for e in active),
-                                    temperature=spec.temperature, top_p=spec.top_p,
-                                    temperature_range=spec.temperature_range, seed=seed + 7919 * turn,
-                                    ignore_eos=spec.ignore_eos)
-            got = spec.generator.generate([e.context.prompt_tokens + e.tokens for e in active[::n]], params)
-            waiting = []
-            for e, sample in zip(active, sorted(got, key=lambda s: s.prompt_index)):
-                keep = min(spec.max_new_tokens, room(e))  # one call for all: each episode cut to its own room
-                tokens, logprobs = sample.tokens[:keep], sample.logprobs[:keep]
-                text = spec.decode(tokens)
-                calls = None
-                if getattr(env, "tools", None):  # the calls its text carries, for an environment with tools
-                    text, calls = parse_tool_calls(text, turn)
-                e.turns.append(new_turn("assistant", text, tool_calls=json.dumps(calls) if calls else None))
-                e.messages.append(turn_message(e.turns[-1]))
-                e.tokens += tokens
-                e.mask += [True] * len(tokens)
-                e.logprobs += logprobs
-                e.temperature = sample.temperature
-                if e.failed_start:
-                    e.end(*e.failed_start)
-                elif turn + 1 == limits.max_turns:
-                    e.end("max_turns")
-                else:
-                    waiting.append(e)
-            answers = _answer_all(env, waiting, limits)
-            for e in waiting:
-                answer = answers[id(e)]
-                if answer is None:
-                    continue
-                start = len(e.turns)
-                try:
-                    pieces = turn_pieces(tokenizer, e.context.prompt.text, e.turns + answer, start, policy_next=True)
-                except Exception as error:  # noqa: BLE001 - a chat template's error is the episode's, not the run's
-                    e.end("env_error", f"the environment's turn could not be tokenised: {type(error).__name__}: "
-                          f"{str(error).splitlines()[0][:200] if str(error) else ''}")
-                    continue
-                tokens = [t for piece in pieces for t in piece]
-                if len(tokens) + 1 > room(e):  # no room for its tokens and one of the policy's after them
-                    e.end("token_budget")
-                    continue
-                e.turns += answer
-                e.messages += [turn_message(t) for t in answer]
-                e.tokens += tokens
-                e.mask += [False] * len(tokens)
-                e.logprobs += [0.0] * len(tokens)
+            waiting = _policy_turn(spec, env, active, turn, k, seed, limits)
+            _environment_turn(env, waiting, limits, tokenizer, lambda e: _room(spec, limits, e))
+            if ended := [e for e in active if e.finish is not None]:
+                asked.append((ended, rewards.submit(_episode_rewards, spec, env, ended, limits)))
+        done = {id(e) for batch, _ in asked for e in batch}
+        if rest := [e for e in live if id(e) not in done]:  # out of room before a turn
+            asked.append((rest, rewards.submit(_episode_rewards, spec, env, rest, limits)))
+        outcome = {id(e): result for batch, future in asked for e, result in zip(batch, future.result())}
     rows = []
-    for e, (reward, passed, failure) in zip(live, _episode_rewards(spec, env, live, limits)):
+    for e in live:
+        reward, passed, failure = outcome[id(e)]
         finish = f"{failure[0]}: reward: {failure[1]}" if failure else e.finish_text
         rows.append(Trajectory(e.context.prompt.id, transcript(e.turns), reward, passed, task=spec.task.name,
                                prompt_text=e.context.prompt.text, prompt_tokens=list(e.context.prompt_tokens),
@@ -364,6 +312,93 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
                                decoding={"temperature": e.temperature, "top_p": spec.top_p}, turns=e.turns,
                                action_mask=e.mask, finish=finish))
     return rows
+
+
+def _started(env, contexts: list[Context], k: int, limits: EpisodeLimits) -> list[Episode]:
+    """k new episodes of every context, each with the environment's initial state (one whose start failed
+    ends after its first policy turn, saying why)."""
+    from softrl.data.chat import prompt_messages
+    from softrl.tasks.environment import initial_state
+
+    live = []
+    for c in contexts:
+        for _ in range(k):
+            state, failure = _ask(initial_state, (env, c.prompt), limits.timeout_s)
+            live.append(Episode(c, prompt_messages(c.prompt.text), state if isinstance(state, dict) else {},
+                                [], [], [], [], failed_start=failure))
+    return live
+
+
+def _room(spec: RolloutSpec, limits: EpisodeLimits, e: Episode) -> int:
+    """Tokens an episode may still take: its budget (`token_budget`, or the model's positions after its
+    prompt) less what it holds."""
+    budget = limits.token_budget or (spec.max_length - len(e.context.prompt_tokens) if spec.max_length else 10**9)
+    return budget - len(e.tokens)
+
+
+def _policy_turn(spec: RolloutSpec, env, active: list[Episode], turn: int, k: int, seed: int,
+                 limits: EpisodeLimits) -> list[Episode]:
+    """One policy turn for every active episode, in one generate call; returns those that wait for the
+    environment's answer (the others ended: a failed start, or their last turn)."""
+    from softrl.data.chat import turn_message
+    from softrl.tasks.tools import parse_tool_calls
+
+    # a context's k episodes start alike (each one's room is its context's): its prompt prefilled once
+    n = k if turn == 0 else 1
+    room = {id(e): _room(spec, limits, e) for e in active}
+    params = SamplingParams(n=n, max_new_tokens=max(min(spec.max_new_tokens, r) for r in room.values()),
+                            temperature=spec.temperature, top_p=spec.top_p, temperature_range=spec.temperature_range,
+                            seed=seed + 7919 * turn, ignore_eos=spec.ignore_eos)
+    got = spec.generator.generate([e.context.prompt_tokens + e.tokens for e in active[::n]], params)
+    waiting = []
+    for e, sample in zip(active, sorted(got, key=lambda s: s.prompt_index)):
+        keep = min(spec.max_new_tokens, room[id(e)])  # one call for all: each episode cut to its own room
+        tokens, logprobs = sample.tokens[:keep], sample.logprobs[:keep]
+        text, calls = spec.decode(tokens), None
+        if getattr(env, "tools", None):  # the calls its text carries, for an environment with tools
+            text, calls = parse_tool_calls(text, turn)
+        e.turns.append(new_turn("assistant", text, tool_calls=json.dumps(calls) if calls else None))
+        e.messages.append(turn_message(e.turns[-1]))
+        e.tokens += tokens
+        e.mask += [True] * len(tokens)
+        e.logprobs += logprobs
+        e.temperature = sample.temperature
+        if e.failed_start:
+            e.end(*e.failed_start)
+        elif turn + 1 == limits.max_turns:
+            e.end("max_turns")
+        else:
+            waiting.append(e)
+    return waiting
+
+
+def _environment_turn(env, waiting: list[Episode], limits: EpisodeLimits, tokenizer,
+                      room: Callable[[Episode], int]) -> None:
+    """The environment's answers to the waiting episodes, asked all at once, tokenised and appended
+    (masked); an answer that cannot be tokenised, or leaves no room for a policy token, ends its episode."""
+    from softrl.data.chat import turn_message
+    from softrl.models.loading import turn_pieces
+
+    answers = _answer_all(env, waiting, limits)
+    for e in waiting:
+        answer = answers[id(e)]
+        if answer is None:
+            continue
+        try:
+            pieces = turn_pieces(tokenizer, e.context.prompt.text, e.turns + answer, len(e.turns), policy_next=True)
+        except Exception as error:  # noqa: BLE001 - a chat template's error is the episode's, not the run's
+            e.end("env_error", f"the environment's turn could not be tokenised: {type(error).__name__}: "
+                  f"{str(error).splitlines()[0][:200] if str(error) else ''}")
+            continue
+        tokens = [t for piece in pieces for t in piece]
+        if len(tokens) + 1 > room(e):  # no room for its tokens and one of the policy's after them
+            e.end("token_budget")
+            continue
+        e.turns += answer
+        e.messages += [turn_message(t) for t in answer]
+        e.tokens += tokens
+        e.mask += [False] * len(tokens)
+        e.logprobs += [0.0] * len(tokens)
 
 
 def graded_samples(spec: RolloutSpec, contexts: list[Context], k: int, seed: int, env=None,
@@ -385,18 +420,19 @@ def _episode_rewards(spec: RolloutSpec, env, episodes_: list[Episode],
     from softrl.tasks.base import RewardError, check_reward
 
     if hasattr(env, "reward"):
-        out = []
-        for e in episodes_:
+        def reward_of(e: Episode) -> tuple[float, bool, tuple[str, str] | None]:
             if e.finish in ("env_error", "timeout"):
-                out.append((0.0, False, None))
-                continue
+                return 0.0, False, None
             value, failure = _ask(env.reward, (e.messages, e.state), limits.timeout_s)
             try:
                 reward = check_reward(value, "the environment's reward") if failure is None else 0.0
             except RewardError as error:
                 reward, failure = 0.0, ("env_error", str(error))
-            out.append((reward, reward >= 1, failure))
-        return out
+            return reward, reward >= 1, failure
+
+        # asked at once, as `_answer_all` asks for turns
+        with ThreadPoolExecutor(max_workers=min(32, len(episodes_) or 1), thread_name_prefix="softrl-reward") as pool:
+            return list(pool.map(reward_of, episodes_))
     last = [next(t["content"] for t in reversed(e.turns) if t["role"] == "assistant") for e in episodes_]
     grades = spec.task.grade_many([(e.context.prompt, text) for e, text in zip(episodes_, last)])
     return [(g.reward, g.passed, None) for g in grades]

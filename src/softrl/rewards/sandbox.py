@@ -2,8 +2,9 @@
 
 One sandbox runs all tests of a problem: a small runner inside (`_runner.py`) forks one child per
 test. Runners stay up between calls (`Runners`, a few per process), each call's job in a fresh fork of
-its runner with an emptied scratch, so the sandbox start-up is paid once per runner, not per call. The host never trusts what comes back beyond facts
-(exit code, output, times): statuses are decided here, outputs compared here.
+its runner with an emptied scratch, so the sandbox start-up is paid once per runner, not per call. The
+host never trusts what comes back beyond facts (exit code, output, times): statuses are decided here,
+outputs compared here.
 
 Statuses: passed | wrong_answer | runtime_error | time_limit | memory_limit | output_limit |
 sandbox_error. A sandbox failure is `sandbox_error`, never a silent wrong answer.
