@@ -1,8 +1,11 @@
 """Warm sandbox runners: kept between calls, yet each call's programs start from nothing of an earlier one's."""
 
 import os
+import tempfile
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +80,130 @@ def test_a_forked_process_starts_runners_of_its_own(sandbox):
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0 and runner_pids() == parents
+
+
+NEEDS_BWRAP = pytest.mark.skipif("bwrap" not in BACKENDS, reason="bubblewrap gives programs the writable places")
+
+
+@NEEDS_BWRAP
+@pytest.mark.parametrize("leave, look", [
+    ("open('/dev/shm/x', 'w').write('a')", "import os\nprint(os.path.exists('/dev/shm/x'))"),
+    ("open('/dev/x', 'w').write('a')", "import os\nprint(os.path.exists('/dev/x'))"),
+    ("import os\nos.setxattr('.', 'user.note', b'a')", "import os\nprint(os.listxattr('.'))"),
+    ("import os\nos.chmod('.', 0o555)", "open('f', 'w').write('a')\nprint(False)"),
+    ("import os\nos.chmod('.', 0o1777)", "import os, stat\nprint(stat.S_IMODE(os.stat('.').st_mode) == 0o1777)"),
+])
+def test_nothing_a_program_leaves_reaches_the_next_call(leave, look):
+    """Writable places beside scratch (/dev, /dev/shm) are read-only; what a program does to scratch
+    itself (its mode, its extended attributes) retires the runner. The next call sees none of it."""
+    sandbox = Sandbox("bwrap")
+    sandbox.run(leave)
+    after = sandbox.run(look)
+    assert after.status == "passed" and after.stdout.strip() in ("False", "[]"), (after.status, after.stderr[-300:])
+
+
+def test_system_v_and_posix_message_ipc_are_refused(sandbox):
+    """Such objects outlive the program (in its runner's IPC namespace, or the host's under Landlock)."""
+    result = sandbox.run("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                         "print(libc.shmget(0, 1 << 20, 0o1600), libc.msgget(0, 0o1600), libc.semget(0, 1, 0o1600), "
+                         "ctypes.get_errno())")
+    assert result.stdout.split() == ["-1", "-1", "-1", "1"], result  # EPERM
+
+
+def test_a_call_that_raises_gives_its_runner_back(sandbox, monkeypatch):
+    """Whatever a call raises, its runner is closed and its place freed: the next call does not wait."""
+    monkeypatch.setattr(sandbox_module, "MAX_RUNNERS", 1)
+    monkeypatch.setattr(sandbox_module, "_RUNNERS", None)
+
+    class Unsendable(str):
+        pass
+
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            sandbox.run("print(1)", Unsendable("x"))
+    ask = sandbox_module.Runner.ask
+    monkeypatch.setattr(sandbox_module.Runner, "ask", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.run("print(1)")
+    monkeypatch.setattr(sandbox_module.Runner, "ask", ask)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert pool.submit(sandbox.run, "print(4)").result(timeout=20).stdout == "4\n"
+
+
+def test_a_runner_freed_for_one_size_reaches_its_waiter_past_another_sizes(monkeypatch):
+    """Waiters for different scratch sizes share one condition: a runner given back wakes them all."""
+    from softrl.rewards.sandbox import Limits
+
+    monkeypatch.setattr(sandbox_module, "MAX_RUNNERS", 1)
+    monkeypatch.setattr(sandbox_module, "_RUNNERS", None)
+    backend = BACKENDS[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        big, small = Sandbox(backend, Limits(scratch_mb=64)), Sandbox(backend, Limits(scratch_mb=32))
+    slow = "import time\ntime.sleep(0.6)\nprint(1)"
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        calls = [pool.submit(big.run, slow), pool.submit(small.run, slow)]
+        time.sleep(0.2)  # both sizes at their cap; a waiter for each, the big one first
+        calls += [pool.submit(big.run, "print(2)"), pool.submit(small.run, "print(3)")]
+        assert [c.result(timeout=20).stdout for c in calls] == ["1\n", "1\n", "2\n", "3\n"]
+
+
+def test_a_runner_that_died_idle_is_not_blamed_on_the_next_program(sandbox):
+    import signal
+
+    sandbox.run("print(1)")
+    for pid in runner_pids():
+        os.killpg(pid, signal.SIGKILL)
+    time.sleep(0.3)  # dead by now (bubblewrap's inner processes follow it a moment later)
+    result = sandbox.run("print(2)")
+    assert result.status == "passed" and result.stdout == "2\n", result
+
+
+def test_calls_work_where_the_host_holds_fds_past_1024(sandbox, monkeypatch):
+    """Select() cannot wait on fd numbers of 1024 and more; a busy host's runners get such numbers."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    monkeypatch.setattr(sandbox_module, "_RUNNERS", None)  # new runners, started while the low fds are taken
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert sandbox.run("print(5)").stdout == "5\n"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_without_scoped_signals_a_runner_serves_one_call(sandbox, monkeypatch):
+    """Under Landlock ABI < 6 a program could stop or kill its runner: no runner is kept for the next."""
+    monkeypatch.setattr(sandbox_module, "landlock_abi", lambda: 5)
+    monkeypatch.setattr(sandbox_module, "_RUNNERS", None)
+    assert sandbox.run("print(1)").stdout == "1\n" and not runner_pids()
+
+
+def test_runners_answer_after_the_main_thread_ended_and_leave_no_scratch_behind(tmp_path):
+    """Runners are started from a daemon thread of their own: a thread still calling after the main thread
+    returned is answered. A Landlock runner's scratch folder is gone once its host process ended."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "late.py"
+    script.write_text(
+        "import threading, time, warnings\nwarnings.simplefilter('ignore')\n"
+        "from softrl.rewards.sandbox import Sandbox, probe\n"
+        "backends = [b for b, (ok, _) in probe().items() if ok]\n"
+        "sb = Sandbox(backends[0])\nprint(sb.run('print(1)').status, flush=True)\n"
+        "def later():\n    time.sleep(0.5)\n"
+        "    print(*[Sandbox(b).run('print(2)').status for b in backends], flush=True)\n"
+        "threading.Thread(target=later).start()\n")
+    folders = lambda: {p.name for p in Path(tempfile.gettempdir()).glob("softrl-sandbox-*")}  # noqa: E731
+    before = folders()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["passed"] * (1 + len(BACKENDS)), out.stderr[-500:]
+    deadline = time.monotonic() + 10
+    while folders() - before and time.monotonic() < deadline:  # the runners see their host's end, then go
+        time.sleep(0.1)
+    assert not folders() - before

@@ -142,7 +142,8 @@ def child(job, test, in_fd, out_w, err_w, bpf):
         os.write(2, b"MemoryError\n")
         code = 120
     except BaseException:
-        sys.excepthook(*sys.exc_info())  # built in: printing it imports nothing (the program may hold every fd)
+        # the interpreter's own hook, not one the program set; it imports nothing (the program may hold every fd)
+        sys.__excepthook__(*sys.exc_info())
         code = 1
     try:
         sys.stdout.flush()
@@ -237,9 +238,21 @@ def read_exact(n):
     return data
 
 
-def wipe(scratch):
-    """Remove everything a job's programs left in scratch, so the next job starts from an empty one.
-    False where something stays (a directory a program made unreadable): this runner then stops."""
+def looks(scratch):
+    """What a program could change of the scratch folder itself and leave for the next job: its mode, owner
+    and extended attributes (its contents are removed)."""
+    st = os.stat(scratch)
+    try:
+        attributes = sorted(os.listxattr(scratch))
+    except OSError:  # a file system without them
+        attributes = None
+    return st.st_mode, st.st_uid, st.st_gid, attributes
+
+
+def wipe(scratch, initial):
+    """Remove everything a job's programs left in scratch, so the next job starts from an empty one as the
+    runner found it (`initial`, of `looks`). False where it cannot (a directory a program made unreadable,
+    a changed mode or attribute): this runner then stops."""
     for top, dirs, files in os.walk(scratch, topdown=False):
         for name in files + dirs:
             path = os.path.join(top, name)
@@ -247,26 +260,30 @@ def wipe(scratch):
                 os.rmdir(path) if name in dirs and not os.path.islink(path) else os.unlink(path)
             except OSError:
                 pass
-    return not os.listdir(scratch)
+    return not os.listdir(scratch) and looks(scratch) == initial
 
 
-def one_job():
-    """Read one framed job, run its tests, empty scratch: the exit code says whether this runner may take
-    another (0), must stop (3: scratch not emptied) or the host closed its end (4)."""
+def one_job(scratch, initial):
+    """Read one framed job, say START, run its tests, empty scratch: the exit code says whether this runner
+    may take another (0), must stop (3: scratch not as it was) or the host closed its end (4)."""
     header = read_exact(4)
     if header is None:
         return 4
     job = marshal.loads(read_exact(struct.unpack("<I", header)[0]))
+    if job["scratch"] != scratch:
+        raise ValueError(f"a job for scratch {job['scratch']!r} sent to the runner of {scratch!r}")
+    sys.stdout.write("START\n")  # from here, a runner that dies is the job's doing, not an earlier one's
+    sys.stdout.flush()
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/<runner>/fd for the children
     if job.get("landlock_runner"):
-        landlock(job["read_paths"], [job["scratch"]], filesystem=True)
+        landlock(job["read_paths"], [scratch], filesystem=True)
     for test in job["tests"]:
         clean, line = run_test(job, test, job["bpf"])
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
         if not clean and job.get("stop_at_first_error"):
             break
-    emptied = wipe(job["scratch"])
+    emptied = wipe(scratch, initial)
     sys.stdout.write("END\n" if emptied else "DIRTY\n")
     sys.stdout.flush()
     return 0 if emptied else 3
@@ -274,18 +291,30 @@ def one_job():
 
 def main():
     """Warm: jobs one after another, each in a fresh fork of this process, which never reads a job itself,
-    so that nothing of one job (its programs, its inputs) is in the memory of the next one's programs."""
+    so that nothing of one job (its programs, its inputs) is in the memory of the next one's programs.
+    argv: the scratch folder, and "remove" where it is the host's folder to remove once the host is done."""
+    scratch, remove = sys.argv[1], sys.argv[2:] == ["remove"]
+    initial = looks(scratch)
     while True:
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                code = one_job()
+                code = one_job(scratch, initial)
+            except BaseException:  # the runner's own failure: the host reports a sandbox error
+                import traceback
+
+                traceback.print_exc()
+                sys.stderr.flush()
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            return
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            if code == 4 and remove:
+                wipe(scratch, initial)
+                os.rmdir(scratch)
+            sys.exit(0 if code == 4 else code)
 
 
 if __name__ == "__main__":

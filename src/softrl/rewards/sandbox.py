@@ -19,8 +19,9 @@ import functools
 import json
 import marshal
 import os
+import queue
 import secrets
-import select
+import selectors
 import shutil
 import signal
 import struct
@@ -31,7 +32,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,9 +123,10 @@ def _bwrap_command(scratch_mb: int) -> list[str]:
             cmd += ["--symlink", os.readlink(path), path]
         else:
             cmd += ["--ro-bind", path, path]
-    cmd += ["--ro-bind", str(RUNNER), "/sandbox/runner.py", "--dev", "/dev",
+    # /dev read-only: its device nodes work, but no file there (/dev/shm) outlives a job in a warm runner
+    cmd += ["--ro-bind", str(RUNNER), "/sandbox/runner.py", "--dev", "/dev", "--remount-ro", "/dev",
             "--size", str(scratch_mb * 1024 * 1024), "--tmpfs", "/tmp", "--chdir", "/tmp",
-            "--", _python(), "-I", "-S", "/sandbox/runner.py"]
+            "--", _python(), "-I", "-S", "/sandbox/runner.py", "/tmp"]
     return cmd
 
 
@@ -176,19 +178,28 @@ class Sandbox:
     def _execute(self, source: str, tests: list[dict], limits: Limits | None, nonce: str = "",
                  stop_at_first_error: bool = False) -> list[ExecResult]:
         limits = limits or self.limits
-        try:
-            runner = _runners().take(self.backend, limits.scratch_mb)
-        except OSError as e:
-            return [_sandbox_error(f"could not start the sandbox: {e}") for _ in tests]
+        warm = self.backend != "unsafe" and landlock_abi() >= 6
         job = {
-            "source": source, "tests": tests, "limits": limits.for_runner(), "nonce": nonce, "scratch": runner.scratch,
-            "bpf": b"" if self.backend == "unsafe" else seccomp_bpf(),
-            "child_landlock": self.backend != "unsafe" and landlock_abi() >= 6,
+            "source": source, "tests": tests, "limits": limits.for_runner(), "nonce": nonce,
+            "bpf": b"" if self.backend == "unsafe" else seccomp_bpf(), "child_landlock": warm,
             "landlock_runner": self.backend == "landlock", "read_paths": _read_paths(),
             "helpers": HELPERS, "helper_names": HELPER_NAMES, "stop_at_first_error": stop_at_first_error,
         }
-        lines, end = runner.ask(marshal.dumps(job), budget=len(tests) * (limits.wall_s + 0.5) + 10)
-        _runners().give_back(runner, reusable=end == "END")
+        marshal.dumps(job)  # what cannot be sent fails here, before a runner is taken
+        budget = len(tests) * (limits.wall_s + 0.5) + 10
+        pool = _runners()
+        for attempt in range(2):  # once more on a fresh runner where the first died before the job started
+            try:
+                runner = pool.take(self.backend, limits.scratch_mb)
+            except (OSError, RuntimeError) as e:
+                return [_sandbox_error(f"could not start the sandbox: {e}") for _ in tests]
+            end = "lost"
+            try:
+                lines, end = runner.ask(marshal.dumps({**job, "scratch": runner.scratch}), budget)
+            finally:  # reused only where the job ended cleanly, and where the program could not signal it
+                pool.give_back(runner, reusable=end == "END" and warm)
+            if end != "unstarted":
+                break
         results = []
         for i in range(len(tests)):
             if stop_at_first_error and results and results[-1].status != "passed" and i >= len(lines):
@@ -203,57 +214,79 @@ class Sandbox:
         return results
 
 
-MAX_RUNNERS = 16  # warm runners a process keeps per backend; a call beyond them waits for one
+MAX_RUNNERS = 16  # warm runners a process keeps per backend and scratch size; a call beyond them waits
 
 
 class Runner:
-    """One warm runner process (`_runner.py`), in bubblewrap or not, answering one job at a time: its start-up
-    (a namespace, an interpreter: some 30 ms, more than a program's tests) is paid once, not per call."""
+    """One runner process (`_runner.py`), in bubblewrap or not, answering one job at a time; kept warm between
+    calls where the programs cannot signal it (Landlock's scoped signals, ABI >= 6), so that its start-up (a
+    namespace, an interpreter: some 30 ms, more than a program's tests) is paid once, not per call."""
 
-    def __init__(self, backend: str, scratch_mb: int, spawn: Callable[..., subprocess.Popen]):
+    def __init__(self, backend: str, scratch_mb: int, start: Callable[..., subprocess.Popen]):
         self.backend, self.scratch_mb = backend, scratch_mb
-        # bwrap: its own tmpfs at /tmp; otherwise a folder of the host's, the runner's working directory
-        self.scratch = "/tmp" if backend == "bwrap" else tempfile.mkdtemp(prefix="softrl-sandbox-")
-        self._folder = None if backend == "bwrap" else self.scratch
-        cmd = _bwrap_command(scratch_mb) if backend == "bwrap" else [_python(), "-I", "-S", str(RUNNER)]
         self.stderr, self.returncode = "", None
+        if backend == "bwrap":  # its own tmpfs at /tmp
+            self.scratch, cmd = "/tmp", _bwrap_command(scratch_mb)
+        else:  # a folder of the host's, the runner's working directory, which the runner removes at its end
+            self.scratch = tempfile.mkdtemp(prefix="softrl-sandbox-")
+            cmd = [_python(), "-I", "-S", str(RUNNER), self.scratch, "remove"]
         try:
-            self.proc = spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              cwd=self._folder, env={} if self._folder else None, start_new_session=True)
-        except OSError:
-            self._remove_folder()
+            self.proc = start(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              cwd=None if backend == "bwrap" else self.scratch,
+                              env=None if backend == "bwrap" else {}, start_new_session=True)
+        except BaseException:
+            self._remove_scratch()
             raise
+        os.set_blocking(self.proc.stdin.fileno(), False)  # a write waits under the call's deadline
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def ask(self, job: bytes, budget: float) -> tuple[list[str], str]:
         """A job's result lines (one per test run) and how it ended: END (this runner can take another),
-        DIRTY (its scratch could not be emptied), timeout (over `budget` seconds) or lost (the runner
-        died: the program killed it, or the sandbox failed to start). Any ending but END closes it."""
-        try:
-            self.proc.stdin.write(struct.pack("<I", len(job)) + job)
-            self.proc.stdin.flush()
-        except OSError:
-            return self._ended([], "lost")
-        fd, out = self.proc.stdout.fileno(), bytearray()
+        DIRTY (its scratch is not as it was), timeout (over `budget` seconds), unstarted (the runner was
+        gone before it read the job) or lost (it died during the job: the program killed it, or the sandbox
+        failed). Any ending but END closes it."""
         deadline = time.monotonic() + budget
-        while not (out.endswith(b"END\n") or out.endswith(b"DIRTY\n")):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return self._ended(out, "timeout")
-            if select.select([fd], [], [], left)[0]:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    return self._ended(out, "lost")
-                out += chunk
-        lines = out.decode(errors="replace").splitlines()
-        return self._ended(lines[:-1], lines[-1]) if lines[-1] != "END" else (lines[:-1], "END")
+        frame = memoryview(struct.pack("<I", len(job)) + job)
+        out = bytearray()
+        with selectors.DefaultSelector() as waiting:  # poll or epoll: no limit on fd numbers, unlike select()
+            waiting.register(self.proc.stdin, selectors.EVENT_WRITE)
+            while frame:
+                if time.monotonic() > deadline or not waiting.select(deadline - time.monotonic()):
+                    return self._ended(out, "timeout")
+                try:
+                    frame = frame[os.write(self.proc.stdin.fileno(), frame):]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return self._ended(out, "unstarted")
+            waiting.unregister(self.proc.stdin)
+            waiting.register(self.proc.stdout, selectors.EVENT_READ)
+            while not (out.endswith(b"END\n") or out.endswith(b"DIRTY\n")):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return self._ended(out, "timeout")
+                if waiting.select(left):
+                    chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+                    if not chunk:
+                        return self._ended(out, "lost" if out.startswith(b"START\n") else "unstarted")
+                    out += chunk
+        lines = out.decode(errors="replace").splitlines()[1:]  # after START
+        return (lines[:-1], "END") if lines[-1] == "END" else self._ended(lines[:-1], lines[-1])
 
-    def _ended(self, out, end: str) -> tuple[list[str], str]:
+    def _ended(self, out: bytearray | list[str], end: str) -> tuple[list[str], str]:
         self.close()
-        lines = out if isinstance(out, list) else out.decode(errors="replace").splitlines()
-        return lines, end
+        if isinstance(out, list):
+            return out, end
+        lines = out.decode(errors="replace").splitlines()
+        return lines[1:] if lines[:1] == ["START"] else lines, end
 
     def close(self) -> None:
         """Kill it (bubblewrap takes its namespace down with it) and keep what it said on stderr."""
+        if self.proc.stderr.closed:
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -265,56 +298,93 @@ class Runner:
                 stream.close()
             except OSError:
                 pass
-        self._remove_folder()
+        self._remove_scratch()
 
-    def _remove_folder(self) -> None:
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
+    def _remove_scratch(self) -> None:
+        if self.backend != "bwrap":
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class Runners:
     """This process's warm runners, by backend and scratch size: taken for a call, given back after it. They
-    are started from one long-lived thread, since bubblewrap's --die-with-parent follows the thread that
-    started it, and a call's thread may end before the runner should."""
+    are started from one daemon thread of their own, since bubblewrap's --die-with-parent follows the thread
+    that started it, and a call's thread (or, at exit, a thread pool's) may end before the runner should."""
 
     def __init__(self):
         self.pid = os.getpid()
         self.idle: dict[tuple[str, int], list[Runner]] = {}
         self.live: dict[tuple[str, int], int] = {}
+        self.started: list[Runner] = []  # every runner not yet closed, idle or in a call
         self.changed = threading.Condition()
-        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="softrl-sandbox-starter")
+        self._starts: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._starter, name="softrl-sandbox-starter", daemon=True).start()
+
+    def _starter(self) -> None:
+        while True:
+            args, kwargs, started = self._starts.get()
+            try:
+                started.set_result(subprocess.Popen(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                started.set_exception(e)
+
+    def _start(self, *args, **kwargs) -> subprocess.Popen:
+        started: Future = Future()
+        self._starts.put((args, kwargs, started))
+        return started.result()
 
     def take(self, backend: str, scratch_mb: int) -> Runner:
+        """An idle runner that is still alive, or a new one; waits while MAX_RUNNERS are in use."""
         key = (backend, scratch_mb)
         with self.changed:
-            self.changed.wait_for(lambda: self.idle.get(key) or self.live.get(key, 0) < MAX_RUNNERS)
-            if self.idle.get(key):
-                return self.idle[key].pop()
+            while True:
+                self.changed.wait_for(lambda: self.idle.get(key) or self.live.get(key, 0) < MAX_RUNNERS)
+                while self.idle.get(key):
+                    runner = self.idle[key].pop()
+                    if runner.alive:
+                        return runner
+                    runner.close()  # it died idle (killed from outside): not the next program's fault
+                    self.live[key] -= 1
+                if self.live.get(key, 0) < MAX_RUNNERS:
+                    break
             self.live[key] = self.live.get(key, 0) + 1
         try:
-            return Runner(backend, scratch_mb, lambda *a, **k: self._starter.submit(subprocess.Popen, *a, **k).result())
+            runner = Runner(backend, scratch_mb, self._start)
         except BaseException:
             self._forget(key)
             raise
+        with self.changed:
+            self.started = [r for r in self.started if not r.proc.stderr.closed] + [runner]
+        return runner
 
     def give_back(self, runner: Runner, reusable: bool) -> None:
         key = (runner.backend, runner.scratch_mb)
-        if not reusable:  # it closed itself
+        if not reusable:
+            runner.close()
             self._forget(key)
             return
         with self.changed:
             self.idle.setdefault(key, []).append(runner)
-            self.changed.notify()
+            self.changed.notify_all()  # waiters of other keys share the condition: wake them all
 
     def _forget(self, key: tuple[str, int]) -> None:
         with self.changed:
             self.live[key] -= 1
-            self.changed.notify()
+            self.changed.notify_all()
 
     def pids(self) -> set[int]:
         """The host-side process of every idle runner (a test tells them from a process a program left)."""
         with self.changed:
             return {r.proc.pid for runners in self.idle.values() for r in runners}
+
+    def forked(self) -> None:
+        """In a forked child: the parent's runners are not its own; close its copies of their pipes, so that
+        a runner sees its end when its parent's ends."""
+        for r in self.started:
+            for stream in (r.proc.stdin, r.proc.stdout, r.proc.stderr):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
 
 
 _RUNNERS: Runners | None = None
@@ -322,12 +392,22 @@ _RUNNERS_LOCK = threading.Lock()
 
 
 def _runners() -> Runners:
-    """This process's runners (a forked child makes its own: its parent's are not its to use)."""
+    """This process's runners."""
     global _RUNNERS
     with _RUNNERS_LOCK:
-        if _RUNNERS is None or _RUNNERS.pid != os.getpid():
+        if _RUNNERS is None:
             _RUNNERS = Runners()
         return _RUNNERS
+
+
+def _after_fork() -> None:
+    global _RUNNERS, _RUNNERS_LOCK
+    if _RUNNERS is not None:
+        _RUNNERS.forked()
+    _RUNNERS, _RUNNERS_LOCK = None, threading.Lock()  # the lock may have been held by another thread
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def runner_pids() -> set[int]:

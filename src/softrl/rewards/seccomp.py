@@ -3,7 +3,7 @@
 Default allow; refused with an errno (so the program sees an ordinary error): sockets other than
 AF_UNIX, fork / vfork / clone without CLONE_THREAD (a root-launched bwrap ignores RLIMIT_NPROC,
 so this is what stops fork bombs), clone3 (ENOSYS, so glibc falls back to clone for threads),
-execve, and the kernel surfaces an untrusted program never needs.
+execve, System V and POSIX message IPC, and the kernel surfaces an untrusted program never needs.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ DENIED = (
     "setfsgid", "setgroups", "capset", "kexec_load", "kexec_file_load", "init_module", "finit_module",
     "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "open_by_handle_at",
     "name_to_handle_at", "lookup_dcookie", "syslog", "personality", "uselib", "vhangup",
+    # System V and POSIX message IPC: objects that outlive the program (in its runner's IPC namespace, or
+    # the host's under Landlock) and could carry data to the next one
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
+    "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
+    "mq_getsetattr",
 )
 
 
