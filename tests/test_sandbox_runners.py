@@ -40,16 +40,20 @@ def test_a_file_left_in_scratch_is_gone_for_the_next_call():
     assert sandbox.run("import os\nprint(os.listdir('.'))").stdout.strip() == "[]"
 
 
-def test_a_scratch_that_cannot_be_emptied_retires_its_runner():
-    if "bwrap" not in BACKENDS:
-        pytest.skip("only bubblewrap gives programs a writable scratch")
-    sandbox = Sandbox("bwrap")
+def test_a_runner_whose_scratch_changed_retires():
+    """What a job leaves in scratch that the runner cannot undo (here its mode, changed from outside, as a
+    program cannot) retires the runner after that job: the next call gets a new one."""
+    if "landlock" not in BACKENDS:
+        pytest.skip("a Landlock runner's scratch is a folder of the host's")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sandbox = Sandbox("landlock")
     sandbox.run("print(1)")
-    before = runner_pids()
-    locked = "import os\nos.mkdir('d')\nopen('d/f', 'w').write('x')\nos.chmod('d', 0)\nprint('ok')"
-    assert sandbox.run(locked).stdout.strip() == "ok"
-    assert sandbox.run("import os\nprint(os.listdir('.'))").stdout.strip() == "[]"
-    assert not before <= runner_pids()
+    (runner,) = sandbox_module._runners().idle[("landlock", sandbox.limits.scratch_mb)]
+    os.chmod(runner.scratch, 0o750)
+    assert sandbox.run("print(2)").stdout == "2\n"  # this call is answered; its runner then stops
+    assert runner.proc.poll() is not None
+    assert runner.proc.pid not in runner_pids() and sandbox.run("print(3)").stdout == "3\n"
 
 
 def test_a_runner_started_on_a_thread_that_ended_still_answers(sandbox):
@@ -92,10 +96,12 @@ NEEDS_BWRAP = pytest.mark.skipif("bwrap" not in BACKENDS, reason="bubblewrap giv
     ("import os\nos.setxattr('.', 'user.note', b'a')", "import os\nprint(os.listxattr('.'))"),
     ("import os\nos.chmod('.', 0o555)", "open('f', 'w').write('a')\nprint(False)"),
     ("import os\nos.chmod('.', 0o1777)", "import os, stat\nprint(stat.S_IMODE(os.stat('.').st_mode) == 0o1777)"),
+    ("open('/leak', 'w').write('a')", "import os\nprint(os.path.exists('/leak'))"),
 ])
 def test_nothing_a_program_leaves_reaches_the_next_call(leave, look):
-    """Writable places beside scratch (/dev, /dev/shm) are read-only; what a program does to scratch
-    itself (its mode, its extended attributes) retires the runner. The next call sees none of it."""
+    """Places beside scratch (/, /dev, /dev/shm) are read-only; a program cannot change scratch itself
+    (its mode, its extended attributes), and a runner whose scratch changed all the same would retire.
+    The next call sees none of it."""
     sandbox = Sandbox("bwrap")
     sandbox.run(leave)
     after = sandbox.run(look)
@@ -207,3 +213,48 @@ def test_runners_answer_after_the_main_thread_ended_and_leave_no_scratch_behind(
     while folders() - before and time.monotonic() < deadline:  # the runners see their host's end, then go
         time.sleep(0.1)
     assert not folders() - before
+
+
+METADATA = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+target = sys.stdin.readline().strip()
+changed = []
+for name, call in (("chmod", lambda: os.chmod(target, 0o777)), ("chown", lambda: os.chown(target, 1234, 1234)),
+                   ("utime", lambda: os.utime(target, (1, 1))), ("setxattr", lambda: os.setxattr(target, "user.x", b"1")),
+                   ("renice runner", lambda: os.setpriority(os.PRIO_PROCESS, os.getppid(), 19)),
+                   ("sched runner", lambda: os.sched_setaffinity(os.getppid(), {0}))):
+    try:
+        call()
+        changed.append(name)
+    except OSError:
+        pass
+fd = os.open(".", os.O_RDONLY)
+for request in (0x40086602, 0xFFFFFFFF40086602):  # FS_IOC_SETFLAGS, and with high bits the kernel ignores
+    flags = ctypes.c_long(0xC0)
+    if libc.ioctl(fd, ctypes.c_ulong(request), ctypes.byref(flags)) == 0:
+        changed.append(hex(request))
+print("changed:", changed)
+"""
+
+
+def test_a_program_changes_no_files_metadata_and_no_process_scheduling(sandbox, tmp_path):
+    """Landlock does not govern a file's mode, owner, times or attributes, nor another process's priority:
+    seccomp refuses them (under Landlock the host's own files were reachable; in bubblewrap, scratch)."""
+    victim = tmp_path / "victim"
+    victim.write_text("x")
+    victim.chmod(0o600)
+    before = victim.stat()
+    for target in (str(victim), "."):
+        result = sandbox.run(METADATA, target + "\n")
+        assert result.stdout.strip() == "changed: []", (result.stdout, result.stderr[-300:])
+    after = victim.stat()
+    assert (after.st_mode, after.st_uid, after.st_mtime) == (before.st_mode, before.st_uid, before.st_mtime)
+
+
+@NEEDS_BWRAP
+def test_a_file_in_the_way_of_the_next_tests_input_changes_nothing():
+    """Tests' inputs reach the program from memory, not from a file in scratch an earlier test could block."""
+    program = "import os\nx = input()\nif x == '1':\n    os.mkdir('.stdin')\n    os.mkfifo('in')\nprint(x)"
+    results = Sandbox("bwrap").run_tests(program, [("1", "1"), ("2", "2"), ("3", "3")])
+    assert [r.status for r in results] == ["passed"] * 3, [(r.status, r.stderr[-200:]) for r in results]

@@ -155,11 +155,12 @@ def child(job, test, in_fd, out_w, err_w, bpf):
 
 def run_test(job, test, bpf):
     lim = job["limits"]
-    path = os.path.join(job["scratch"], ".stdin")
-    with open(path, "wb") as f:
-        f.write(test.get("input", "").encode())
-    in_fd = os.open(path, os.O_RDONLY)
-    os.unlink(path)
+    # in memory, not a file in scratch, where an earlier test's program could have put something in its way
+    in_fd = os.memfd_create("stdin")
+    data = test.get("input", "").encode()
+    while data:
+        data = data[os.write(in_fd, data):]
+    os.lseek(in_fd, 0, os.SEEK_SET)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     start = time.monotonic()
@@ -260,7 +261,10 @@ def wipe(scratch, initial):
                 os.rmdir(path) if name in dirs and not os.path.islink(path) else os.unlink(path)
             except OSError:
                 pass
-    return not os.listdir(scratch) and looks(scratch) == initial
+    try:
+        return not os.listdir(scratch) and looks(scratch) == initial
+    except OSError:
+        return False
 
 
 def one_job(scratch, initial):
@@ -310,12 +314,14 @@ def main():
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            if code == 4 and remove:
+        if code != 0:  # the host gone (4, or a job that could not write to it) or this runner stopping
+            if remove:
                 wipe(scratch, initial)
-                os.rmdir(scratch)
+                try:
+                    os.rmdir(scratch)
+                except OSError:
+                    pass
             sys.exit(0 if code == 4 else code)
-
 
 if __name__ == "__main__":
     main()

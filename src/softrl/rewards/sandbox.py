@@ -123,10 +123,10 @@ def _bwrap_command(scratch_mb: int) -> list[str]:
             cmd += ["--symlink", os.readlink(path), path]
         else:
             cmd += ["--ro-bind", path, path]
-    # /dev read-only: its device nodes work, but no file there (/dev/shm) outlives a job in a warm runner
+    # / and /dev read-only (device nodes still work): no file outside scratch outlives a job in a warm runner
     cmd += ["--ro-bind", str(RUNNER), "/sandbox/runner.py", "--dev", "/dev", "--remount-ro", "/dev",
             "--size", str(scratch_mb * 1024 * 1024), "--tmpfs", "/tmp", "--chdir", "/tmp",
-            "--", _python(), "-I", "-S", "/sandbox/runner.py", "/tmp"]
+            "--remount-ro", "/", "--", _python(), "-I", "-S", "/sandbox/runner.py", "/tmp"]
     return cmd
 
 
@@ -186,7 +186,7 @@ class Sandbox:
             "helpers": HELPERS, "helper_names": HELPER_NAMES, "stop_at_first_error": stop_at_first_error,
         }
         marshal.dumps(job)  # what cannot be sent fails here, before a runner is taken
-        budget = len(tests) * (limits.wall_s + 0.5) + 10
+        deadline = time.monotonic() + len(tests) * (limits.wall_s + 0.5) + 10
         pool = _runners()
         for attempt in range(2):  # once more on a fresh runner where the first died before the job started
             try:
@@ -195,7 +195,7 @@ class Sandbox:
                 return [_sandbox_error(f"could not start the sandbox: {e}") for _ in tests]
             end = "lost"
             try:
-                lines, end = runner.ask(marshal.dumps({**job, "scratch": runner.scratch}), budget)
+                lines, end = runner.ask(marshal.dumps({**job, "scratch": runner.scratch}), deadline - time.monotonic())
             finally:  # reused only where the job ended cleanly, and where the program could not signal it
                 pool.give_back(runner, reusable=end == "END" and warm)
             if end != "unstarted":
@@ -381,8 +381,8 @@ class Runners:
         a runner sees its end when its parent's ends."""
         for r in self.started:
             for stream in (r.proc.stdin, r.proc.stdout, r.proc.stderr):
-                try:
-                    stream.close()
+                try:  # the raw file: the buffered one's lock may have been held by a thread that is gone
+                    stream.raw.close()
                 except OSError:
                     pass
 
