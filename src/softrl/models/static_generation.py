@@ -40,6 +40,8 @@ KEPT_CACHES = {"cuda": 2}
 RECOMPILE_LIMIT = 64
 # steps between "all rows finished?" checks: a host sync on an accelerator, free on the CPU
 CHECK_EVERY = {"cuda": 8}
+# a prefix session matches each prompt only against the kept rows that begin with its first HEAD tokens
+HEAD = 16
 
 
 def _config_dims(config) -> tuple[int, int]:
@@ -116,6 +118,32 @@ class _Session:
 
     def next_call(self) -> None:
         self.previous, self.current = self.current, []
+
+
+def longest_shared_prefixes(contexts: list[list[int]], rows: list[list[int]]) -> list[tuple[int, int]]:
+    """For each context, (the first of `rows` sharing the longest prefix with it, that length), over all
+    but the context's last token (the first decode step feeds it). Where some row begins with the
+    context's first HEAD tokens, it beats every row that does not, so only those rows are compared (in an
+    episode, its prompt's own k rows): O(rows x k x length), not O(rows^2 x length), integer comparisons
+    in numpy."""
+    import numpy as np
+
+    longest = max(len(r) for r in rows)
+    table = np.full((len(rows), longest), -1, dtype=np.int64)
+    by_head = defaultdict(list)
+    for i, tokens in enumerate(rows):
+        table[i, : len(tokens)] = tokens
+        by_head[tuple(tokens[:HEAD])].append(i)
+    everything = np.arange(len(rows))
+    out = []
+    for context in contexts:
+        width = min(longest, len(context) - 1)
+        same_head = by_head.get(tuple(context[:HEAD])) if width >= HEAD else None
+        candidates = np.asarray(same_head) if same_head else everything
+        same = np.cumprod(table[candidates, :max(width, 0)] == np.asarray(context[:max(width, 0)], dtype=np.int64),
+                          axis=1).sum(axis=1)
+        out.append((int(candidates[int(same.argmax())]), int(same.max())))
+    return out
 
 
 class StaticDecoder:
@@ -274,22 +302,11 @@ class StaticDecoder:
         its context: those keys and values are copied, the rest of the context is prefilled (a segment, each
         row's part right-aligned, its padding masked), as a multi-turn episode's next turn needs only the
         environment's answer prefilled. None (start afresh) where nothing is shared or the holes of masked
-        columns would make the cache more than twice the longest context. The matching compares every
-        context with every kept row: O(rows^2 x length) integer comparisons, in numpy."""
-        import numpy as np
+        columns would make the cache more than twice the longest context (`longest_shared_prefixes`)."""
 
         rows_of = [(part, r) for part in kept for r in range(len(part.tokens))]
-        longest = max(len(part.tokens[r]) for part, r in rows_of)
-        table = np.full((len(rows_of), longest), -1, dtype=np.int64)
-        for i, (part, r) in enumerate(rows_of):
-            table[i, : len(part.tokens[r])] = part.tokens[r]
-        source, shared = [], []
-        for context in contexts:
-            width = min(longest, len(context) - 1)  # the context's last token is fed by the first decode step
-            same = np.cumprod(table[:, :width] == np.asarray(context[:width], dtype=np.int64), axis=1).sum(axis=1)
-            best = int(same.argmax())
-            source.append(rows_of[best])
-            shared.append(int(same[best]) if width > 0 else 0)
+        matches = longest_shared_prefixes(contexts, [part.tokens[r] for part, r in rows_of])
+        source, shared = [rows_of[best] for best, _ in matches], [n for _, n in matches]
         if not any(shared):
             return None
         written = max(part.written for (part, _), s in zip(source, shared) if s)
