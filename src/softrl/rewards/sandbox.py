@@ -188,7 +188,7 @@ class Sandbox:
         marshal.dumps(job)  # what cannot be sent fails here, before a runner is taken
         deadline = time.monotonic() + len(tests) * (limits.wall_s + 0.5) + 10
         pool = _runners()
-        for attempt in range(2):  # once more on a fresh runner where the first died before the job started
+        for _ in range(2):  # once more on a fresh runner where the first died before the job started
             try:
                 runner = pool.take(self.backend, limits.scratch_mb)
             except (OSError, RuntimeError) as e:
