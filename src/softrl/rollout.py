@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 from dataclasses import dataclass, replace
 
@@ -277,7 +277,8 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
     masked; the policy's keep their behaviour log-probs. An environment that raises, hangs or floods
     ends its episode, never the run. Each episode has its own token budget: `token_budget`, or the
     model's positions after its prompt. An episode's reward is asked for as soon as it ends, on a thread
-    of its own, while the others go on."""
+    of its own, while the others' next turn is generated (not while the environment answers them); the
+    task grades the episodes that ended in a turn together, one `grade_many` call a turn."""
     from softrl.data.chat import transcript
 
     refuse_unfit(spec, contexts)
@@ -285,22 +286,28 @@ def episodes(spec: RolloutSpec, env, contexts: list[Context], k: int, seed: int,
     asked: list[tuple[list[Episode], Future]] = []  # episodes whose rewards were asked for, together
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="softrl-episode-reward") as rewards, \
             prefix_session(spec.generator):  # a turn prefills what the last one added, not the conversation
-        for turn in range(limits.max_turns):
-            active = [e for e in live if e.finish is None]
-            for e in active:
-                if _room(spec, limits, e) < 1:
-                    e.end("token_budget")
-            active = [e for e in active if e.finish is None]
-            if not active:
-                break
-            waiting = _policy_turn(spec, env, active, turn, k, seed, limits)
-            _environment_turn(env, waiting, limits, tokenizer, lambda e: _room(spec, limits, e))
-            if ended := [e for e in active if e.finish is not None]:
-                asked.append((ended, rewards.submit(_episode_rewards, spec, env, ended, limits)))
-        done = {id(e) for batch, _ in asked for e in batch}
-        if rest := [e for e in live if id(e) not in done]:  # out of room before a turn
-            asked.append((rest, rewards.submit(_episode_rewards, spec, env, rest, limits)))
-        outcome = {id(e): result for batch, future in asked for e, result in zip(batch, future.result())}
+        try:
+            for turn in range(limits.max_turns):
+                active = [e for e in live if e.finish is None]
+                for e in active:
+                    if _room(spec, limits, e) < 1:
+                        e.end("token_budget")
+                active = [e for e in active if e.finish is None]
+                if not active:
+                    break
+                waiting = _policy_turn(spec, env, active, turn, k, seed, limits)
+                # rewards overlap generation, never the environment's calls (for its sandbox and its threads)
+                wait([future for _, future in asked])
+                _environment_turn(env, waiting, limits, tokenizer, lambda e: _room(spec, limits, e))
+                if ended := [e for e in active if e.finish is not None]:
+                    asked.append((ended, rewards.submit(_episode_rewards, spec, env, ended, limits)))
+            done = {id(e) for batch, _ in asked for e in batch}
+            if rest := [e for e in live if id(e) not in done]:  # out of room before a turn
+                asked.append((rest, rewards.submit(_episode_rewards, spec, env, rest, limits)))
+            outcome = {id(e): result for batch, future in asked for e, result in zip(batch, future.result())}
+        except BaseException:  # a failed turn (or an interrupt) does not wait for the rewards still queued
+            rewards.shutdown(wait=False, cancel_futures=True)
+            raise
     rows = []
     for e in live:
         reward, passed, failure = outcome[id(e)]
