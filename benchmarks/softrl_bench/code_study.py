@@ -8,10 +8,11 @@ batch is twice that, its other half from the store; an arm from logged data gene
   the problems' known, human-written solutions); ppo and grpo, online; cispo-half: of the off-policy
   baselines (GRPO with TIS, CISPO, TOPR) the one with the best pass@1 at lag 1 in `bench frontier`, on
   spo-half's data.
-- feedback: spo-online, spo-half, ppo, grpo and grpo-tis-half (GRPO with TIS, its other half the reference's
-  episodes passed or not, since GRPO needs whole groups; online alone, in the sync runtime, its weights are 1); then spo, agro-off, topr and kl-pg offline from logged
-  traces of another agent (`logged_traces`: its conversations, rewards and no log-probs, imported as
-  `softrl data import` reads a chat file).
+- feedback: spo-online, spo-half, ppo, grpo and grpo-tis-half (GRPO with TIS, its other half the
+  reference's episodes passed or not, since GRPO needs whole groups; online alone, in the sync runtime,
+  its weights are 1); then spo, agro-off, topr and kl-pg offline from logged traces of another agent
+  (`logged_traces`: its conversations, rewards and no log-probs, imported as `softrl data import` reads a
+  chat file).
 
 Each arm's learning rate is tuned on a tuning seed (the best final pass@1 over `lrs`, extended by up to
 `extend` points of the 1-3-10 ladder past an edge where the best lies) and reported on seeds 0..N-1. The

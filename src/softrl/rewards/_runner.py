@@ -274,11 +274,9 @@ def one_job(scratch, initial):
     if header is None:
         return 4
     job = marshal.loads(read_exact(struct.unpack("<I", header)[0]))
-    if job["scratch"] != scratch:
-        raise ValueError(f"a job for scratch {job['scratch']!r} sent to the runner of {scratch!r}")
+    job["scratch"] = scratch  # this runner's, known from its start: the host does not send it
     sys.stdout.write("START\n")  # from here, a runner that dies is the job's doing, not an earlier one's
     sys.stdout.flush()
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/<runner>/fd for the children
     if job.get("landlock_runner"):
         landlock(job["read_paths"], [scratch], filesystem=True)
     for test in job["tests"]:
@@ -299,6 +297,7 @@ def main():
     argv: the scratch folder, and "remove" where it is the host's folder to remove once the host is done."""
     scratch, remove = sys.argv[1], sys.argv[2:] == ["remove"]
     initial = looks(scratch)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no /proc/<runner>/fd for the children (forks keep it)
     while True:
         pid = os.fork()
         if pid == 0:

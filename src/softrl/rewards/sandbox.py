@@ -185,7 +185,7 @@ class Sandbox:
             "landlock_runner": self.backend == "landlock", "read_paths": _read_paths(),
             "helpers": HELPERS, "helper_names": HELPER_NAMES, "stop_at_first_error": stop_at_first_error,
         }
-        marshal.dumps(job)  # what cannot be sent fails here, before a runner is taken
+        frame = marshal.dumps(job)  # what cannot be sent fails here, before a runner is taken
         deadline = time.monotonic() + len(tests) * (limits.wall_s + 0.5) + 10
         pool = _runners()
         for _ in range(2):  # once more on a fresh runner where the first died before the job started
@@ -195,7 +195,7 @@ class Sandbox:
                 return [_sandbox_error(f"could not start the sandbox: {e}") for _ in tests]
             end = "lost"
             try:
-                lines, end = runner.ask(marshal.dumps({**job, "scratch": runner.scratch}), deadline - time.monotonic())
+                lines, end = runner.ask(frame, deadline - time.monotonic())
             finally:  # reused only where the job ended cleanly, and where the program could not signal it
                 pool.give_back(runner, reusable=end == "END" and warm)
             if end != "unstarted":
@@ -248,40 +248,40 @@ class Runner:
         DIRTY (its scratch is not as it was), timeout (over `budget` seconds), unstarted (the runner was
         gone before it read the job) or lost (it died during the job: the program killed it, or the sandbox
         failed). Any ending but END closes it."""
-        deadline = time.monotonic() + budget
+        out, end = self._exchange(job, time.monotonic() + budget)
+        lines = out.decode(errors="replace").splitlines()
+        lines = lines[1:] if lines[:1] == ["START"] else lines
+        if end != "END":
+            self.close()
+        return (lines[:-1] if end in ("END", "DIRTY") else lines), end
+
+    def _exchange(self, job: bytes, deadline: float) -> tuple[bytearray, str]:
+        """Write the framed job, read until the runner's last line: (what it wrote, how it ended)."""
         frame = memoryview(struct.pack("<I", len(job)) + job)
         out = bytearray()
         with selectors.DefaultSelector() as waiting:  # poll or epoll: no limit on fd numbers, unlike select()
             waiting.register(self.proc.stdin, selectors.EVENT_WRITE)
             while frame:
                 if time.monotonic() > deadline or not waiting.select(deadline - time.monotonic()):
-                    return self._ended(out, "timeout")
+                    return out, "timeout"
                 try:
                     frame = frame[os.write(self.proc.stdin.fileno(), frame):]
                 except BlockingIOError:
                     continue
                 except OSError:
-                    return self._ended(out, "unstarted")
+                    return out, "unstarted"
             waiting.unregister(self.proc.stdin)
             waiting.register(self.proc.stdout, selectors.EVENT_READ)
             while not (out.endswith(b"END\n") or out.endswith(b"DIRTY\n")):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return self._ended(out, "timeout")
+                    return out, "timeout"
                 if waiting.select(left):
                     chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
                     if not chunk:
-                        return self._ended(out, "lost" if out.startswith(b"START\n") else "unstarted")
+                        return out, "lost" if out.startswith(b"START\n") else "unstarted"
                     out += chunk
-        lines = out.decode(errors="replace").splitlines()[1:]  # after START
-        return (lines[:-1], "END") if lines[-1] == "END" else self._ended(lines[:-1], lines[-1])
-
-    def _ended(self, out: bytearray | list[str], end: str) -> tuple[list[str], str]:
-        self.close()
-        if isinstance(out, list):
-            return out, end
-        lines = out.decode(errors="replace").splitlines()
-        return lines[1:] if lines[:1] == ["START"] else lines, end
+        return out, "END" if out.endswith(b"END\n") else "DIRTY"
 
     def close(self) -> None:
         """Kill it (bubblewrap takes its namespace down with it) and keep what it said on stderr."""
@@ -311,7 +311,6 @@ class Runners:
     that started it, and a call's thread (or, at exit, a thread pool's) may end before the runner should."""
 
     def __init__(self):
-        self.pid = os.getpid()
         self.idle: dict[tuple[str, int], list[Runner]] = {}
         self.live: dict[tuple[str, int], int] = {}
         self.started: list[Runner] = []  # every runner not yet closed, idle or in a call
