@@ -475,7 +475,8 @@ def test_a_prefix_session_continues_every_chunk_of_a_call_and_samples_n_a_prompt
 def test_longest_shared_prefixes_is_the_brute_force_search():
     """Comparing a context only with the rows that begin as it does finds what comparing it with every row
     finds (the first row of the longest shared prefix, and its length): random rows with shared heads,
-    ties, short rows and contexts, and contexts no row begins like."""
+    ties, short rows and contexts, contexts no row begins like, and rows that share a preamble longer than
+    the narrowing's HEAD tokens."""
     import random
 
     from softrl.models.static_generation import HEAD, longest_shared_prefixes
@@ -491,10 +492,12 @@ def test_longest_shared_prefixes_is_the_brute_force_search():
         return shared.index(max(shared)), max(shared)
 
     rng = random.Random(0)
-    for _ in range(300):
+    for trial in range(600):
+        # half the trials: every row begins with a preamble longer than HEAD, as a chat template's does
+        preamble = [7] * rng.choice([HEAD + 3, 2 * HEAD]) if trial % 2 else []
         heads = [[rng.randrange(3) for _ in range(rng.choice([2, HEAD, HEAD + 5]))] for _ in range(3)]
-        rows = [rng.choice(heads)[: rng.randrange(1, HEAD + 6)] + [rng.randrange(3) for _ in range(rng.randrange(0, 30))]
-                for _ in range(rng.randrange(1, 12))]
+        rows = [preamble + rng.choice(heads)[: rng.randrange(1, HEAD + 6)]
+                + [rng.randrange(3) for _ in range(rng.randrange(0, 30))] for _ in range(rng.randrange(1, 12))]
         contexts = [rng.choice(rows + [[]])[: rng.randrange(0, 50)] + [rng.randrange(3) for _ in range(rng.randrange(1, 20))]
                     for _ in range(8)]
         assert longest_shared_prefixes(contexts, rows) == [brute(c, rows) for c in contexts]

@@ -315,3 +315,10 @@ def test_a_ray_run_rolls_out_episodes_in_its_workers(tiny, tmp_path):
     assert online and all(r["turns"] and r["action_mask"] and len(r["action_mask"]) == len(r["response_tokens"])
                           for r in online)
     assert any(len(r["turns"]) == 3 for r in online)  # a try, the feedback, another try
+
+
+def test_episode_limits_refuse_an_episode_of_no_turn():
+    """max_turns 0 is refused where the limits are made, in one line naming it, not later as a StopIteration
+    from grading an episode that has no policy turn."""
+    with pytest.raises(ValueError, match="max_turns must be at least 1, got max_turns=0"):
+        EpisodeLimits(max_turns=0)

@@ -170,6 +170,11 @@ class EpisodeLimits:
     timeout_s: float = 30.0
     max_env_chars: int = 20_000
 
+    def __post_init__(self):
+        # an episode of no policy turn has nothing to train on or grade
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got max_turns={self.max_turns}")
+
 
 @dataclass
 class Episode:

@@ -40,7 +40,8 @@ KEPT_CACHES = {"cuda": 2}
 RECOMPILE_LIMIT = 64
 # steps between "all rows finished?" checks: a host sync on an accelerator, free on the CPU
 CHECK_EVERY = {"cuda": 8}
-# a prefix session matches each prompt only against the kept rows that begin with its first HEAD tokens
+# a prefix session matches each prompt only against the kept rows that go on as it does for HEAD tokens
+# after the rows' common prefix
 HEAD = 16
 
 
@@ -122,26 +123,30 @@ class _Session:
 
 def longest_shared_prefixes(contexts: list[list[int]], rows: list[list[int]]) -> list[tuple[int, int]]:
     """For each context, (the first of `rows` sharing the longest prefix with it, that length), over all
-    but the context's last token (the first decode step feeds it). Where some row begins with the
-    context's first HEAD tokens, it beats every row that does not, so only those rows are compared (in an
-    episode, its prompt's own k rows): O(rows x k x length), not O(rows^2 x length), integer comparisons
-    in numpy."""
+    but the context's last token (the first decode step feeds it). All rows begin with a common prefix
+    (a chat template's preamble, a shared system prompt) of P tokens; where a context begins with it and
+    some row goes on with the context's next HEAD tokens, that row beats every row that does not, so only
+    those rows are compared (in an episode, its prompt's own k rows): O(rows x k x length), not
+    O(rows^2 x length), integer comparisons in numpy."""
     import numpy as np
 
     longest = max(len(r) for r in rows)
     table = np.full((len(rows), longest), -1, dtype=np.int64)
-    by_head = defaultdict(list)
     for i, tokens in enumerate(rows):
         table[i, : len(tokens)] = tokens
-        by_head[tuple(tokens[:HEAD])].append(i)
+    shortest = min(len(r) for r in rows)
+    common = int(np.cumprod((table[:, :shortest] == table[0, :shortest]).all(axis=0)).sum())
+    by_head = defaultdict(list)
+    for i, tokens in enumerate(rows):
+        by_head[tuple(tokens[common:common + HEAD])].append(i)
     everything = np.arange(len(rows))
     out = []
     for context in contexts:
-        width = min(longest, len(context) - 1)
-        same_head = by_head.get(tuple(context[:HEAD])) if width >= HEAD else None
+        width = max(min(longest, len(context) - 1), 0)
+        narrows = width >= common + HEAD and list(context[:common]) == rows[0][:common]
+        same_head = by_head.get(tuple(context[common:common + HEAD])) if narrows else None
         candidates = np.asarray(same_head) if same_head else everything
-        same = np.cumprod(table[candidates, :max(width, 0)] == np.asarray(context[:max(width, 0)], dtype=np.int64),
-                          axis=1).sum(axis=1)
+        same = np.cumprod(table[candidates, :width] == np.asarray(context[:width], dtype=np.int64), axis=1).sum(axis=1)
         out.append((int(candidates[int(same.argmax())]), int(same.max())))
     return out
 
