@@ -483,15 +483,24 @@ def test_group_sampler_and_replay(tmp_path):
     assert len(TrajectoryPool(store.trajectories(passed=True))) == 3
 
 
-def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version(root, monkeypatch):
+@pytest.mark.parametrize("copy", [False, True, "given up"])
+def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version(root, monkeypatch, copy):
     """The store's pool holds row addresses and narrow columns, not whole rows: every draw, group and row (first copies, the
     newest annotation joined, a prompt and an MC-target filter) is the one an in-memory pool of the
     same read gives, and it keeps drawing its version's rows after appends and a dedupe. Scans of 7
-    rows a batch, so keys and annotations are matched across batches."""
-    from softrl.data import lance_table
+    rows a batch, so keys and annotations are matched across batches. The same with the wide columns
+    copied to local disk at the scan, and with a copy given up for want of disk (draws by handle)."""
+    from softrl.data import lance_table, pool as pools
 
     monkeypatch.setattr(lance_table, "BATCH_ROWS", 7)
+    if copy == "given up":
+        monkeypatch.setattr(pools, "COPY_CHECK_ROWS", 14)
+        monkeypatch.setattr(pools, "COPY_RESERVE_BYTES", 1 << 62)
     store = ExperienceStore(root)
+
+    def pool_of(*args, **filters):
+        return store.pool(*args, copy=bool(copy), **filters)
+
     rows = [full_trajectory(prompt_id=f"p{i % 5}", response_tokens=[i], task="t" if i % 4 else "u", mc_targets=[],
                             passed=i % 3 == 0) for i in range(120)]
     store.append(rows[:80])
@@ -503,8 +512,10 @@ def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version
     store.annotate({rows[1].id: [{"t": 1, "success": 0.5, "k": 4}], rows[2].id: [{"t": 0, "success": 1.0, "k": 2}],
                     "not-a-hex-id": []})
     store.annotate({rows[2].id: [], full_trajectory(prompt_id="p9", response_tokens=[501], task="t").id: []})
-    pool, memory = store.pool(task="t", prompt_ids=["p1", "p2", "p3"]), \
+    pool, memory = pool_of(task="t", prompt_ids=["p1", "p2", "p3"]), \
         TrajectoryPool(store.trajectories(task="t", prompt_id=["p1", "p2", "p3"]))
+    assert (pool.local is not None) == bool(copy)
+    assert bool(pool.local and pool.local.given_up) == (copy == "given up")
     assert len(pool) == len(memory) == sum(1 for i in range(120) if i % 4 and i % 5 in (1, 2, 3))
     assert pool.fetch(list(range(len(pool)))) == memory.rows
     a, b = random.Random(7), random.Random(7)
@@ -513,15 +524,16 @@ def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version
     assert GroupSampler(pool, 3, seed=1).sample(5) == GroupSampler(memory, 3, seed=1).sample(5)
     # rows[5]'s later copy has targets of its own, but its first copy (none) decides; an emptied
     # annotation outweighs a row's own targets; a null list is none
-    annotated = store.pool(task="t", annotated=True)
+    annotated = pool_of(task="t", annotated=True)
     assert [r["id"] for r in annotated.fetch(list(range(len(annotated))))] == [rows[1].id]
     expected = [r["id"] for r in store.trajectories(task="t").to_pylist() if r["mc_targets"]]
     assert expected == [rows[1].id]
     snapshot, before = store.snapshot(), pool.fetch(list(range(len(pool))))
     store.append([full_trajectory(prompt_id="p1", response_tokens=[999], task="t")])
     store.dedupe()
-    assert pool.fetch(list(range(len(pool)))) == before and len(store.pool(snapshot, task="t")) == 93
-    assert len(store.pool(task="t")) == 94
+    assert pool.fetch(list(range(len(pool)))) == before and len(pool_of(snapshot, task="t")) == 93
+    assert len(pool_of(task="t")) == 94
+    assert (store.pool(task="t").local is not None) == root.startswith("s3://")  # by default: on object stores
     with_targets = sum(bool(r["mc_targets"]) for r in store.trajectories(source="online").to_pylist())
     assert store.stats()["sources"]["online"]["with_mc_targets"] == with_targets == 2  # rows[1], the last append
 
@@ -723,7 +735,8 @@ def test_a_commit_whose_answer_was_lost_is_not_made_twice(root, monkeypatch):
 
 def test_bench_store_quick_measures_every_figure_on_every_backend(tmp_path):
     """`softrl bench store --quick`: each size's figures locally (cold too, as root: the page cache
-    dropped) and on both loopback S3 servers (SeaweedFS and moto), the writers' rows all arrived once,
+    dropped) and on both loopback S3 servers (SeaweedFS and moto; there a pool's local copy and a draw
+    without it), the writers' rows all arrived once,
     the report, its JSON and its plot written."""
     proc = softrl("bench", "store", "--quick", "--writers", "2", "--runs", str(tmp_path / "runs"),
                   "--report", str(tmp_path / "report"), "--clean")
@@ -736,6 +749,9 @@ def test_bench_store_quick_measures_every_figure_on_every_backend(tmp_path):
         assert point["pool_rows"] == sum((i // 16) % 4 == 0 for i in range(point["rows"]))  # task0: a quarter of prompts
         assert point["stats_rows"] == point["rows"]
         assert point["dedupe_removed"] == 0 and point["sample_ms"] > 0 and point["q0_ms"] > 0
+    for point in [p for server in servers for p in result[server]]:  # an object store's pool copied, and without
+        assert point["pool_copy_mib"] > 0 and point["sample_by_request_ms"] > 0
+    assert not any("pool_copy_mib" in point for point in result["local"])
     assert result["cold"] == (os.geteuid() == 0)
     if result["cold"]:
         for point in result["local"]:

@@ -569,14 +569,18 @@ def test_the_offline_pool_names_stored_rows_of_none_of_the_task_prompts(tiny, tm
 
 
 def test_a_run_on_an_s3_store(tiny, tmp_path, s3_env):
-    """data.store as an s3:// URI: Q0, the offline pool and the online samples go there (AWS_* variables only)."""
+    """data.store as an s3:// URI: Q0, the offline pool and the online samples go there (AWS_* variables only);
+    the pool's columns are copied to local disk once and drawn from there."""
     from softrl.runtime.local import train
     from softrl.tasks.registry import load_task
 
     store = f"s3://{s3_env.bucket}/run-{tmp_path.name}"
     ExperienceStore(store).append(task_solutions(load_task("countdown", size=6), "human"))
     config = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{"data.store": store, "optim.steps": 1}))
-    assert train(config, log=lambda m: None)["steps"] == 1
+    said = []
+    assert train(config, log=said.append)["steps"] == 1
+    # the offline pool's wide columns were copied to local disk, so a draw asks the server for nothing
+    assert any(line.startswith("offline pool: 6 trajectories (their columns copied to local disk") for line in said), said
     stats = ExperienceStore(store).stats()
     assert stats["sources"]["online"]["trajectories"] > 0 and stats["prompts_with_q0"] == 6
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -238,6 +239,72 @@ class HeldColumns:
         return out
 
 
+# free disk a pool's local copy leaves: past it the copy is given up and the pool reads from the store
+COPY_RESERVE_BYTES = 2 << 30
+COPY_CHECK_ROWS = 1 << 20  # rows written between checks of the free disk
+
+
+class LocalColumns:
+    """Columns (`fields`) of the rows a pool scans, written to a local Arrow IPC file as the scan passes
+    and then read memory-mapped: a take is a few page reads per row, where an object store answers
+    each row of each column with a request (about 120 ranged GETs for a draw of 64). `add` each scanned
+    batch; `close`; `take(rows)` (indices into everything added, any order). The file is in the system's
+    temporary folder and goes with the object; where the disk would keep less than `reserve` bytes free,
+    the copy is given up (`given_up`: why) and the caller reads from the store instead."""
+
+    def __init__(self, fields: Sequence[pa.Field], reserve: int | None = None):
+        self.schema, self.reserve = pa.schema(fields), COPY_RESERVE_BYTES if reserve is None else reserve
+        self.folder = tempfile.TemporaryDirectory(prefix="softrl-pool-")
+        self.path = Path(self.folder.name) / "rows.arrow"
+        self._sink = pa.OSFile(str(self.path), "wb")
+        self._writer = pa.ipc.new_file(self._sink, self.schema)
+        self.given_up: str | None = None
+        self.rows = self._unchecked = 0
+        self.batches: list[pa.RecordBatch] = []
+        self.starts = np.zeros(1, dtype=np.int64)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if self.given_up:
+            return
+        self._writer.write_batch(pa.RecordBatch.from_arrays([batch[f.name] for f in self.schema], schema=self.schema))
+        self.rows += batch.num_rows
+        self._unchecked += batch.num_rows
+        if self._unchecked >= COPY_CHECK_ROWS:
+            self._unchecked = 0
+            free = shutil.disk_usage(self.folder.name).free
+            if free < self.reserve:
+                self._give_up(f"{free / 2**30:.1f} GiB left free on {self.folder.name}")
+
+    def close(self) -> None:
+        if self.given_up:
+            return
+        self._writer.close()
+        self._sink.close()
+        reader = pa.ipc.open_file(pa.memory_map(str(self.path)))
+        self.batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        self.starts = np.cumsum([0] + [b.num_rows for b in self.batches])
+
+    def _give_up(self, why: str) -> None:
+        self.given_up = why
+        self._writer.close()
+        self._sink.close()
+        self.folder.cleanup()
+
+    @property
+    def bytes(self) -> int:
+        return 0 if self.given_up else self.path.stat().st_size
+
+    def take(self, rows: np.ndarray) -> dict[str, pa.Array]:
+        order = np.argsort(rows, kind="stable")
+        ordered = rows[order]
+        batch_of = np.searchsorted(self.starts, ordered, side="right") - 1
+        parts = [self.batches[b].take(pa.array(ordered[batch_of == b] - self.starts[b]))
+                 for b in np.unique(batch_of).tolist()]
+        back = pa.array(np.argsort(order))
+        return {f.name: pa.concat_arrays([p[f.name] for p in parts]).take(back) if parts else pa.array([], f.type)
+                for f in self.schema}
+
+
 class KeySet:
     """A set of id keys (`[M, 2]`, M small: annotations), asked about many rows at a time."""
 
@@ -302,11 +369,11 @@ class TrajectoryPool(Pool):
 class StoredPool(Pool):
     """Rows of one version of a store's trajectory table, held as row handles (`[N]` uint64, ascending:
     commit order) and fetched by `take(positions) -> pa.Table` (positions ascending; with the run's
-    joins, e.g. MC-target annotations)."""
+    joins, e.g. MC-target annotations); `local`: the local copy of its wide columns, where one was made."""
 
     def __init__(self, handles: np.ndarray, prompt_index: np.ndarray, prompt_names: Sequence[str],
-                 take: Callable[[np.ndarray], pa.Table]):
-        self.handles, self.take = handles, take
+                 take: Callable[[np.ndarray], pa.Table], local: LocalColumns | None = None):
+        self.handles, self.take, self.local = handles, take, local
 
         def fetch(positions: list[int]) -> Rows:
             if not positions:

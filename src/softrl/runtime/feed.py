@@ -44,6 +44,16 @@ def drawable(source) -> int:
     return len(source)
 
 
+
+def copied(pool) -> str:
+    """What a pool's log line says of its local copy (an object store's), if it has one."""
+    local = getattr(pool, "local", None)
+    if local is None:
+        return ""
+    if local.given_up:
+        return f" (no local copy: {local.given_up}; each draw asks the store)"
+    return f" (their columns copied to local disk, {local.bytes / 2**20:,.0f} MiB)"
+
 class DataFeed:
     """Built from the run's config, store, training task, Q0 (prompt id -> soft value at the run's
     beta) and tokenizer, and the model's number of token ids (`vocab_size`: stored rows' token ids
@@ -97,7 +107,7 @@ class DataFeed:
             sources[source] = pool
             if registry.get(cfg.objective_for(source).algorithm).min_group:
                 sources[source] = GroupSampler(pool, self.config.sampling.samples_per_prompt, seed=self.config.seed)
-            self.log(f"{source} pool: {len(pool)} trajectories")
+            self.log(f"{source} pool: {len(pool)} trajectories{copied(pool)}")
             self._refuse_unusable(source, checked)
             if source == "offline":
                 self._say_unmatched(len(pool))
