@@ -316,12 +316,12 @@ class LanceTable:
                                                                         with_row_address=handles), self.uri)), lacking)
 
     def batches(self, version: int, columns: list[str], where: pc.Expression | None = None,
-                handles: bool = False) -> Iterator[pa.RecordBatch]:
+                handles: bool = False, rows: int | None = None) -> Iterator[pa.RecordBatch]:
         dataset = self._at(version)
         present, lacking = self._read_columns(dataset, columns)
         try:
             for batch in dataset.to_batches(columns=present, filter=where, with_row_address=handles,
-                                            batch_size=BATCH_ROWS, scan_in_order=True):
+                                            batch_size=rows or BATCH_ROWS, scan_in_order=True):
                 yield with_nulls(renamed(batch), lacking)
         except (OSError, ValueError) as e:
             raise StoreError(explain(e, self.uri)) from None

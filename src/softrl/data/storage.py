@@ -68,8 +68,9 @@ class Table(Protocol):
         """Rows of `version` matching `where`, of `columns` (all: None), with the `HANDLE` column when asked."""
 
     def batches(self, version: int, columns: list[str], where: pc.Expression | None = None,
-                handles: bool = False) -> Iterator[pa.RecordBatch]:
-        """`read`'s rows a batch at a time in handle order (memory bounded by a batch)."""
+                handles: bool = False, rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """`read`'s rows a batch (of at most `rows`; None: the implementation's) at a time in handle order
+        (memory bounded by a batch)."""
 
     def take(self, version: int, handles: np.ndarray, columns: list[str] | None = None) -> pa.Table:
         """The rows of `version` with `handles` (`[N]` uint64), in that order."""

@@ -15,7 +15,7 @@ and "newest" are by commit order (row handles grow with each commit), never by a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from softrl.data import legacy
 from softrl.data.pool import (
-    HeldColumns, KeySet, LaterCopies, LocalColumns, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted, owned,
+    COPY_BATCH_ROWS, HeldColumns, KeySet, LaterCopies, LocalColumns, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted, owned,
     sorted_distinct,
 )
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
@@ -292,14 +292,22 @@ class ExperienceStore:
             if (self.root.startswith("s3://") if copy is None else copy) else None
         scanned = ["id", *HELD] + (["mc_targets"] if annotated else [])
         handles, keys, keeps = [], [], []
-        for batch in table.batches(version, scanned + [n for n in wide if local and n not in scanned], where, True):
-            batch_keys = id_keys(batch["id"])
-            keeps.append(targets.of(batch_keys, batch["mc_targets"]) if targets else np.ones(batch.num_rows, dtype=bool))
-            handles.append(owned(batch[HANDLE]))
-            keys.append(batch_keys)
-            held.add(batch)
-            if local:
-                local.add(batch)
+
+        def scan() -> Iterator[pa.RecordBatch]:
+            for batch in table.batches(version, scanned + [n for n in wide if local and n not in scanned], where, True,
+                                       COPY_BATCH_ROWS if local else None):
+                batch_keys = id_keys(batch["id"])
+                keeps.append(targets.of(batch_keys, batch["mc_targets"]) if targets else np.ones(batch.num_rows, dtype=bool))
+                handles.append(owned(batch[HANDLE]))
+                keys.append(batch_keys)
+                held.add(batch)
+                yield batch
+
+        batches = scan()
+        if local:
+            local.write(batches)
+        for _ in batches:  # all of it, or what the copy left when it gave up
+            pass
         # each list replaced by its concatenation, so that the batches' parts are not held beside it
         handles = np.concatenate(handles) if handles else np.empty(0, dtype=np.uint64)
         keys = np.concatenate(keys) if keys else np.empty((0, 2), dtype=np.uint64)
@@ -311,8 +319,6 @@ class ExperienceStore:
         handle = handles[first]
         del handles
         held.keep(first)
-        if local:
-            local.close()
         copied = local if local and not local.given_up else None
         noted = self.tables["annotations"].count(snapshot.versions["annotations"]) > 0  # else no join to read
 
