@@ -110,7 +110,7 @@ def test_the_bootstraps_rows_train_the_policys_turns_only(seen):
 
 def test_softrl_train_on_tinycode_feedback_exports_episodes_that_reimport_and_train_spo_offline(tmp_path):
     """The issue's first 'done when': `softrl train` on tinycode-feedback rolls out episodes (no
-    task.environment given: the task brings its own); its rows export as chat messages with two
+    task.environment given: the task brings its own) and counts the policy's tokens; its rows export as chat messages with two
     assistant turns or more and the sandbox's feedback between them; they import again and SPO trains on
     them offline only."""
     import json
@@ -134,6 +134,9 @@ def test_softrl_train_on_tinycode_feedback_exports_episodes_that_reimport_and_tr
                                        for r in evaluated)
     rows = ExperienceStore(tmp_path / "store").trajectories(source="online", run_id="online").to_pylist()
     assert rows and all(r["turns"] and r["action_mask"] for r in rows)
+    # each step counts the policy's tokens generated so far, its turns' and not the environment's
+    steps = [r for r in records if "loss" in r]
+    assert steps[-1]["tokens"] == sum(sum(r["action_mask"]) for r in rows) > steps[0]["tokens"] > 0
     out = tmp_path / "episodes.jsonl"
     assert subprocess.run([*softrl, "data", "export", str(out), "--format", "chat", "--store", str(tmp_path / "store")],
                           capture_output=True).returncode == 0

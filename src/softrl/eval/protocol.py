@@ -42,8 +42,14 @@ def sample(spec: RolloutSpec, prompts: list[Prompt], encode_prompt: Callable[[st
 
 
 def policy_tokens(rows: list) -> int:
-    """The tokens the policy generated in `rows` (an episode's environment turns are not its)."""
-    return sum(sum(r.action_mask) if r.action_mask is not None else len(r.response_tokens) for r in rows)
+    """The tokens the policy generated in `rows`, Trajectories or their dict rows (an episode's environment
+    turns are not its)."""
+    total = 0
+    for r in rows:
+        mask, tokens = (r.get("action_mask"), r["response_tokens"]) if isinstance(r, dict) else (r.action_mask,
+                                                                                                  r.response_tokens)
+        total += sum(mask) if mask is not None else len(tokens)
+    return total
 
 
 def first_turns(spec: RolloutSpec, prompts: list[Prompt], rows: list) -> list[tuple[str, str, bool]]:

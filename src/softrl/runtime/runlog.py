@@ -29,6 +29,7 @@ class NonFiniteWeightsError(RuntimeError):
 class Progress:
     step: int = 0
     samples: int = 0  # online samples generated
+    tokens: int = 0  # the policy's tokens in them (an episode's environment turns are not its)
     seconds: float = 0.0  # training wall time so far (kept across resumes; evaluations left out)
 
 

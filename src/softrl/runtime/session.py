@@ -17,6 +17,7 @@ from softrl.assemble import RunParts, environment_warnings
 from softrl.config import RunConfig
 from softrl.data import StoreError
 from softrl.data.versions import hold_name, release
+from softrl.eval.protocol import policy_tokens
 from softrl.rollout import positions_of
 from softrl.runtime.feed import DataFeed, draws_from_store, pinned_snapshot
 from softrl.runtime.model_card import write_model_card
@@ -133,8 +134,9 @@ class Session:
         elapsed = self.runlog.training_seconds(elapsed + time.time() - started)
         p.step += 1
         p.samples += len(online)
+        p.tokens += policy_tokens(online)
         p.seconds = elapsed
-        record = {"step": p.step, "samples": p.samples, "time": round(elapsed, 2),
+        record = {"step": p.step, "samples": p.samples, "tokens": p.tokens, "time": round(elapsed, 2),
                   "samples_per_s": p.samples / max(elapsed, 1e-9), "batch_rows": len(batch),
                   "online_pass_rate": sum(r["passed"] for r in online) / max(len(online), 1), **metrics,
                   **(timings or {})}
