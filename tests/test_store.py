@@ -538,6 +538,41 @@ def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version
     assert store.stats()["sources"]["online"]["with_mc_targets"] == with_targets == 2  # rows[1], the last append
 
 
+@pytest.mark.parametrize("copy", [False, True])
+def test_a_pool_reads_only_the_columns_a_draw_needs(tmp_path, copy):
+    """`Reads`: a draw takes the columns named always, and the later ones only for the rows that want
+    them (a run's: texts only where its tokenizer did not make the row's ids); the rest come back null
+    and everything else is what the whole row has. Its tables stream the columns it reads, of every row."""
+    from softrl.data import Reads
+    from softrl.training.batch import tokens_usable
+
+    store = ExperienceStore(tmp_path / "store")
+    rows = [full_trajectory(prompt_id=f"p{i % 3}", response_tokens=[i, 1], tokenizer="ours" if i % 4 else "theirs")
+            for i in range(40)]
+    rows.append(full_trajectory(prompt_id="p0", response_tokens=[], tokenizer="ours"))  # no ids: its texts, then
+    rows.append(full_trajectory(prompt_id="p1", response_tokens=[77], tokenizer="ours", action_mask=None,  # an episode
+                                turns=[{"role": "assistant", "content": "x"}]))  # without its mask: texts too
+    store.append(rows)
+    texts = ("prompt_text", "response_text")
+    reads = Reads(tuple(n for n in TRAJECTORY_SCHEMA.names if n not in texts + ("mc_targets",)), texts,
+                  lambda row: not tokens_usable(row, "ours"))
+    whole, lean = store.pool(copy=copy), store.pool(copy=copy, reads=reads)
+    everything = whole.fetch(list(range(len(whole))))
+    drawn = lean.fetch(list(range(len(lean))))
+    assert len(drawn) == len(rows) == len(everything)
+    wanted = [not tokens_usable(row, "ours") for row in everything]
+    assert sum(wanted) == 10 + 2
+    for row, full, wants in zip(drawn, everything, wanted):
+        assert row["mc_targets"] is None and full["mc_targets"]
+        assert row == {**full, "mc_targets": None, **({} if wants else {"prompt_text": None, "response_text": None})}
+    assert lean.draw(5, random.Random(3)) == [{**r, "mc_targets": None} | (
+        {} if not tokens_usable(r, "ours") else {"prompt_text": None, "response_text": None})
+        for r in whole.draw(5, random.Random(3))]
+    assert [t for table in whole.tables() for t in table.to_pylist()] == everything
+    # a lean pool's tables hold the columns it reads, whole: the texts of every row, no MC targets
+    assert [t for table in lean.tables() for t in table.to_pylist()] == [{**r, "mc_targets": None} for r in everything]
+
+
 def test_held_columns_give_back_what_was_scanned():
     """A pool's narrow columns held as codes and arrays: the rows kept (in any order given, a null string
     its own value, codes across batches of different values) come back equal, with their own types."""
@@ -752,6 +787,7 @@ def test_bench_store_quick_measures_every_figure_on_every_backend(tmp_path):
     for point in [p for server in servers for p in result[server]]:  # an object store's pool copied, and without
         assert point["pool_copy_mib"] > 0 and point["sample_by_request_ms"] > 0
     assert not any("pool_copy_mib" in point for point in result["local"])
+    assert all(point["sample_whole_ms"] > 0 for point in result["local"])  # every column, beside the run's draw
     assert result["cold"] == (os.geteuid() == 0)
     if result["cold"]:
         for point in result["local"]:

@@ -32,11 +32,14 @@ from softrl.data import ExperienceStore, Trajectory
 from softrl.data.batched import BatchedAppender
 from softrl.data.schema import PROMPT_SCHEMA, TRAJECTORY_SCHEMA
 from softrl.plots import save_figure
+from softrl.runtime.feed import draw_reads
 
 PROMPT_TOKENS, RESPONSE_TOKENS, ROWS_PER_PROMPT, TASKS, CHUNK = 200, 300, 16, 4, 50_000
 SAMPLE, LOOKUP, REPEATS, COLD_REPEATS = 64, 64, 20, 5
 TARGETS = {"sample_ms": 50, "sample_rss_mib": 1024, "q0_ms": 100, "stats_s": 10, "writers_rows_s": 5000}
 S3_SAMPLE_MS = 100  # on SeaweedFS at 1e6 rows
+# moto reads a whole object to answer a ranged read: past this a draw by request takes seconds, 20 of them minutes
+MOTO_MAX_ROWS = 100_000
 
 
 def payload(n: int, seed: int = 0) -> dict[str, pa.Array]:
@@ -161,23 +164,33 @@ class Timings:
 
 
 def measure_reads(root: str, cold: bool) -> dict[str, float]:
-    """In a fresh process: the pool of one task (build, then draws of 64), the Q0 lookup of 64 prompts;
-    each warm, and cold where `cold` (`Timings`)."""
+    """In a fresh process: the pool of one task as a run builds it (build, then draws of 64 of the columns
+    a run's step reads, `draw_reads`), the process's peak memory so far; then draws of whole rows (every
+    column), on an object store draws by request (no local copy), and the Q0 lookup of 64 prompts; each
+    warm, and cold where `cold` (`Timings`)."""
     store, rng = ExperienceStore(root, create=False), random.Random(0)
     snapshot, baseline = store.snapshot(), peak_rss_mib()
     timings = Timings(cold)
+    reads = draw_reads("offline", "bench")  # the bench's rows are tokenized by "bench": their ids, not texts
     if cold:
         drop_page_cache()
     started = time.perf_counter()
-    pool = store.pool(snapshot, task="task0")
+    pool = store.pool(snapshot, task="task0", reads=reads)
     build = time.perf_counter() - started
     rows = timings.figure("sample", "ms", lambda: pool.draw(SAMPLE, rng), REPEATS)
-    assert len(rows) == SAMPLE
-    copied = {}
-    if pool.local is not None:  # an object store's pool copies its wide columns at the build: a draw without
-        by_request = store.pool(snapshot, task="task0", copy=False)
+    assert len(rows) == SAMPLE and rows[0]["response_tokens"] and rows[0]["mc_targets"] is None  # not read
+    out = {"pool_rows": len(pool), ("pool_build_cold_s" if cold else "pool_build_s"): build,
+           "sample_rss_mib": peak_rss_mib(), "pool_rss_mib": peak_rss_mib() - baseline}
+    if pool.local is not None:
+        out["pool_copy_mib"] = pool.local.bytes / 2**20
+        by_request = store.pool(snapshot, task="task0", reads=reads, copy=False)
         timings.figure("sample_by_request", "ms", lambda: by_request.draw(SAMPLE, rng), REPEATS)
-        copied = {"pool_copy_mib": pool.local.bytes / 2**20}
+        del by_request
+    if pool.local is None:  # locally, beside whole rows (an object store's by request is the figure above)
+        del pool
+        whole = store.pool(snapshot, task="task0")
+        rows = timings.figure("sample_whole", "ms", lambda: whole.draw(SAMPLE, rng), REPEATS)
+        assert rows[0]["mc_targets"] == []  # read
     prompts = store.tables["prompts"].count(snapshot.versions["prompts"])
     asked = []
 
@@ -186,8 +199,7 @@ def measure_reads(root: str, cold: bool) -> dict[str, float]:
         return store.prompts(snapshot, ids=asked[-1])
     found = timings.figure("q0", "ms", lookup, REPEATS)
     assert len(found) == len(set(asked[-1]))
-    return {"pool_rows": len(pool), ("pool_build_cold_s" if cold else "pool_build_s"): build, **copied, **timings.out,
-            "sample_rss_mib": peak_rss_mib(), "pool_rss_mib": peak_rss_mib() - baseline}
+    return {**out, **timings.out}
 
 
 def measure_maintenance(root: str, cold: bool) -> dict[str, float]:
@@ -315,7 +327,7 @@ def run(where: Path, sizes: list[int], s3_sizes: list[int], writers: int, writer
     results["writers_local"] = measure_writers(str(where / f"writers-{time.time_ns()}"), writers, writer_rows)
     for server in servers if s3_sizes else ():
         with LoopbackS3(server) as bucket:
-            for rows in s3_sizes:
+            for rows in [n for n in s3_sizes if server != "moto" or n <= MOTO_MAX_ROWS]:
                 results[server].append(measure_size(f"{bucket}/store", rows, lambda n: progress(server, n, rows)))
             results[f"writers_{server}"] = measure_writers(f"{bucket}/writers", writers, writer_rows)
     # from the cold figures where there are some: a table of 1e8 rows is not in the page cache
@@ -330,6 +342,8 @@ COLUMNS = [("rows", "rows", "{:,.0f}"), ("bulk_write_rows_s", "bulk write rows/s
            ("pool_rows", "pool rows", "{:,.0f}"),
            ("pool_copy_mib", "pool's local copy MiB", "{:,.0f}"),
            ("sample_ms", "sample 64 ms", "{:.1f}"), ("sample_cold_ms", "sample 64 ms (cold)", "{:.1f}"),
+           ("sample_whole_ms", "sample 64 whole rows ms", "{:.1f}"),
+           ("sample_whole_cold_ms", "whole rows ms (cold)", "{:.1f}"),
            ("sample_by_request_ms", "sample 64 by request ms", "{:.1f}"),
            ("sample_cold_read_kib", "sample: KiB read (cold)", "{:,.0f}"),
            ("sample_cold_read_calls", "sample: read calls (cold)", "{:,.0f}"),
@@ -344,8 +358,9 @@ TITLES = {"local": "Local directory", "seaweedfs": "S3: SeaweedFS on loopback (a
 
 MOTO_NOTE = ("moto reads a whole object to answer a ranged read (`benchmarks/s3_take.py`: 4.9 ms for 4 KiB of a 1 MiB "
              "object, 46.5 ms of a 64 MiB one), and a take is a ranged read per row and column: the sample times "
-             "below grow with the data files, which S3's would not. They are moto's, not a measurement of S3.\n")
-COPY_NOTE = ("On an object store a pool copies its wide columns to local disk as it is built (\"pool's local copy\"; "
+             "below grow with the data files, which S3's would not. They are moto's, not a measurement of S3 (and "
+             f"moto is measured up to {MOTO_MAX_ROWS:,} rows only).\n")
+COPY_NOTE = ("On an object store a pool copies the columns its draws read to local disk as it is built (\"pool's local copy\"; "
              "the build's time includes it) and a sample reads them there; \"sample 64 by request\" is the same draw "
              "from a pool without the copy, which asks the server for each row's columns (`ExperienceStore.pool`, "
              "`copy`).\n")
@@ -391,9 +406,11 @@ def markdown(results: dict, command: str) -> str:
     out = [f"# The experience store at growing sizes\n\n`{command}`\n",
            f"Rows of a {PROMPT_TOKENS}-token prompt and a {RESPONSE_TOKENS}-token response (a third with log-probs), "
            f"{ROWS_PER_PROMPT} a prompt, {TASKS} tasks. The pool is one task's (a quarter of the rows); a sample is "
-           f"{SAMPLE} rows drawn from it (median of {REPEATS}); Q0 is the lookup of {LOOKUP} prompts (median of "
-           f"{REPEATS}); peak RSS is the measuring process's, imports included (\"of it the pool's\": its rise "
-           "from opening the store to the last sample). Stats and dedupe read the whole table.\n",
+           f"{SAMPLE} rows drawn from it as a run's step draws them, the columns it feeds the learner (`draw_reads`: "
+           "token ids, log-probs, turns; not the texts of rows whose ids the run's tokenizer made, nor MC targets), "
+           f"median of {REPEATS}; \"whole rows\" draws every column. Q0 is the lookup of {LOOKUP} prompts (median of "
+           f"{REPEATS}); peak RSS is the measuring process's, imports included, at its last sample (\"of it the "
+           "pool's\": its rise from opening the store). Stats and dedupe read the whole table.\n",
            COLD_NOTE if results.get("cold") else "Cold figures: none (the page cache could not be dropped: not root).\n"]
     for backend in ("local", *S3_SERVERS):
         if not results.get(backend):

@@ -12,6 +12,7 @@ import hashlib
 import random
 import shutil
 import tempfile
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -301,11 +302,11 @@ class LocalColumns:
     def bytes(self) -> int:
         return 0 if self.given_up else sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
 
-    def take(self, rows: np.ndarray) -> dict[str, pa.Array]:
-        """The columns of rows `rows` (indices into everything written, any order, repeats allowed)."""
+    def take(self, rows: np.ndarray, columns: Sequence[str]) -> dict[str, pa.Array]:
+        """`columns` of rows `rows` (indices into everything written, any order, repeats allowed)."""
         unique, back = np.unique(rows, return_inverse=True)
-        taken = self.dataset.take(unique, columns=self.schema.names)
-        return {f.name: taken[f.name].combine_chunks().take(pa.array(back)) for f in self.schema}
+        taken = self.dataset.take(unique, columns=list(columns))
+        return {name: taken[name].combine_chunks().take(pa.array(back)) for name in columns}
 
 
 class KeySet:
@@ -369,25 +370,45 @@ class TrajectoryPool(Pool):
                          lambda positions: [self.rows[i] for i in positions])
 
 
+@dataclass(frozen=True)
+class Reads:
+    """What a draw takes of its rows' wide columns: `always`, then `later` for the rows that `wants`
+    (given each row as drawn so far). A run's draw needs a row's token ids where its own tokenizer made
+    them and its texts only where it did not: every column a draw need not read is a read per row saved
+    (one of the page cache's misses, or one request to an object store). Columns not taken are null."""
+
+    always: tuple[str, ...]
+    later: tuple[str, ...] = ()
+    wants: Callable[[dict[str, Any]], bool] | None = None
+
+
 class StoredPool(Pool):
     """Rows of one version of a store's trajectory table, held as row handles (`[N]` uint64, ascending:
-    commit order) and fetched by `take(positions) -> pa.Table` (positions ascending; with the run's
-    joins, e.g. MC-target annotations); `local`: the local copy of its wide columns, where one was made."""
+    commit order) and fetched by `take(positions, columns) -> pa.Table` (positions ascending; the wide
+    columns `columns`, None: all; with the run's joins, e.g. MC-target annotations), as `reads` says
+    (None: every column); `local`: the local copy of its wide columns, where one was made."""
 
     def __init__(self, handles: np.ndarray, prompt_index: np.ndarray, prompt_names: Sequence[str],
-                 take: Callable[[np.ndarray], pa.Table], local: LocalColumns | None = None):
-        self.handles, self.take, self.local = handles, take, local
+                 take: Callable[[np.ndarray, Sequence[str] | None], pa.Table], local: LocalColumns | None = None,
+                 reads: Reads | None = None):
+        self.handles, self.take, self.local, self.reads = handles, take, local, reads
 
         def fetch(positions: list[int]) -> Rows:
             if not positions:
                 return []
             unique, back = np.unique(np.asarray(positions, dtype=np.int64), return_inverse=True)
-            rows = take(unique).to_pylist()  # in handle order
+            rows = take(unique, reads and reads.always).to_pylist()  # in handle order
+            wanting = [k for k, row in enumerate(rows) if reads and reads.later and reads.wants(row)]
+            if wanting:
+                more = take(unique[wanting], reads.later)
+                for k, row in zip(wanting, more.select(list(reads.later)).to_pylist()):
+                    rows[k].update(row)
             return [rows[k] for k in back]
 
         super().__init__(prompt_index, prompt_names, fetch)
 
     def tables(self, rows: int = 10_000) -> Iterator[pa.Table]:
-        """Every row in commit order, `rows` at a time (what an export streams)."""
+        """Every row in commit order, with every column the pool reads (all, without `reads`), `rows` at a
+        time (what an export streams)."""
         for start in range(0, len(self), rows):
-            yield self.take(np.arange(start, min(start + rows, len(self))))
+            yield self.take(np.arange(start, min(start + rows, len(self))), None)

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from softrl.data import legacy
 from softrl.data.pool import (
-    COPY_BATCH_ROWS, HeldColumns, KeySet, LaterCopies, LocalColumns, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted, owned,
+    COPY_BATCH_ROWS, HeldColumns, KeySet, LaterCopies, LocalColumns, Reads, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted, owned,
     sorted_distinct,
 )
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
@@ -275,26 +275,27 @@ class ExperienceStore:
         return table.set_column(index, table.schema.field(index), pa.array(targets, type=table.schema.field(index).type))
 
     def pool(self, snapshot: Snapshot | None = None, prompt_ids: Sequence[str] | None = None, annotated: bool = False,
-             copy: bool | None = None, **filters: Any) -> StoredPool:
+             copy: bool | None = None, reads: Reads | None = None, **filters: Any) -> StoredPool:
         """The rows `trajectories(snapshot, **filters)` gives (of `prompt_ids` only, and only those with MC
         targets when `annotated`) as a StoredPool: one scan of their ids and HELD columns, the filters
-        pushed down to the storage; each draw takes the other columns of its rows by handle. With `copy`
-        (by default where the store is on an object store) the scan also copies those columns to local
-        disk (`LocalColumns`), and draws read them there: one scan of the pool's rows, then no request
-        per draw."""
+        pushed down to the storage; each draw takes the other columns of its rows by handle (those
+        `reads` names, where given). With `copy` (by default where the store is on an object store) the
+        scan also copies those columns to local disk (`LocalColumns`), and draws read them there: one
+        scan of the pool's rows, then no request per draw."""
         snapshot = snapshot or self.snapshot()
         version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
         where = both(filter_expression(filters), None if prompt_ids is None else pc.field("prompt_id").isin(list(prompt_ids)))
         targets = TargetIndex(self.annotations(snapshot)) if annotated else None
         held = HeldColumns([TRAJECTORY_SCHEMA.field(name) for name in HELD])
         wide = [f.name for f in TRAJECTORY_SCHEMA if f.name not in HELD]
-        local = LocalColumns([TRAJECTORY_SCHEMA.field(name) for name in wide]) \
+        read = wide if reads is None else [n for n in wide if n in reads.always or n in reads.later]
+        local = LocalColumns([TRAJECTORY_SCHEMA.field(name) for name in read]) \
             if (self.root.startswith("s3://") if copy is None else copy) else None
         scanned = ["id", *HELD] + (["mc_targets"] if annotated else [])
         handles, keys, keeps = [], [], []
 
         def scan() -> Iterator[pa.RecordBatch]:
-            for batch in table.batches(version, scanned + [n for n in wide if local and n not in scanned], where, True,
+            for batch in table.batches(version, scanned + [n for n in read if local and n not in scanned], where, True,
                                        COPY_BATCH_ROWS if local else None):
                 batch_keys = id_keys(batch["id"])
                 keeps.append(targets.of(batch_keys, batch["mc_targets"]) if targets else np.ones(batch.num_rows, dtype=bool))
@@ -322,16 +323,19 @@ class ExperienceStore:
         copied = local if local and not local.given_up else None
         noted = self.tables["annotations"].count(snapshot.versions["annotations"]) > 0  # else no join to read
 
-        def take(positions: np.ndarray) -> pa.Table:
-            """The rows at `positions` (ascending): the held columns from memory, the rest from the local
-            copy or by handle."""
-            taken = copied.take(first[positions]) if copied else table.take(version, handle[positions], wide)
-            part = held.take(positions)
-            rows = pa.table([part[f.name] if f.name in HELD else taken[f.name] for f in TRAJECTORY_SCHEMA],
-                            schema=TRAJECTORY_SCHEMA)
-            return self._join_annotations(rows, snapshot, by_filter=True) if noted and rows.num_rows else rows
+        def take(positions: np.ndarray, columns: Sequence[str] | None) -> pa.Table:
+            """The rows at `positions` (ascending): the held columns from memory, the wide `columns` (None:
+            all) from the local copy or by handle, the others null."""
+            names = [n for n in read if columns is None or n in columns]
+            taken = {} if not names else copied.take(first[positions], names) if copied else \
+                table.take(version, handle[positions], names)
+            part, n = held.take(positions), len(positions)
+            rows = pa.table([part[f.name] if f.name in HELD else taken[f.name] if f.name in names else pa.nulls(n, f.type)
+                             for f in TRAJECTORY_SCHEMA], schema=TRAJECTORY_SCHEMA)
+            joins = noted and n and "id" in names and "mc_targets" in names
+            return self._join_annotations(rows, snapshot, by_filter=True) if joins else rows
 
-        return StoredPool(handle, held.columns["prompt_id"], held.names("prompt_id"), take, local)
+        return StoredPool(handle, held.columns["prompt_id"], held.names("prompt_id"), take, local, reads)
 
     def prompts(self, snapshot: Snapshot | None = None, ids: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         """prompt_id -> its last committed row (meta decoded); of `ids` only (read by filter) when given."""

@@ -9,16 +9,27 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import softrl.objectives as registry
 from softrl.config import ConfigError, RunConfig
-from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, ReplayBuffer, Snapshot, StoreError
+from softrl.data import ExperienceStore, GroupSampler, MixtureSampler, Reads, ReplayBuffer, Snapshot, StoreError
+from softrl.data.schema import TRAJECTORY_SCHEMA
 from softrl.data.unmatched import unmatched_rows
 from softrl.data.versions import hold, pinned
 from softrl.models.loading import encode_episode, encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.tasks.base import Prompt, Task
-from softrl.training.batch import Batch, knows_behavior, make_batch, row_tokens, too_long_row, unusable_row
+from softrl.training.batch import (Batch, knows_behavior, make_batch, row_tokens, tokens_usable, too_long_row,
+                                   unusable_row)
 
 CHECKED_ROWS = 2_000  # rows of each pool checked before a run starts; the rest are checked when drawn
 IN_MEMORY = ("online", "replay")  # the mix's sources that are not read from the store
 REPLAY_STREAM = 7_919  # offsets the replay buffer's seed from the prompt sampler's
+TEXTS = ("prompt_text", "response_text")  # what a row whose token ids a batch takes is drawn without
+
+
+def draw_reads(source: str, fingerprint: str) -> Reads:
+    """The columns a run's draw of `source` takes: all but the texts, which only rows whose token ids a
+    batch cannot take (`tokens_usable`) need, and MC targets, which only the mc source trains on."""
+    skipped = set(TEXTS) | ({"mc_targets"} if source != "mc" else set())
+    return Reads(tuple(n for n in TRAJECTORY_SCHEMA.names if n not in skipped), TEXTS,
+                 lambda row: not tokens_usable(row, fingerprint))
 
 
 def draws_from_store(config: RunConfig) -> bool:
@@ -99,7 +110,7 @@ class DataFeed:
             elif source == "pts":  # the rollouts `softrl pts` sampled from prefixes, passed or not
                 filters["source"] = "pts"
             pool = self.store.pool(snapshot, prompt_ids=list(self.q0), annotated=source == "mc",  # mc: `softrl pts`'s
-                                   **filters)
+                                   reads=draw_reads(source, self.fingerprint), **filters)
             checked = pool.checked_rows(CHECKED_ROWS)
             self._check_behavior(source, checked, len(pool))
             if len(checked) < len(pool):

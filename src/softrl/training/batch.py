@@ -72,6 +72,12 @@ def own_tokens(row: dict, fingerprint: str) -> bool:
     return row.get("tokenizer") == fingerprint and bool(row.get("response_tokens"))
 
 
+def tokens_usable(row: dict, fingerprint: str) -> bool:
+    """Whether a batch feeds the row's own token ids (`row_tokens`), so that it needs none of its texts:
+    this tokenizer's, and an episode's only with the mask that says which ids are the policy's."""
+    return own_tokens(row, fingerprint) and (not row.get("turns") or bool(row.get("action_mask")))
+
+
 def unusable_row(rows: list[dict], fingerprint: str, vocab_size: int | None, encode_prompt: Callable[[str], list[int]]
                  ) -> str | None:
     """What the first of `rows` a model cannot be fed has wrong, in words naming the row (None when
@@ -107,7 +113,7 @@ def row_tokens(row: dict, fingerprint: str, encode_prompt: Callable[[str], list[
     """(prompt ids, response ids, which response ids are the policy's) of a row as a batch feeds it: its
     own ids where this tokenizer made them (an episode's only with the mask that says which are the
     policy's), else its text's, an episode's from its turns."""
-    if own_tokens(row, fingerprint) and (not row.get("turns") or row.get("action_mask")):
+    if tokens_usable(row, fingerprint):
         response = list(row["response_tokens"])
         return list(row["prompt_tokens"]), response, list(row.get("action_mask") or [True] * len(response))
     if row.get("turns"):
