@@ -18,20 +18,24 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     s = fr.Settings(tmp_path, steps=10)
     plan = fr.tuning_plan(s, ["lag64", "human"], None, 2)
     lrs = len(fr.LRS)
-    per_seed = 10 * 2 * lrs + 3 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 10 methods x 2 strengths, spo-moving's 3
-    # intervals, topr; human: 2 and topr
+    per_seed = 11 * 2 * lrs + 3 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 11 methods x 2 strengths (spo-behavior's
+    # betas among them), spo-moving's 3 intervals, topr; human: 2 and topr
     assert len(plan) == 2 * per_seed and len({c.run_dir for c in plan}) == len(plan)
     lagged = [c for c in plan if Path(c.out_dir).name == "lag64"]
     assert {c.runtime.policy_lag for c in lagged} == {64} and all(c.data.mix == {"online": 1.0} for c in lagged)
     assert {c.seed for c in plan} == {100, 101}  # tuning seeds, apart from the report seeds 0..
     human = [c for c in plan if Path(c.out_dir).name == "human"]
     assert all(c.data.offline_sources == ["human"] and not c.generates and c.runtime.policy_lag == 0 for c in human)
-    spo = [c for c in lagged if c.data.objective.algorithm == "spo"]  # spo, spo-is and spo-sq
+    spo = [c for c in lagged if c.data.objective.algorithm == "spo" and not c.data.objective.reference_update]
+    # spo, spo-is and spo-sq
     assert {c.data.objective.loss for c in spo} == {"bce", "squared"}
     assert sorted({(c.optim.lr, round(c.beta, 4)) for c in spo}) == [(lr, b) for lr in fr.LRS for b in (0.0869, 0.25)]
     moving = [c for c in lagged if c.data.objective.algorithm == "spo" and c.data.objective.reference_update]
-    assert {c.data.objective.reference_update.every for c in moving} == {10, 25, 100}  # the moving reference's knob
-    assert "spo-moving" in fr.REGIMES["half"].methods and "spo-moving" not in fr.REGIMES["lag4"].methods
+    # the moving reference's knob; the behaviour reference's is beta
+    assert {c.data.objective.reference_update.every for c in moving} == {10, 25, 100, None}
+    assert sorted({round(c.beta, 4) for c in moving if c.data.objective.reference_update.behavior}) == [0.0869, 0.25]
+    for method in fr.MOVING:
+        assert method in fr.REGIMES["half"].methods and method not in fr.REGIMES["lag4"].methods
     m2po = [c for c in lagged if c.data.objective.algorithm == "m2po"]
     assert {c.data.objective.tau for c in m2po} == {0.04, 0.2}
     assert all(c.data.store != d.data.store for c, d in zip(plan, plan[1:]))  # a private store each

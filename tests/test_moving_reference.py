@@ -145,6 +145,20 @@ def test_a_run_with_a_moving_reference_records_its_versions_and_resumes_them(tin
     assert later[-2:] == [2, 3]  # the version came back with the checkpoint
 
 
+@pytest.mark.parametrize("update, says", [
+    ({"every": 2, "behavior": True}, "give one of every"),
+    ({}, "give one of every"),
+    ({"behavior": False}, "give one of every"),
+])
+def test_a_reference_update_is_one_of_its_two_kinds(update, says):
+    from softrl.config import ConfigError, config_from
+
+    with pytest.raises(ConfigError, match=says):
+        config_from({"data.objective": {"algorithm": "spo", "reference_update": update}})
+    with pytest.raises(ConfigError, match="behavior: SPO's only"):
+        config_from({"data.objective": {"algorithm": "agro-off", "reference_update": {"behavior": True}}})
+
+
 @pytest.mark.parametrize("change, says", [
     ({"runtime.learners": 2}, "runtime.learners=1"),
     ({"data.mix": {"offline": 1.0}}, "no online share"),
@@ -180,3 +194,46 @@ def test_softrl_toy_reference_moves_prints_the_rounds_and_the_bias_as_json():
     assert all(b["bias"] < 0 for b in data["q0_bias"]) and [b["group"] for b in data["q0_bias"]] == [2, 4, 8, 16, 64]
     refused = CliRunner().invoke(app, ["toy", "--reference-moves", "1", "--methods", "grpo"])
     assert refused.exit_code == 2 and "valid on any data" in refused.output and "Traceback" not in refused.output
+
+
+def test_each_groups_q0_is_the_plain_estimate_of_its_own_rows():
+    """`group_q0`: the usable rows of one key (one sampler's samples of one prompt) share
+    beta log mean exp(r / beta) of their rewards; rows of another key or not usable are not mixed in."""
+    from softrl.training.learner import group_q0
+
+    keys = [("a", 3), ("a", 3), ("a", 4), ("b", 3), ("a", 3)]
+    reward = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0])
+    usable = torch.tensor([True, True, True, True, False])
+    got = group_q0(keys, reward, usable, beta=0.5)
+    assert got[0] == got[1] == pytest.approx(0.5 * math.log((math.exp(2) + 1) / 2))  # not row 4: unusable
+    assert got[2] == pytest.approx(1.0) and got[3] == pytest.approx(0.0) and got[4] == 0.0
+
+
+def test_with_the_behaviour_policy_as_reference_online_rows_regress_against_their_sampler(tiny, tmp_path, monkeypatch):
+    """`reference_update: {behavior: true}`: an online row's reference log-probs are its sampler's own and its
+    Q0 its group's estimate; every step says how many rows had them."""
+    import softrl
+    from softrl.training import learner as learner_module
+    from test_api import RECORDS, answered, small
+
+    seen = []
+
+    def recording(options, inputs):
+        seen.append(inputs)
+        return learner_module.objective_loss.__wrapped__(options, inputs)
+
+    recording.__wrapped__ = learner_module.objective_loss
+    monkeypatch.setattr(learner_module, "objective_loss", recording)
+    config = {**small(tiny, tmp_path), "data.objective": {"algorithm": "spo", "reference_update": {"behavior": True}}}
+    run = softrl.train(config, dataset=RECORDS, reward=answered, progress=False)
+    steps = [m for m in run.metrics if "loss" in m]
+    assert [m["q0/group_rows"] for m in steps] == [4, 4] and "reference/version" not in steps[0]
+    assert seen
+    for inputs in seen:
+        mask = inputs.mask.bool()
+        assert torch.equal(inputs.ref_logp[mask], inputs.behavior_logp[mask])  # the sampler's, token by token
+        reward = inputs.reward.double()
+        for start in range(0, len(reward), 2):  # groups of samples_per_prompt = 2, one prompt and version each
+            group = slice(start, start + 2)
+            want = inputs.beta * (torch.logsumexp(reward[group] / inputs.beta, 0) - math.log(2))
+            assert torch.allclose(inputs.q0[group].double(), want.expand(2))

@@ -73,8 +73,13 @@ METHODS: dict[str, Method] = {
     # points at lags 1 and 64 lay on its edge, 25
     "spo-moving": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce"},
                          knob("data.objective.reference_update.every", 10, 25, 100)),
+    # SPO anchored to each row's own sampler (issue 51): at lag L the policy that made the data, not a snapshot
+    # the data never saw; Q0 from the row's own group, no importance weights. Its knob is beta, as SPO's
+    "spo-behavior": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "reference_update": {"behavior": True}},
+                           BETAS),
 }
-OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "spo-moving")  # set against every other method's frontier
+OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "spo-moving", "spo-behavior")  # set against every other
+# method's frontier
 # (OAPL: SPO's relative)
 STALE = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "grpo-tis", "decoupled-ppo", "m2po", "gspo", "cispo", "topr")
 
@@ -95,11 +100,12 @@ class Regime:
 
 LAGS = (1, 4, 16, 64, 256)
 MOVING_LAGS = (1, 64, 256)  # where issue 51 measures the moving reference
+MOVING = ("spo-moving", "spo-behavior")  # SPO with a reference other than pi0 (issue 51)
 REPLAY_METHODS = ("spo-moving", "agro-off", "grpo-tis")  # softrl's best two at lag 1 and the most lag-robust baseline
 REGIMES: dict[str, Regime] = {
-    **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE + (("spo-moving",) if k in MOVING_LAGS else ()), lag=k)
+    **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE + (MOVING if k in MOVING_LAGS else ()), lag=k)
        for k in LAGS},
-    "half": Regime("half", {"online": 0.5, "offline": 0.5}, (*STALE, "spo-moving"), sources=tuple(POOL_SOURCES)),
+    "half": Regime("half", {"online": 0.5, "offline": 0.5}, (*STALE, *MOVING), sources=tuple(POOL_SOURCES)),
     # replay (issue 51): the same batch with half of it generated and half this run's earlier groups (FIFO,
     # each replayed once), against all of it generated (`fresh`: lag 1 evaluated as often); generated samples
     # to reach the reference's pass@1 + frontier_runs.TARGET_GAIN, read between the evaluations of `target_grid`

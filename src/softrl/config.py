@@ -299,6 +299,9 @@ class RunConfig(Section):
         if any(self.data.mix.get(source, 0) > 0 for source in ("mc", "pts")):
             raise ValueError("data.objective.reference_update: the mc and pts sources hold Monte-Carlo targets of "
                              "the starting reference's rollouts, which a moved reference does not share")
+        if options.reference_update.behavior and options.algorithm != "spo":
+            raise ValueError(f"data.objective.reference_update.behavior: SPO's only (its Q0 from each row's group); "
+                             f"{options.algorithm} takes every: K")
         if any(self.data.objective_for(source).algorithm == "spo" for source in self.data.mix):
             s = self.sampling
             if not self.generates:

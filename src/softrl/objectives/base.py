@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 import torch
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag, model_validator
 from torch import Tensor
 
 from softrl.limits import StrictModel
@@ -61,7 +61,17 @@ class Options(StrictModel):
 
 
 class ReferenceUpdate(StrictModel):
-    every: int = Field(..., ge=1, description="learner steps between moves of the reference to the policy")
+    every: int | None = Field(None, ge=1, description="learner steps between moves of the reference to the policy")
+    behavior: bool = Field(False, description="each online row's reference is its own sampler (its behaviour "
+                           "log-probs), and its Q0 its own group's (SPO; docs/ALGORITHMS.md, 'The behaviour policy "
+                           "as the reference')")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ReferenceUpdate:
+        if (self.every is None) == (not self.behavior):
+            raise ValueError("reference_update: give one of every: K (a snapshot of the policy every K steps) or "
+                             "behavior: true (each row's own sampler)")
+        return self
 
 
 class MovingReferenceOptions(Options):
@@ -70,7 +80,8 @@ class MovingReferenceOptions(Options):
     reference_update: ReferenceUpdate | None = Field(
         None, description="{every: K}: every K learner steps the reference becomes a snapshot of the policy (one "
         "more copy of the weights); SPO's Q0 of each new reference is estimated from the run's own samples "
-        "(docs/ALGORITHMS.md, 'A reference that moves'). null: the reference stays the starting model")
+        "(docs/ALGORITHMS.md, 'A reference that moves'). {behavior: true}: each online row's reference is the "
+        "policy that sampled it (SPO only). null: the reference stays the starting model")
 
 
 Data = Literal["any", "on-policy", "online"]

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 import softrl.objectives as registry
+from softrl.algorithms import spo
 from softrl.config import RunConfig
 from softrl.models.device import CPU, Placement
 from softrl.models.wrappers import PolicyModel, ReferenceModel, ValueModel
@@ -64,6 +65,22 @@ def micro_batches(batch: Batch, parts: int, group_size: Callable[[str], int], ma
     return [(source, [rows[i] for i in piece]) for source, piece in chunks]
 
 
+def group_q0(groups: list, reward: Tensor, usable: Tensor, beta: float) -> Tensor:
+    """`[B]`: each usable row's Q0 of its own sampler, `beta log mean exp(r / beta)` over the usable rows of
+    its group (`groups[i]`: a key, the same for the samples one policy drew for one prompt; `reward` `[B]`
+    on the unit scale); 0 where a row is not usable. Low by Jensen, the more so in small groups
+    (`spo.q0_from_samples`)."""
+    out = torch.zeros(len(groups), dtype=torch.float64)
+    members: dict = {}
+    for i, (key, ok) in enumerate(zip(groups, usable.tolist())):
+        if ok:
+            members.setdefault(key, []).append(i)
+    for rows in members.values():
+        r = reward[rows].double().cpu()
+        out[rows] = spo.q0_from_samples(r, torch.zeros_like(r), beta)
+    return out
+
+
 class Learner:
     def __init__(self, policy: PolicyModel, reference: ReferenceModel, config: RunConfig,
                  value: ValueModel | None = None, placement: Placement = CPU, rank: int = 0, world: int = 1):
@@ -85,7 +102,8 @@ class Learner:
         self.version = 0  # optimizer steps taken: the policy version of what it generates next
         self.nonfinite_in_row = 0
         moves = getattr(config.data.objective, "reference_update", None)
-        self.moving = MovingReference(reference, placement, moves.every, config.beta) if moves else None
+        self.moving = MovingReference(reference, placement, moves.every, config.beta) if moves and moves.every else None
+        self.behavior_reference = bool(moves and moves.behavior)  # each online row's own sampler
         self.q0_counts: dict[str, float] = {}  # this step's rows by the Q0 they had (a moving reference's)
 
     def group_size(self, source: str) -> int:
@@ -115,6 +133,13 @@ class Learner:
             online = torch.tensor([s == "online" for s in part.sources], device=log_w.device)
             q0 = self.moving.q0([r["prompt_id"] for r in part.rows], part.q0, part.reward, log_w,
                                 part.has_behavior & online, self.q0_counts)
+        if self.behavior_reference:  # an online row's sampler mu and its group's Q0 of mu; pi0's for the others
+            online = torch.tensor([s == "online" for s in part.sources], device=ref_logp.device)
+            own = part.has_behavior & online  # [B]
+            ref_logp = torch.where(own[:, None], behavior_logp, ref_logp)  # [B, T]
+            groups = [(r["prompt_id"], r.get("policy_version")) for r in part.rows]
+            q0 = torch.where(own.to(q0.device), group_q0(groups, part.reward, own, self.config.beta).to(q0), q0)
+            self.q0_counts["q0/group_rows"] = self.q0_counts.get("q0/group_rows", 0.0) + float(own.sum())
         return LossInputs(
             policy.logp, ref_logp, policy.logp.detach(), mask, self.rewards(part.reward, objective), q0,
             self.config.beta,
@@ -191,6 +216,8 @@ class Learner:
             metrics.update({k: torch.tensor(v / rows if k == "q0/samples_per_row" else v)
                             for k, v in self.q0_counts.items()})
             metrics["reference/version"] = torch.tensor(float(self.moving.version))
+        if self.behavior_reference:
+            metrics["q0/group_rows"] = torch.tensor(self.q0_counts.get("q0/group_rows", 0.0))
         device = self.placement.device  # one copy to the host for all of them
         out = dict(zip(metrics, torch.stack([v.detach().double().to(device) for v in metrics.values()]).cpu().tolist()))
         out.update({f"time/{name}": seconds for name, seconds in clock.seconds().items()})
