@@ -573,6 +573,40 @@ def test_a_pool_reads_only_the_columns_a_draw_needs(tmp_path, copy):
     assert [t for table in lean.tables() for t in table.to_pylist()] == [{**r, "mc_targets": None} for r in everything]
 
 
+def test_a_keyed_table_keeps_an_index_on_its_key_and_lookups_stay_exact(root, monkeypatch):
+    """Past INDEX_ROWS prompts the prompts table has a BTREE index on prompt_id, brought up to date when
+    more than a tenth of its rows are not in it; lookups by id give what a scan gives, rows updated or
+    added since the index was made included."""
+    import lance
+
+    from softrl.data import lance_table
+
+    monkeypatch.setattr(lance_table, "INDEX_ROWS", 20)
+    store = ExperienceStore(root)
+    table = store.tables["prompts"]
+
+    def index():
+        dataset = lance.dataset(table.uri, storage_options=table.options)
+        named = [i.name for i in dataset.describe_indices() if list(i.field_names) == ["prompt_id"]]
+        return dataset.stats.index_stats(named[0]) if named else None
+
+    def q0s(ids):
+        return {k: v["q0_hat"] for k, v in store.prompts(ids=ids).items()}
+
+    store.put_prompts([{"prompt_id": f"p{i}", "task": "t", "q0_hat": -i / 10} for i in range(10)])
+    assert index() is None  # 10 rows: none yet
+    store.put_prompts([{"prompt_id": f"p{i}", "task": "t", "q0_hat": -i / 10} for i in range(10, 30)])
+    assert index()["num_indexed_rows"] == 30 and index()["num_unindexed_rows"] == 0
+    store.put_prompts([{"prompt_id": "p3", "task": "t", "q0_hat": 0.75}, {"prompt_id": "p30", "task": "t", "q0_hat": -3.0}])
+    stale = index()
+    assert stale["num_unindexed_rows"] == 2  # a fifteenth: left until more are
+    assert q0s(["p3", "p30", "p4", "p99"]) == {"p3": 0.75, "p30": -3.0, "p4": -0.4}  # the update and the new row found
+    store.put_prompts([{"prompt_id": f"p{i}", "task": "t", "q0_hat": 1.0} for i in range(31, 35)])
+    assert index()["num_unindexed_rows"] == 0 and index()["num_indexed_rows"] == 35  # brought up to date
+    assert q0s(["p3", "p33", "p0"]) == {"p3": 0.75, "p33": 1.0, "p0": -0.0}
+    assert len(store.prompts()) == 35
+
+
 def test_held_columns_give_back_what_was_scanned():
     """A pool's narrow columns held as codes and arrays: the rows kept (in any order given, a null string
     its own value, codes across batches of different values) come back equal, with their own types."""

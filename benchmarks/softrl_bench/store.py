@@ -90,7 +90,8 @@ def grow(root: str, rows: int, progress: Callable[[int], None]) -> float:
         n = min(CHUNK, rows - have)
         store.tables["trajectories"].append(chunk(have, n, columns))
         prompts = np.unique(prompt_of(np.arange(have, have + n)))
-        store.tables["prompts"].append(prompt_rows(prompts[prompts * ROWS_PER_PROMPT >= have]))  # each prompt once
+        # each prompt once, written as Q0 writes them (an upsert, which keeps the key's index)
+        store.tables["prompts"].upsert("prompt_id", prompt_rows(prompts[prompts * ROWS_PER_PROMPT >= have]))
         have, written = have + n, written + n
         progress(have)
     return written / (time.perf_counter() - started) if written else float("nan")
