@@ -490,12 +490,12 @@ def test_a_stored_pool_draws_what_the_rows_in_memory_would_and_keeps_its_version
     same read gives, and it keeps drawing its version's rows after appends and a dedupe. Scans of 7
     rows a batch, so keys and annotations are matched across batches. The same with the wide columns
     copied to local disk at the scan, and with a copy given up for want of disk (draws by handle)."""
-    from softrl.data import lance_table, pool as pools
+    from softrl.data import lance_table
 
     monkeypatch.setattr(lance_table, "BATCH_ROWS", 7)
     if copy == "given up":
-        monkeypatch.setattr(pools, "COPY_CHECK_ROWS", 14)
-        monkeypatch.setattr(pools, "COPY_RESERVE_BYTES", 1 << 62)
+        monkeypatch.setattr(lance_table, "COPY_CHECK_ROWS", 14)
+        monkeypatch.setattr(lance_table, "COPY_RESERVE_BYTES", 1 << 62)
     store = ExperienceStore(root)
 
     def pool_of(*args, **filters):

@@ -26,11 +26,11 @@ import pyarrow.compute as pc
 
 from softrl.data import legacy
 from softrl.data.pool import (
-    COPY_BATCH_ROWS, HeldColumns, KeySet, LaterCopies, LocalColumns, Reads, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted, owned,
+    HeldColumns, KeySet, LaterCopies, Reads, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted, owned,
     sorted_distinct,
 )
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
-from softrl.data.lance_table import LanceTable, table_file
+from softrl.data.lance_table import COPY_BATCH_ROWS, LanceTable, LocalColumns, table_file
 from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, Table, damaged
 from softrl.tasks.base import check_reward
 
