@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import random
 import tempfile
-from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -324,7 +324,7 @@ class StoredPool(Pool):
     def __init__(self, handles: np.ndarray, prompt_index: np.ndarray, prompt_names: Sequence[str],
                  take: Callable[[np.ndarray, Sequence[str] | None], pa.Table], local: LocalColumns | None = None,
                  reads: Reads | None = None):
-        self.handles, self.take, self.local, self.reads = handles, take, local, reads
+        self.handles, self.take, self.local = handles, take, local
 
         def fetch(positions: list[int]) -> Rows:
             if not positions:

@@ -55,7 +55,6 @@ def drawable(source) -> int:
     return len(source)
 
 
-
 def copied(pool) -> str:
     """What a pool's log line says of its local copy (an object store's), if it has one."""
     local = getattr(pool, "local", None)
@@ -64,6 +63,7 @@ def copied(pool) -> str:
     if local.given_up:
         return f" (no local copy: {local.given_up}; each draw asks the store)"
     return f" (their columns copied to local disk, {local.bytes / 2**20:,.0f} MiB)"
+
 
 class DataFeed:
     """Built from the run's config, store, training task, Q0 (prompt id -> soft value at the run's
