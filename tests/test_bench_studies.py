@@ -412,6 +412,15 @@ def test_feedback_study_arms_generate_alike_and_the_logged_ones_nothing(tmp_path
     assert tis.data.offline_sources == half.data.offline_sources == ["reference"] and half.data.offline_passed_only
     assert not tis.data.offline_passed_only  # GRPO needs whole groups: the passed episodes alone give none
     assert len({c.data.store for c in tuning}) == len(tuning)
+    # the single-turn comparison: one answer, no feedback, more steps for the same tokens, its own pool's Q0
+    one_turn = [a for a in s.study.arms if a.endswith("-one-turn")]
+    assert one_turn == list(s.study.arms)[-2:] and {by_arm[a].data.objective.algorithm for a in one_turn} == {"spo", "ppo"}
+    for arm in s.study.arms:
+        c = by_arm[arm]
+        single = arm in one_turn
+        assert c.task.max_turns == (1 if single else 3)
+        assert c.optim.steps == (round(s.steps * cs.ONE_TURN_STEPS) if single else s.steps) == c.log.checkpoint_every
+        assert s.pool_of(c) == (s.where / "pool-1-turns" if single else s.pool)
 
 
 def test_logged_traces_are_another_agents_conversations_graded_by_the_task(tmp_path):
@@ -457,7 +466,7 @@ def test_bench_study_feedback_quick(tmp_path, monkeypatch):
     from softrl_bench import code_study as cs
 
     model = save_char_llama(tmp_path / "model", positions=1024)
-    two = {arm: cs.FEEDBACK.arms[arm] for arm in ("spo-logged", "spo-online")}
+    two = {arm: cs.FEEDBACK.arms[arm] for arm in ("spo-logged", "spo-online", "spo-one-turn")}
     monkeypatch.setitem(cs.STUDIES, "feedback", cs.Study("feedback", "tinycode-feedback", two, [
         c for c in cs.FEEDBACK.claims if {c[1], c[2]} <= set(two)], cs.logged_rows, cs.FEEDBACK.defaults,
         cs.FEEDBACK.pool_recipe))
@@ -483,6 +492,15 @@ def test_bench_study_feedback_quick(tmp_path, monkeypatch):
     made = json.loads((tmp_path / "runs/tinycode-feedback/pool/pool.json").read_text())
     assert made["rows"]["logged"] == len(logged) and made["settings"]["logged"]["per_prompt"] == cs.LOGGED_PER_PROMPT
     assert all(r["turns"] for r in pool.trajectories(source="reference").to_pylist())  # Q0 from episodes
+    # the one-turn arm: its own pool, Q0 from single answers; its runs answer once, and count their tokens
+    one = ExperienceStore(tmp_path / "runs/tinycode-feedback/pool-1-turns").trajectories(source="reference").to_pylist()
+    assert one and all([t["role"] for t in r["turns"]] == ["assistant"] for r in one)
+    assert json.loads((tmp_path / "runs/tinycode-feedback/pool-1-turns/pool.json").read_text())["settings"][
+        "task.max_turns"] == 1
+    single = data["runs"]["spo-one-turn"]["0"]
+    assert single[-1]["turns_per_episode"] == 1 and single[-1]["step"] == round(cs.ONE_TURN_STEPS)
+    assert single[0]["tokens"] == 0 < single[-1]["tokens"] and data["runs"]["spo-online"]["0"][-1]["tokens"] > 0
+    assert "tokens generated in training" in table
     shutil.rmtree(tmp_path / "runs")
     again = CliRunner().invoke(app, [*args, "--report-only"])
     assert again.exit_code == 0, again.output

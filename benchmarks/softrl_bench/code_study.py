@@ -12,7 +12,9 @@ batch is twice that, its other half from the store; an arm from logged data gene
   reference's episodes passed or not, since GRPO needs whole groups; online alone, in the sync runtime,
   its weights are 1); then spo, agro-off, topr and kl-pg offline from logged traces of another agent
   (`logged_traces`: its conversations, rewards and no log-probs, imported as `softrl data import` reads a
-  chat file).
+  chat file); last, spo-one-turn and ppo-one-turn: the same problems answered in one turn, no feedback,
+  trained and evaluated so, for ONE_TURN_STEPS times the steps: the single-turn result at equal generated
+  tokens (their pool's Q0 is from the reference's single answers).
 
 Each arm's learning rate is tuned on a tuning seed (the best final pass@1 over `lrs`, extended by up to
 `extend` points of the 1-3-10 ladder past an edge where the best lies) and reported on seeds 0..N-1. The
@@ -35,7 +37,7 @@ from pathlib import Path
 from softrl_bench import reference
 from softrl_bench.frontier_runs import outcome
 from softrl_bench.learning import base_overrides, best_lr, final, judged, grown_lrs, settings_of, slug, with_base
-from softrl.config import ConfigError, RunConfig, config_from
+from softrl.config import ConfigError, RunConfig, TaskConfig, config_from
 
 TUNE_SEED = 100
 SPO = {"algorithm": "spo"}
@@ -49,6 +51,8 @@ class Arm:
     mix: dict
     sources: tuple[str, ...] = ("reference",)  # where the offline part comes from
     passed_only: bool = True  # of those rows, only the passed ones (the half arms); logged data: all, graded
+    max_turns: int | None = None  # episodes of at most this many policy turns (None: the task's); its own pool
+    steps_factor: float = 1.0  # its learner steps, times the study's: equal generated tokens at fewer turns
 
 
 PAPER_MARGIN = 0.03  # the paper's claim: SPO's pass@10 at least PPO's + 0.03
@@ -170,6 +174,10 @@ CODE = Study("code", "tinycode-loops", {
 ], human_rows)
 
 LOGGED = ("logged",)
+# an episode's policy tokens over a single answer's: PPO at 3e-5, seed 0, generated 251,241 policy tokens in 800
+# episodes (314 each), 2.77 turns an episode at its last evaluation (311.6 tokens): about 112 tokens a turn.
+# A one-turn run's measured `tokens` say how close this comes.
+ONE_TURN_STEPS = 2.8
 FEEDBACK = Study("feedback", "tinycode-feedback", {
     "spo-logged": Arm(SPO, OFFLINE, LOGGED, passed_only=False),
     "agro-logged": Arm({"algorithm": "agro-off"}, OFFLINE, LOGGED, passed_only=False),
@@ -182,6 +190,9 @@ FEEDBACK = Study("feedback", "tinycode-feedback", {
     "grpo-tis-half": Arm({"algorithm": "grpo", "is_correction": "token_truncate"}, HALF, passed_only=False),
     "grpo": Arm({"algorithm": "grpo"}, {"online": 1.0}),
     "ppo": Arm({"algorithm": "ppo"}, {"online": 1.0}),
+    # after the arms above, so that the study's report seeds come first
+    "spo-one-turn": Arm(SPO, {"online": 1.0}, max_turns=1, steps_factor=ONE_TURN_STEPS),
+    "ppo-one-turn": Arm({"algorithm": "ppo"}, {"online": 1.0}, max_turns=1, steps_factor=ONE_TURN_STEPS),
 }, [
     ("SPO's pass@10 beats PPO's (online, episodes)", "spo-online", "ppo", "final pass@10", "pass@10", "higher", 0.0),
     ("SPO's pass@10 beats GRPO's (online, episodes)", "spo-online", "grpo", "final pass@10", "pass@10", "higher", 0.0),
@@ -197,6 +208,10 @@ FEEDBACK = Study("feedback", "tinycode-feedback", {
      "higher|within 2 SE", 0.0),
     ("SPO keeps more distinct correct programs than PPO", "spo-online", "ppo", "distinct per problem",
      "distinct per problem", "higher", 0.0),
+    ("episodes with feedback beat one turn at equal generated tokens (SPO)", "spo-online", "spo-one-turn",
+     "final pass@1", "pass@1", "higher", 0.0),
+    ("episodes with feedback beat one turn at equal generated tokens (PPO)", "ppo", "ppo-one-turn",
+     "final pass@1", "pass@1", "higher", 0.0),
 ], logged_rows, {"steps": 50, "task_size": 200, "eval_size": 50},
     {"logged": {"per_prompt": LOGGED_PER_PROMPT, "p_correct": LOGGED_P_CORRECT, "distinct": True}})
 
@@ -232,10 +247,16 @@ class Settings:
     def pool(self) -> Path:
         return self.where / "pool"
 
+    def pool_of(self, config: RunConfig) -> Path:
+        """The pool a run copies: its Q0 is of episodes as long as the run's (`Arm.max_turns`)."""
+        turns = config.task.max_turns
+        return self.pool if turns == TASK_TURNS else self.where / f"pool-{turns}-turns"
+
 
 # what the pool's rows depend on: a pool made with other values is refused, not silently reused
 POOL_KEYS = ("model.path", "model.weights", "task.name", "task.size", "task.seed", "task.options", "q0.k", "beta",
              "seed")
+TASK_TURNS = TaskConfig.model_fields["max_turns"].default  # an arm's episodes unless it says otherwise
 QUICK = dict(steps=1, lrs=(1e-4, 1e-3), extend=0, seeds=2, eval_size=2, eval_every=1, eval_samples=10, task_size=6)
 
 
@@ -259,8 +280,8 @@ def install_reference(s: Settings) -> Path:
 def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
     """One run, RUNS/TASK/STUDY/ARM-lrLR-sSEED, on its own copy of the pool beside it."""
     a = s.study.arms[arm]
-    overrides = base_overrides(s.task, seed, s.steps, lr, s.prompts, s.samples_per_prompt, s.eval_size, s.eval_every,
-                               s.eval_samples, s.extra)
+    overrides = base_overrides(s.task, seed, max(1, round(s.steps * a.steps_factor)), lr, s.prompts,
+                               s.samples_per_prompt, s.eval_size, s.eval_every, s.eval_samples, s.extra)
     overrides.update({
         "model.path": str(reference_dir(s)),
         "name": (name := f"{arm}-lr{lr:g}-s{seed}"), "out_dir": str(s.where / s.study.name),
@@ -271,6 +292,8 @@ def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
         # (16 rows) to 3.8-4.0x (250 rows, the evaluation's) hf's speed: docs/MODELS.md
         "sampling.backend": "static",
     })
+    if a.max_turns is not None:
+        overrides["task.max_turns"] = a.max_turns
     return config_from(with_base(overrides, s.extra))
 
 
@@ -336,9 +359,10 @@ def check_claims(s: Settings, runs: dict[str, dict[int, list[dict]]]) -> list[di
             for text, a, b, compared, key, expected, margin in s.study.claims]
 
 
-def prepare_pool(s: Settings, progress=None) -> dict:
-    """The store every run copies, once (a marker `pool.json` when whole): the training prompts with Q0
-    from the reference's samples, and the study's other rows (the known solutions as source "human", or
+def prepare_pool(s: Settings, progress=None, turns: int = TASK_TURNS) -> dict:
+    """The store that every run with episodes of `turns` policy turns at most copies (`Settings.pool_of`),
+    once (a marker `pool.json` when whole): the training prompts with Q0 from
+    the reference's samples, and the study's other rows (the known solutions as source "human", or
     another agent's logged traces as source "logged"), `progress(done, prompts)` while the reference
     samples. Returns rows per source. The reference is installed first (`install_reference`: the CLI does
     it before anything else)."""
@@ -346,22 +370,26 @@ def prepare_pool(s: Settings, progress=None) -> dict:
     from softrl.data import ExperienceStore
 
     first = run_config(s, "spo-online", s.lrs[0], TUNE_SEED)
-    made_with = {**{k: v for k, v in settings_of(first).items() if k in POOL_KEYS}, **s.study.pool_recipe}
-    marker = s.pool / "pool.json"
+    first = first.model_copy(update={"task": first.task.model_copy(update={"max_turns": turns})})
+    where = s.pool_of(first)
+    shorter = {} if turns == TASK_TURNS else {"task.max_turns": turns}  # the study's first pools did not say
+    made_with = {**{k: v for k, v in settings_of(first).items() if k in POOL_KEYS}, **s.study.pool_recipe, **shorter}
+    marker = where / "pool.json"
     if marker.is_file():
         made = json.loads(marker.read_text())
         found = made.get("settings", {})
         # a marker that does not name the weights predates them: another build's rows may be in it
-        differs = next((k for k in (*POOL_KEYS, *s.study.pool_recipe) if found.get(k) != made_with.get(k)), None)
+        differs = next((k for k in (*POOL_KEYS, *s.study.pool_recipe, *shorter)
+                        if found.get(k) != made_with.get(k)), None)
         if differs:
-            raise ConfigError(f"{s.pool}: the pool was made with {differs}={found.get(differs)!r}, this study asks "
+            raise ConfigError(f"{where}: the pool was made with {differs}={found.get(differs)!r}, this study asks "
                               f"{made_with.get(differs)!r}: use another --runs directory, or delete the pool")
         return made["rows"]
-    shutil.rmtree(s.pool, ignore_errors=True)  # one half made when killed
-    config = first.model_copy(update={"data": first.data.model_copy(update={"store": str(s.pool)})})
+    shutil.rmtree(where, ignore_errors=True)  # one half made when killed
+    config = first.model_copy(update={"data": first.data.model_copy(update={"store": str(where)})})
     RunParts(config).q0(progress=progress)
     other = s.study.other_rows(load_tasks(config)[0], s)
-    store = ExperienceStore(s.pool)
+    store = ExperienceStore(where)
     store.append(other)
     counts = {source: store.trajectories(source=source, columns=["id"]).num_rows  # as stored: repeats are one row
               for source in ["reference", *sorted({r.source for r in other})]}
@@ -401,9 +429,15 @@ def study(s: Settings, jobs: int, report: Path, update, say, train: bool = True)
     from softrl_bench.learning import aggregate
     from softrl_bench.report import code_markdown, plot_learning, write_report
 
-    def pool(update) -> dict:
-        return prepare_pool(s, progress=lambda done, total: update(
-            done, total=total, description="pool: Q0 of the training prompts from the reference's samples"))
+    def pool(update, configs: list[RunConfig]) -> dict:
+        """Every pool the stage's runs copy (one per length of episodes), their rows per source summed."""
+        counts: dict[str, int] = {}
+        for turns in sorted({c.task.max_turns for c in configs}, reverse=True):
+            for source, n in prepare_pool(s, lambda done, total: update(
+                    done, total=total, description="pool: Q0 of the training prompts from the reference's samples"),
+                    turns).items():
+                counts[source] = counts.get(source, 0) + n
+        return counts
 
     arms = list(s.study.arms)
     if train:

@@ -138,6 +138,10 @@ class Settings:
     def where(self) -> Path:
         return self.root / slug(self.task)
 
+    def pool_of(self, _config: RunConfig) -> Path:
+        """The pool every run copies: one for all (the code study's arms may differ)."""
+        return self.where / "pool"
+
 
 def kept_reference(s: Settings) -> Path | None:
     """Where the reference the kept outcomes were made with is kept: beside them (frontier-runs.jsonl:
@@ -314,7 +318,7 @@ def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_d
     `jobs` processes at once, each with its share of the CPU threads, `on_done(config)` as each ends.
     On 2 cores two one-thread runs make about 1.5x the samples of one two-thread run (0.24 vs 0.18 s
     a step of a lagged run each): the benchmark's runs are small."""
-    pool, shared = s.where / "pool", SharedStartEval(s.where / "start-evals")
+    shared = SharedStartEval(s.where / "start-evals")
     configs = pending(s, configs)
 
     def finished(config: RunConfig) -> None:
@@ -322,7 +326,7 @@ def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_d
         keep(s.kept, config)
 
     if jobs <= 1:
-        run_all(configs, on_step=on_step, before=lambda c: copy_pool(pool, c), after=finished, shared=shared)
+        run_all(configs, on_step=on_step, before=lambda c: copy_pool(s.pool_of(c), c), after=finished, shared=shared)
         return
     import multiprocessing
     import os
@@ -330,7 +334,7 @@ def run(configs: list[RunConfig], s: Settings, jobs: int = 1, on_step=None, on_d
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = {ex.submit(_run_alone, c, pool, threads, shared): c for c in configs}
+        futures = {ex.submit(_run_alone, c, s.pool_of(c), threads, shared): c for c in configs}
         try:
             for future in as_completed(futures):
                 future.result()
@@ -435,16 +439,18 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
 
 def run_stage(s, configs: list[RunConfig], jobs: int, update, what: str, prepare, say) -> None:
     """One stage's runs still to train under a progress bar (`update`: learner steps, or runs when several
-    run at once), each on its own copy of the pool: `prepare(update)` makes the pool first, once, and
-    returns its rows per source (`say` tells them). `s`: this benchmark's Settings or the code study's."""
+    run at once), each on its own copy of its pool (`s.pool_of`): `prepare(update, configs)` makes the pools
+    first, once, and returns their rows per source (`say` tells them). `s`: this benchmark's Settings or the
+    code study's."""
     configs = pending(s, configs)
     if not configs:
         return
-    counts = prepare(update)
+    counts = prepare(update, configs)
     say(f"pool: {', '.join(f'{n} {k}' for k, n in counts.items())} rows")
     if jobs <= 1:
-        update(0, total=len(configs) * s.steps, description=what)
-        run(configs, s, on_step=lambda i, c, r: update(i * s.steps + r["step"],
+        before = [sum(c.optim.steps for c in configs[:i]) for i in range(len(configs) + 1)]  # runs' steps differ
+        update(0, total=before[-1], description=what)
+        run(configs, s, on_step=lambda i, c, r: update(before[i] + r["step"],
                                                        description=f"{what}: {c.name} ({i + 1}/{len(configs)})"))
         return
     done = [0]
@@ -462,7 +468,7 @@ def train(s: Settings, regimes: list[str], methods: list[str] | None, tune_seeds
     """Every run the reports need and no finished one: the tuning grids, grown round by round where a
     best point lies on an edge, then each regime's report seeds at its best and matched points. The
     earlier run (the other policy's data) and the pool are made once, before the first run that needs them."""
-    def pool(update) -> dict:
+    def pool(update, _configs) -> dict:  # one pool for all
         return prepare(s, on_step=lambda _, __, r: update(r["step"], total=s.earlier_steps,
                                                           description="earlier run (the other policy's data)"))
 

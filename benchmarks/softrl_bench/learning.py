@@ -281,12 +281,15 @@ def run_records(run_dir: Path) -> list[dict]:
 
 
 def curves(run_dir: Path) -> list[dict]:
-    """The run's evaluation points: step, samples generated, training wall time and the eval numbers."""
-    points = []
+    """The run's evaluation points: step, samples and policy tokens generated (None where the run's steps
+    did not count them), training wall time and the eval numbers."""
+    points, tokens = [], {0: 0}
     for r in run_records(run_dir):
+        if "tokens" in r:
+            tokens[r["step"]] = r["tokens"]
         if "eval/pass@1" in r:
-            points.append({"step": r["step"], "samples": r["samples"], "time": r["time"],
-                           **{k: r.get(f"eval/{k}") for k in EVAL_KEYS}})
+            points.append({"step": r["step"], "samples": r["samples"], "tokens": tokens.get(r["step"]),
+                           "time": r["time"], **{k: r.get(f"eval/{k}") for k in EVAL_KEYS}})
     return points
 
 
@@ -307,7 +310,7 @@ def aggregate(runs: dict[str, dict[int, list[dict]]]) -> dict[str, list[dict]]:
         for j in range(length):
             at = [s[j] for s in series]
             point = {}
-            for key in ("step", "samples", "time", *EVAL_KEYS):
+            for key in ("step", "samples", "tokens", "time", *EVAL_KEYS):
                 point[key], point[f"{key}_sd"] = mean_sd([p.get(key) for p in at])  # older outcomes lack newer keys
             points.append(point)
         out[method] = points

@@ -84,21 +84,25 @@ def code_markdown(agg: dict[str, list[dict]], claims: list[dict], seeds: int, tu
 
 
 def episodes_table(agg: dict[str, list[dict]], spread: bool) -> list[str]:
-    """For runs of episodes (their evaluations count turns): each arm's last and first turn, turns used and
+    """For runs of episodes (their evaluations count turns): each arm's last and first turn, turns used,
     the policy's tokens per episode and per solved episode (tokens per episode / success per sample) at
-    the end; [] for single-turn runs."""
+    the end, and the policy tokens its training generated ("-" where its steps did not count them);
+    [] for single-turn runs."""
     if not any(not math.isnan(p.get("turns_per_episode", math.nan)) for points in agg.values() for p in points):
         return []
     lines = ["", "Episodes at the end (the reward is the last turn's; mean ± sd over seeds):", "",
              "| arm | pass@1 (last turn) | pass@1 (first turn) | pass@10 (first turn) | turns | policy tokens "
-             "per episode | tokens per solved episode |", "|---|---|---|---|---|---|---|"]
+             "per episode | tokens per solved episode | tokens generated in training |",
+             "|---|---|---|---|---|---|---|---|"]
     first = next(iter(agg.values()))[0]
     for name, point in [("reference (step 0)", first), *((arm, points[-1]) for arm, points in agg.items())]:
         solved = point["success_per_sample"]
         per_solved = f"{point['tokens_per_sample'] / solved:,.0f}" if solved and not math.isnan(solved) else "-"
+        generated = point.get("tokens", math.nan)
         lines.append(f"| {name} | {_pm(point, 'pass@1', spread)} | {_pm(point, 'first_turn_pass@1', spread)} | "
                      f"{_pm(point, 'first_turn_pass@10', spread)} | {_pm(point, 'turns_per_episode', spread, 2)} | "
-                     f"{_pm(point, 'tokens_per_sample', spread, 0)} | {per_solved} |")
+                     f"{_pm(point, 'tokens_per_sample', spread, 0)} | {per_solved} | "
+                     f"{'-' if generated is None or math.isnan(generated) else f'{generated:,.0f}'} |")
     return lines
 
 
