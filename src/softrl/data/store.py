@@ -199,7 +199,8 @@ class ExperienceStore:
     # --- writing ------------------------------------------------------------------------------
     def append(self, trajectories: Iterable[Trajectory | dict[str, Any]]) -> int:
         """Write trajectories in one commit (duplicates within the call dropped); returns rows written.
-        Every reward must be a finite number in [0, 1]: one bad row is a RewardError and nothing is written."""
+        Every reward must be a finite number in [0, 1] and every episode with token ids must have its
+        `finish`: one bad row is an error naming it (`checked_rows`) and nothing is written."""
         rows = checked_rows(trajectories)
         if rows.num_rows:
             self.tables["trajectories"].append(rows)
