@@ -13,7 +13,7 @@ import pytest
 from softrl.data import ExperienceStore, Trajectory
 from softrl.data.chat import episode_of
 from softrl.data.io import read_trajectories
-from softrl.data.schema import FINISHES, TRAJECTORY_SCHEMA
+from softrl.data.schema import TRAJECTORY_SCHEMA
 from softrl.tasks.records import RecordError
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"expr": "3*8"}'}}
@@ -83,27 +83,6 @@ def test_a_bad_trace_file_is_one_line_and_writes_nothing(tmp_path):
         "t.jsonl:3: record needs a 'reward' (in [0, 1]) or a 'passed' field")
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "store").exists() or len(ExperienceStore(tmp_path / "store")) == 0
-
-
-def test_an_exported_episode_with_token_ids_and_no_finish_is_refused_at_import(tmp_path):
-    """A run's draw reads an episode's turns where its finish says it is one: an edited export whose episode
-    keeps its token ids but lost its finish is one line naming the line and the field; nothing is written.
-    Without token ids (text, tokenised by each run) it imports."""
-    turns = read_trajectories_from(conversation())
-    row = {**Trajectory("p", "t", 1.0, True, prompt_text="q", prompt_tokens=[5, 6], response_tokens=[7, 8, 9],
-                        tokenizer="ours", turns=turns, action_mask=[True, False, True]).to_row()}
-    del row["created_at"]
-    rows = write_jsonl(tmp_path / "rows.jsonl", [{**row, "finish": "done"}, row])
-    proc = softrl("data", "import", str(rows), "--source", "logs", "--store", str(tmp_path / "store"))
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].endswith("rows.jsonl:2: field 'finish' is needed by an episode with "
-                                                          "token ids (why it ended: one of " + ", ".join(FINISHES) + ")")
-    assert not (tmp_path / "store").exists() or len(ExperienceStore(tmp_path / "store")) == 0
-    text = {**row, "prompt_tokens": None, "response_tokens": None, "tokenizer": "", "action_mask": None}
-    proc = softrl("data", "import", str(write_jsonl(tmp_path / "text.jsonl", [text])), "--source", "logs", "--store",
-                  str(tmp_path / "store"))
-    assert proc.returncode == 0, proc.stderr
-    assert ExperienceStore(tmp_path / "store").trajectories().to_pylist()[0]["turns"]
 
 
 def test_export_as_chat_and_import_again_round_trip(tmp_path):

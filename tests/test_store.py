@@ -551,11 +551,11 @@ def test_a_pool_reads_only_the_columns_a_draw_needs(tmp_path, copy):
             for i in range(40)]
     rows.append(full_trajectory(prompt_id="p0", response_tokens=[], tokenizer="ours"))  # no ids: its texts, then
     rows.append(full_trajectory(prompt_id="p1", response_tokens=[77], tokenizer="ours", action_mask=None,  # an episode
-                                turns=[{"role": "assistant", "content": "x"}], finish="done"))  # without its mask: texts too
+                                turns=[{"role": "assistant", "content": "x"}]))  # without its mask: texts too
     store.append(rows)
     texts = ("prompt_text", "response_text")
-    reads = Reads(tuple(n for n in TRAJECTORY_SCHEMA.names if n not in texts + ("mc_targets",)),
-                  ((texts, lambda row: not tokens_usable(row, "ours")),))
+    reads = Reads(tuple(n for n in TRAJECTORY_SCHEMA.names if n not in texts + ("mc_targets",)), texts,
+                  lambda row: not tokens_usable(row, "ours"))
     whole, lean = store.pool(copy=copy), store.pool(copy=copy, reads=reads)
     everything = whole.fetch(list(range(len(whole))))
     drawn = lean.fetch(list(range(len(lean))))
@@ -571,43 +571,6 @@ def test_a_pool_reads_only_the_columns_a_draw_needs(tmp_path, copy):
     assert [t for table in whole.tables() for t in table.to_pylist()] == everything
     # a lean pool's tables hold the columns it reads, whole: the texts of every row, no MC targets
     assert [t for table in lean.tables() for t in table.to_pylist()] == [{**r, "mc_targets": None} for r in everything]
-
-
-def test_a_runs_draw_reads_episode_columns_for_episodes_only(tmp_path):
-    """`draw_reads`: a single answer with this run's token ids is drawn without the turns and mask columns
-    (and without its texts); an episode with token ids (its held `finish` says it is one) gets its turns and
-    mask; a row whose ids the run cannot use (another tokenizer's, or a chat import's text) gets its texts
-    and turns. Each drawn row is the whole row with only what it does not need left null. An episode with
-    token ids and no finish is refused at append, in one line."""
-    from softrl.data import StoredPool
-    from softrl.runtime.feed import EPISODE, TEXTS, draw_reads
-    from softrl.data.store import StoreError
-
-    store = ExperienceStore(tmp_path / "store")
-    turns = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "no"},
-             {"role": "assistant", "content": "b"}]
-    rows = [full_trajectory(prompt_id="p0", response_tokens=[1, 2], tokenizer="ours"),  # an answer: ids only
-            full_trajectory(prompt_id="p0", response_tokens=[3, 4, 5], tokenizer="ours", turns=turns,
-                            action_mask=[True, False, True], finish="max_turns"),  # an episode: its mask too
-            full_trajectory(prompt_id="p1", response_tokens=[6], tokenizer="theirs"),  # another's ids: texts
-            full_trajectory(prompt_id="p1", response_tokens=[], tokenizer="", turns=turns)]  # imported text
-    store.append(rows)
-    with pytest.raises(StoreError, match="needs its finish"):
-        store.append([full_trajectory(prompt_id="p2", response_tokens=[7], tokenizer="ours", turns=turns)])
-    whole = store.pool().fetch([0, 1, 2, 3])
-    reads = draw_reads("offline", "ours")
-    lean = store.pool(reads=reads)
-    asked = []
-
-    def spy(positions, columns):
-        asked.append((positions.tolist(), set(columns)))
-        return lean.take(positions, columns)
-    drawn = StoredPool(lean.handles, lean.prompt_index, lean.prompt_names, spy, reads=reads).fetch([0, 1, 2, 3])
-    nulls = lambda row, names: {**row, **{n: None for n in names}}  # noqa: E731
-    assert drawn == [nulls(whole[0], (*TEXTS, *EPISODE, "mc_targets")), nulls(whole[1], (*TEXTS, "mc_targets")),
-                     nulls(whole[2], ("mc_targets",)), nulls(whole[3], ("mc_targets",))]
-    assert [a[0] for a in asked] == [[0, 1, 2, 3], [1, 2, 3], [2, 3]]  # handle order: as appended
-    assert asked[1][1] == set(EPISODE) and asked[2][1] == set(TEXTS) and not asked[0][1] & {*EPISODE, *TEXTS}
 
 
 def test_a_keyed_table_keeps_an_index_on_its_key_and_lookups_stay_exact(root, monkeypatch):

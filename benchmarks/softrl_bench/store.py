@@ -408,8 +408,7 @@ def markdown(results: dict, command: str) -> str:
            f"Rows of a {PROMPT_TOKENS}-token prompt and a {RESPONSE_TOKENS}-token response (a third with log-probs), "
            f"{ROWS_PER_PROMPT} a prompt, {TASKS} tasks. The pool is one task's (a quarter of the rows); a sample is "
            f"{SAMPLE} rows drawn from it as a run's step draws them, the columns it feeds the learner (`draw_reads`: "
-           "token ids, log-probs; an episode's turns and mask only for episodes; not the texts of rows whose ids the "
-           "run's tokenizer made, nor MC targets), "
+           "token ids, log-probs, turns; not the texts of rows whose ids the run's tokenizer made, nor MC targets), "
            f"median of {REPEATS}; \"whole rows\" draws every column. Q0 is the lookup of {LOOKUP} prompts (median of "
            f"{REPEATS}); peak RSS is the measuring process's, imports included, at its last sample (\"of it the "
            "pool's\": its rise from opening the store). Stats and dedupe read the whole table.\n",

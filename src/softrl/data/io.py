@@ -224,8 +224,6 @@ def _check_values(row: dict[str, Any], where: str, vocabulary: Vocabulary | None
             episode_of([{"role": "user", "content": "."}, *map(turn_message, row["turns"])], where)
         except RecordError as e:
             raise bad("turns", f"is not an episode: {str(e).removeprefix(where + ': ')}") from None
-        if tokens and not row.get("finish"):  # a run's draw reads the turns of the rows whose finish says so
-            raise bad("finish", f"is needed by an episode with token ids (why it ended: one of {', '.join(FINISHES)})")
     for target in row.get("mc_targets") or []:
         t, success, k = (target or {}).get("t"), (target or {}).get("success"), (target or {}).get("k")
         if t is None or success is None or k is None or not 0 <= t <= max(len(tokens), 1) or not 0 <= success <= 1 \

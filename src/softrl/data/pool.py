@@ -303,24 +303,16 @@ class TrajectoryPool(Pool):
                          lambda positions: [self.rows[i] for i in positions])
 
 
-Wants = Callable[[dict[str, Any]], bool]
-
-
 @dataclass(frozen=True)
 class Reads:
-    """What a draw takes of its rows' wide columns: `always`, then each of `later`'s (columns, wants) in
-    turn for the rows that `wants` (given each row as drawn so far). A run's draw needs a row's token ids
-    where its own tokenizer made them, an episode's turns and mask only for episodes, and its texts only
-    where its ids will not do: every column a draw need not read is a read per row saved (one of the page
-    cache's misses, or one request to an object store). Columns not taken are null."""
+    """What a draw takes of its rows' wide columns: `always`, then `later` for the rows that `wants`
+    (given each row as drawn so far). A run's draw needs a row's token ids where its own tokenizer made
+    them and its texts only where it did not: every column a draw need not read is a read per row saved
+    (one of the page cache's misses, or one request to an object store). Columns not taken are null."""
 
     always: tuple[str, ...]
-    later: tuple[tuple[tuple[str, ...], Wants], ...] = ()
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """Every column some draw may take."""
-        return self.always + tuple(name for columns, _ in self.later for name in columns)
+    later: tuple[str, ...] = ()
+    wants: Callable[[dict[str, Any]], bool] | None = None
 
 
 class StoredPool(Pool):
@@ -339,10 +331,11 @@ class StoredPool(Pool):
                 return []
             unique, back = np.unique(np.asarray(positions, dtype=np.int64), return_inverse=True)
             rows = take(unique, reads and reads.always).to_pylist()  # in handle order
-            for columns, wants in reads.later if reads else ():
-                if wanting := [k for k, row in enumerate(rows) if wants(row)]:
-                    for k, row in zip(wanting, take(unique[wanting], columns).select(list(columns)).to_pylist()):
-                        rows[k].update(row)
+            wanting = [k for k, row in enumerate(rows) if reads and reads.later and reads.wants(row)]
+            if wanting:
+                more = take(unique[wanting], reads.later)
+                for k, row in zip(wanting, more.select(list(reads.later)).to_pylist()):
+                    rows[k].update(row)
             return [rows[k] for k in back]
 
         super().__init__(prompt_index, prompt_names, fetch)

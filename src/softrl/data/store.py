@@ -29,7 +29,7 @@ from softrl.data.pool import (
     HeldColumns, KeySet, LaterCopies, Reads, StoredPool, encode, first_by_handle, first_copies, id_keys, in_sorted, owned,
     sorted_distinct,
 )
-from softrl.data.schema import ANNOTATION_SCHEMA, FINISHES, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
+from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
 from softrl.data.lance_table import COPY_BATCH_ROWS, LanceTable, LocalColumns, table_file
 from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, Table, damaged
 from softrl.tasks.base import check_reward
@@ -152,16 +152,12 @@ def location(root: str | Path) -> str:
 
 def checked_rows(trajectories: Iterable[Trajectory | dict[str, Any]]) -> pa.Table:
     """Trajectory rows as a table, the later copies of an id dropped; a reward that is not a finite
-    number in [0, 1] is a RewardError naming the row; an episode with token ids but no `finish` is a
-    StoreError (a run's draw reads an episode's turns and mask where its finish says it is one)."""
+    number in [0, 1] is a RewardError naming the row."""
     rows: dict[str, dict[str, Any]] = {}
     for t in trajectories:
         row = (t if isinstance(t, Trajectory) else Trajectory.from_row(t)).to_row()
-        where = f"task {row['task'] or '?'}, prompt {row['prompt_id']}, trajectory {row['id']}"
-        row["reward"] = check_reward(row["reward"], where)
-        if row["turns"] and row["response_tokens"] and not row["finish"]:
-            raise StoreError(f"{where}: an episode with token ids needs its finish (why it ended: one of "
-                              f"{', '.join(FINISHES)})")
+        row["reward"] = check_reward(row["reward"], f"task {row['task'] or '?'}, prompt {row['prompt_id']}, "
+                                                    f"trajectory {row['id']}")
         rows.setdefault(row["id"], row)
     return pa.Table.from_pylist(list(rows.values()), schema=TRAJECTORY_SCHEMA)
 
@@ -199,8 +195,7 @@ class ExperienceStore:
     # --- writing ------------------------------------------------------------------------------
     def append(self, trajectories: Iterable[Trajectory | dict[str, Any]]) -> int:
         """Write trajectories in one commit (duplicates within the call dropped); returns rows written.
-        Every reward must be a finite number in [0, 1] and every episode with token ids must have its
-        `finish`: one bad row is an error naming it (`checked_rows`) and nothing is written."""
+        Every reward must be a finite number in [0, 1]: one bad row is a RewardError and nothing is written."""
         rows = checked_rows(trajectories)
         if rows.num_rows:
             self.tables["trajectories"].append(rows)
@@ -293,7 +288,7 @@ class ExperienceStore:
         targets = TargetIndex(self.annotations(snapshot)) if annotated else None
         held = HeldColumns([TRAJECTORY_SCHEMA.field(name) for name in HELD])
         wide = [f.name for f in TRAJECTORY_SCHEMA if f.name not in HELD]
-        read = wide if reads is None else [n for n in wide if n in reads.columns]
+        read = wide if reads is None else [n for n in wide if n in reads.always or n in reads.later]
         local = LocalColumns([TRAJECTORY_SCHEMA.field(name) for name in read]) \
             if (self.root.startswith("s3://") if copy is None else copy) else None
         scanned = ["id", *HELD] + (["mc_targets"] if annotated else [])

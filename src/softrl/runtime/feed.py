@@ -15,25 +15,21 @@ from softrl.data.unmatched import unmatched_rows
 from softrl.data.versions import hold, pinned
 from softrl.models.loading import encode_episode, encode_prompt, encode_response, tokenizer_fingerprint
 from softrl.tasks.base import Prompt, Task
-from softrl.training.batch import (Batch, knows_behavior, make_batch, own_tokens, row_tokens, tokens_usable,
-                                   too_long_row, unusable_row)
+from softrl.training.batch import (Batch, knows_behavior, make_batch, row_tokens, tokens_usable, too_long_row,
+                                   unusable_row)
 
 CHECKED_ROWS = 2_000  # rows of each pool checked before a run starts; the rest are checked when drawn
 IN_MEMORY = ("online", "replay")  # the mix's sources that are not read from the store
 REPLAY_STREAM = 7_919  # offsets the replay buffer's seed from the prompt sampler's
 TEXTS = ("prompt_text", "response_text")  # what a row whose token ids a batch takes is drawn without
-EPISODE = ("turns", "action_mask")  # what a single answer, one of most rows, is drawn without
 
 
 def draw_reads(source: str, fingerprint: str) -> Reads:
-    """The columns a run's draw of `source` takes: all but an episode's turns and mask, which only
-    episodes need (their `finish` is held: every episode with token ids has one), and rows whose texts
-    a batch reads, since turns are texts too; the texts, which only rows whose token ids a batch cannot
-    take (`tokens_usable`) need; and MC targets, which only the mc source trains on."""
-    skipped = {*TEXTS, *EPISODE} | ({"mc_targets"} if source != "mc" else set())
-    return Reads(tuple(n for n in TRAJECTORY_SCHEMA.names if n not in skipped), (
-        (EPISODE, lambda row: row["finish"] is not None or not own_tokens(row, fingerprint)),
-        (TEXTS, lambda row: not tokens_usable(row, fingerprint))))
+    """The columns a run's draw of `source` takes: all but the texts, which only rows whose token ids a
+    batch cannot take (`tokens_usable`) need, and MC targets, which only the mc source trains on."""
+    skipped = set(TEXTS) | ({"mc_targets"} if source != "mc" else set())
+    return Reads(tuple(n for n in TRAJECTORY_SCHEMA.names if n not in skipped), TEXTS,
+                 lambda row: not tokens_usable(row, fingerprint))
 
 
 def draws_from_store(config: RunConfig) -> bool:
