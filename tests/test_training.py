@@ -246,6 +246,48 @@ def test_stored_rows_drawn_ahead_are_the_rows_drawn_in_step(tiny, tmp_path, algo
         plain.close()
 
 
+def test_a_step_logs_its_draw_and_the_wait_prefetching_hid(tiny, tmp_path, monkeypatch):
+    """`DataFeed.draw_seconds`: a step's draw from the store, its own seconds and those the step waited
+    for it. Drawn in the step, it waits the whole draw; prefetched during a step as long as the draw,
+    it waits almost none. A run's step records carry both (`time/store_draw`, `time/store_wait`)."""
+    from softrl.data import Trajectory
+    from softrl.runtime import feed as feed_module
+    from softrl.runtime.feed import DataFeed
+    from softrl.runtime.local import train
+    from softrl.tasks.registry import load_task
+
+    task = load_task("countdown", size=6)
+    store = ExperienceStore(tmp_path / "store")
+    store.append([Trajectory(p.id, f"{k}+{k}", float(k % 2), k % 2 == 1, task="countdown", prompt_text=p.text,
+                             source="human") for p in task.prompts() for k in range(3)])
+    config = load_config(None, [f"data.store={tmp_path}/store", "task.size=6", "data.offline_sources=[human]",
+                                "data.offline_passed_only=false"])
+    draw = feed_module.DataFeed.extra_rows
+
+    def slow_draw(self, online_rows):
+        time.sleep(0.3)
+        return draw(self, online_rows)
+
+    monkeypatch.setattr(feed_module.DataFeed, "extra_rows", slow_draw)
+    feed = DataFeed(config, store, task, {p.id: 0.5 for p in task.prompts()}, tiny[2], log=lambda m: None)
+    try:
+        feed._stored_rows(8)  # nothing prefetched: drawn now
+        assert feed.draw_seconds["time/store_draw"] >= 0.3 and feed.draw_seconds["time/store_wait"] >= 0.3
+        feed.prefetch(8)
+        time.sleep(0.5)  # the learner step, during which the draw finishes
+        feed._stored_rows(8)
+        assert feed.draw_seconds["time/store_draw"] >= 0.3 and feed.draw_seconds["time/store_wait"] < 0.1
+    finally:
+        feed.close()
+    monkeypatch.setattr(feed_module.DataFeed, "extra_rows", draw)
+    seed_store(tmp_path)
+    records = []
+    mixed = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
+        "data.mix": "{online: 0.5, offline: 0.5}", "name": "draws", "optim.steps": 2}))
+    train(mixed, log=lambda m: None, on_step=records.append)
+    assert len(records) == 2 and all(0 <= r["time/store_wait"] and 0 < r["time/store_draw"] for r in records)
+
+
 def test_the_training_clock_ends_each_step_after_its_learner_step(tiny, tmp_path, monkeypatch):
     """A step's logged time (and so samples/s, the run's seconds) includes its own learner step: with a
     learner step of at least 0.3 s, step k's time is at least 0.3 k."""

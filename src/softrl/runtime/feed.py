@@ -4,6 +4,7 @@ besides them (the offline and Monte-Carlo sources of the mix, from the store), a
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -94,6 +95,9 @@ class DataFeed:
         # random state before the draw, the draw)
         self._prefetched: tuple[int, dict, Future] | None = None
         self._background: ThreadPoolExecutor | None = None
+        # the last batch's draw from the store: its own seconds, and those its step waited for it (a
+        # prefetched draw that finished during the step before costs none)
+        self.draw_seconds: dict[str, float] = {}
 
     def _mixture(self) -> MixtureSampler | None:
         """The non-online sources of the mix, drawn from the store (rows of the prompts with a Q0)."""
@@ -226,20 +230,30 @@ class DataFeed:
         online_rows = self.online_rows_per_step() if online_rows is None else online_rows
         if self._background is None:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="softrl-prefetch")
-        self._prefetched = (online_rows, self._sampler_state(), self._background.submit(self.extra_rows, online_rows))
+        self._prefetched = (online_rows, self._sampler_state(), self._background.submit(self._timed_draw, online_rows))
+
+    def _timed_draw(self, online_rows: int) -> tuple[list[dict], float]:
+        started = time.perf_counter()
+        return self.extra_rows(online_rows), time.perf_counter() - started
 
     def _stored_rows(self, online_rows: int) -> list[dict]:
         """The step's other sources' rows: the prefetched draw where it was for as many online rows (its
-        error, if it failed, is this step's), else drawn now from the state before any prefetch."""
+        error, if it failed, is this step's), else drawn now from the state before any prefetch. Sets
+        `draw_seconds` where the mix draws from the store."""
+        started = time.perf_counter()
         if self._prefetched is None:
-            return self.extra_rows(online_rows)
-        expected, before, draw = self._prefetched
-        if expected == online_rows:
+            rows, took = self._timed_draw(online_rows)
+        elif self._prefetched[0] == online_rows:
+            rows, took = self._prefetched[2].result()
             self._prefetched = None
-            return draw.result()
-        self._drop_prefetched()  # its draw is undone
-        self._set_sampler_state(before)
-        return self.extra_rows(online_rows)
+        else:
+            before = self._prefetched[1]
+            self._drop_prefetched()  # its draw is undone
+            self._set_sampler_state(before)
+            rows, took = self._timed_draw(online_rows)
+        if self.mixture is not None:
+            self.draw_seconds = {"time/store_draw": took, "time/store_wait": time.perf_counter() - started}
+        return rows
 
     def _drop_prefetched(self) -> None:
         if self._prefetched is not None:

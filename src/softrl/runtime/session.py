@@ -139,7 +139,7 @@ class Session:
         record = {"step": p.step, "samples": p.samples, "tokens": p.tokens, "time": round(elapsed, 2),
                   "samples_per_s": p.samples / max(elapsed, 1e-9), "batch_rows": len(batch),
                   "online_pass_rate": sum(r["passed"] for r in online) / max(len(online), 1), **metrics,
-                  **(timings or {})}
+                  **(timings or {}), **self.feed.draw_seconds}
         if cfg.eval.every and p.step % cfg.eval.every == 0 and p.step < cfg.optim.steps:
             record = self.evaluated(record)
         self.runlog.write(record)
