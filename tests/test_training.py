@@ -281,11 +281,12 @@ def test_a_step_logs_its_draw_and_the_wait_prefetching_hid(tiny, tmp_path, monke
         feed.close()
     monkeypatch.setattr(feed_module.DataFeed, "extra_rows", draw)
     seed_store(tmp_path)
-    records = []
+    records, said = [], []  # a run's, from the local copy of its pool (`data.pool_copy`)
     mixed = load_config(None, tiny_overrides(str(tiny[0]), str(tmp_path), **{
-        "data.mix": "{online: 0.5, offline: 0.5}", "name": "draws", "optim.steps": 2}))
-    train(mixed, log=lambda m: None, on_step=records.append)
+        "data.mix": "{online: 0.5, offline: 0.5}", "name": "draws", "optim.steps": 2, "data.pool_copy": "true"}))
+    train(mixed, log=said.append, on_step=records.append)
     assert len(records) == 2 and all(0 <= r["time/store_wait"] and 0 < r["time/store_draw"] for r in records)
+    assert any(m.startswith("offline pool:") and "copied to local disk" in m for m in said)
 
 
 def test_the_training_clock_ends_each_step_after_its_learner_step(tiny, tmp_path, monkeypatch):

@@ -121,6 +121,9 @@ class DataConfig(Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig, description="the replay source's buffer")
     store_version: int | str | None = Field(None, description="read the store as it was: a version of its trajectories "
                                             "table or a tag (`softrl data tag`); none: the newest (store.json says which)")
+    pool_copy: bool | None = Field(None, description="copy the columns a run draws from the store to local disk when "
+                                   "its pools are built, packed row by row (a draw: a read a row); none: on an object "
+                                   "store only (docs/DATA.md, 'Reads with bounded memory')")
 
     @field_validator("mix")
     @classmethod

@@ -130,7 +130,7 @@ def data_export(
 
     target = open_store(store, create=False)
     with store_errors():  # streamed: the pool holds row addresses and narrow columns, rows are taken 10,000 at a time
-        pool = target.pool(source=source or None, task=task or None, passed=passed)
+        pool = target.pool(source=source or None, task=task or None, passed=passed, copy=False)  # one pass
     try:
         with store_errors():
             n = export(pool.tables(), out, store, form)

@@ -12,12 +12,9 @@ version reads it to the end.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import random
-import shutil
-import tempfile
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -486,67 +483,7 @@ class LanceTable:
         return before - len(self.versions())
 
 
-# free disk a pool's local copy leaves: past it the copy is given up and the pool reads from the store
-COPY_RESERVE_BYTES = 2 << 30
-COPY_CHECK_ROWS = 1 << 18  # rows written between checks of the free disk
 # rows a copying scan reads at once: its batches hold every column (some 2.4 KB a row of 500 tokens), and
 # at the storage's 65,536 rows a batch the build of a pool of 250,000 such rows peaked at 1.4 GiB, at
 # 2,048 at 0.55 GiB (0.30 without the copy)
 COPY_BATCH_ROWS = 2048
-
-
-def released() -> None:
-    """Memory the C allocator keeps after a large write handed back to the system (glibc's malloc_trim):
-    without it, a pool's copy of 250,000 rows left the process 230 MB larger than it needed to be."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
-class LocalColumns:
-    """Columns (`fields`) of the rows a pool scans, copied to a local Lance dataset as the scan passes:
-    a draw then reads the local disk, where an object store answers each row of each column with a
-    request (about 120 ranged GETs for a draw of 64). Lance, not a memory-mapped Arrow file: a mapping
-    of a file that was just written maps its page cache in large folios, so a draw of 64 rows added
-    some 100 MB to the resident set, and every draw more. The dataset is in the system's temporary
-    folder and goes with the object; where the disk would keep less than `reserve` bytes free, the copy
-    is given up (`given_up`: why) and the caller reads from the store instead."""
-
-    def __init__(self, fields: Sequence[pa.Field], reserve: int | None = None):
-        self.schema, self.reserve = pa.schema(fields), COPY_RESERVE_BYTES if reserve is None else reserve
-        self.folder = tempfile.TemporaryDirectory(prefix="softrl-pool-")
-        self.path = Path(self.folder.name) / "rows.lance"
-        self.given_up: str | None = None
-        self.dataset = None
-
-    def write(self, batches: Iterator[pa.RecordBatch]) -> None:
-        """Copy `batches` (of these columns and others) until they end or the disk runs short; then the
-        rest of `batches` is the caller's to read on."""
-        def columns() -> Iterator[pa.RecordBatch]:
-            unchecked = 0
-            for batch in batches:
-                yield pa.RecordBatch.from_arrays([batch[f.name] for f in self.schema], schema=self.schema)
-                unchecked += batch.num_rows
-                if unchecked >= COPY_CHECK_ROWS:
-                    unchecked, free = 0, shutil.disk_usage(self.folder.name).free
-                    if free < self.reserve:
-                        self.given_up = f"{free / 2**30:.1f} GiB left free on {self.folder.name}"
-                        return
-
-        lance.write_dataset(pa.RecordBatchReader.from_batches(self.schema, columns()), str(self.path))
-        released()
-        if self.given_up:
-            self.folder.cleanup()
-        else:
-            self.dataset = lance.dataset(str(self.path))
-
-    @property
-    def bytes(self) -> int:
-        return 0 if self.given_up else sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
-
-    def take(self, rows: np.ndarray, columns: Sequence[str]) -> dict[str, pa.Array]:
-        """`columns` of rows `rows` (indices into everything written, any order, repeats allowed)."""
-        unique, back = np.unique(rows, return_inverse=True)
-        taken = self.dataset.take(unique, columns=list(columns))
-        return {name: taken[name].combine_chunks().take(pa.array(back)) for name in columns}

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 if TYPE_CHECKING:
-    from softrl.data.lance_table import LocalColumns
+    from softrl.data.packed import PackedRows
 
 Rows = list[dict[str, Any]]
 HEX = np.full(256, 255, dtype=np.uint8)
@@ -322,7 +322,7 @@ class StoredPool(Pool):
     (None: every column); `local`: the local copy of its wide columns, where one was made."""
 
     def __init__(self, handles: np.ndarray, prompt_index: np.ndarray, prompt_names: Sequence[str],
-                 take: Callable[[np.ndarray, Sequence[str] | None], pa.Table], local: LocalColumns | None = None,
+                 take: Callable[[np.ndarray, Sequence[str] | None], pa.Table], local: PackedRows | None = None,
                  reads: Reads | None = None):
         self.handles, self.take, self.local = handles, take, local
 

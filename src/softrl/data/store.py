@@ -30,7 +30,8 @@ from softrl.data.pool import (
     sorted_distinct,
 )
 from softrl.data.schema import ANNOTATION_SCHEMA, PROMPT_SCHEMA, TRAJECTORY_SCHEMA, Trajectory, now
-from softrl.data.lance_table import COPY_BATCH_ROWS, LanceTable, LocalColumns, table_file
+from softrl.data.lance_table import COPY_BATCH_ROWS, LanceTable, table_file
+from softrl.data.packed import PackedRows
 from softrl.data.storage import HANDLE, MissingTable, Staged, StoreError, Table, damaged
 from softrl.tasks.base import check_reward
 
@@ -280,8 +281,8 @@ class ExperienceStore:
         targets when `annotated`) as a StoredPool: one scan of their ids and HELD columns, the filters
         pushed down to the storage; each draw takes the other columns of its rows by handle (those
         `reads` names, where given). With `copy` (by default where the store is on an object store) the
-        scan also copies those columns to local disk (`LocalColumns`), and draws read them there: one
-        scan of the pool's rows, then no request per draw."""
+        scan also copies those columns to local disk, packed row by row (`PackedRows`), and draws read
+        them there: one scan of the pool's rows, then one local read a drawn row."""
         snapshot = snapshot or self.snapshot()
         version, table = snapshot.versions["trajectories"], self.tables["trajectories"]
         where = both(filter_expression(filters), None if prompt_ids is None else pc.field("prompt_id").isin(list(prompt_ids)))
@@ -289,7 +290,7 @@ class ExperienceStore:
         held = HeldColumns([TRAJECTORY_SCHEMA.field(name) for name in HELD])
         wide = [f.name for f in TRAJECTORY_SCHEMA if f.name not in HELD]
         read = wide if reads is None else [n for n in wide if n in reads.always or n in reads.later]
-        local = LocalColumns([TRAJECTORY_SCHEMA.field(name) for name in read]) \
+        local = PackedRows([TRAJECTORY_SCHEMA.field(name) for name in read]) \
             if (self.root.startswith("s3://") if copy is None else copy) else None
         scanned = ["id", *HELD] + (["mc_targets"] if annotated else [])
         handles, keys, keeps = [], [], []

@@ -57,7 +57,7 @@ def drawable(source) -> int:
 
 
 def copied(pool) -> str:
-    """What a pool's log line says of its local copy (an object store's), if it has one."""
+    """What a pool's log line says of its local copy (`data.pool_copy`), if it has one."""
     local = getattr(pool, "local", None)
     if local is None:
         return ""
@@ -114,7 +114,7 @@ class DataFeed:
             elif source == "pts":  # the rollouts `softrl pts` sampled from prefixes, passed or not
                 filters["source"] = "pts"
             pool = self.store.pool(snapshot, prompt_ids=list(self.q0), annotated=source == "mc",  # mc: `softrl pts`'s
-                                   reads=draw_reads(source, self.fingerprint), **filters)
+                                   reads=draw_reads(source, self.fingerprint), copy=cfg.pool_copy, **filters)
             checked = pool.checked_rows(CHECKED_ROWS)
             self._check_behavior(source, checked, len(pool))
             if len(checked) < len(pool):
