@@ -19,7 +19,6 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 

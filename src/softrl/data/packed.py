@@ -6,7 +6,7 @@ rows, against 64 here (docs/BENCHMARKS.md, "The experience store: `softrl bench 
 pool on an object store too, where each of those reads would be a request.
 
 A row is a header of one little-endian int32 a column (its length in bytes, -1 for null, with the JSON
-bit where a list of numbers holding a null is written as JSON), then each column's bytes: a string's
+bit where the value is written as JSON), then each column's bytes: a string's
 UTF-8, a list of numbers or booleans its values as they lie in memory (a boolean a byte), a list of
 structs (an episode's turns, MC targets) its JSON. Packing joins views of a scanned batch's buffers;
 only the struct-list columns go through Python objects."""
@@ -23,14 +23,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 # free disk the copy leaves: past it the copy is given up and the pool reads from the store
 COPY_RESERVE_BYTES = 2 << 30
 COPY_CHECK_BYTES = 256 << 20  # bytes written between checks of the free disk
 
 
-JSON = 1 << 30  # in a header's length: this value is JSON (a list holding nulls, in a column of numbers)
+JSON = 1 << 30  # in a header's length: this value is JSON (a list of structs, or of numbers holding a null)
 
 
 def _as_bytes(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -46,15 +45,16 @@ def _as_bytes(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         starts, lengths = ends[:-1], np.diff(ends)
     elif pa.types.is_list(kind) and not pa.types.is_struct(kind.value_type) and column.values.null_count == 0:
         ends = column.offsets.to_numpy().astype(np.int64)
-        values, width = column.values, 1 if pa.types.is_boolean(kind.value_type) else kind.value_type.bit_width // 8
-        data = values.to_numpy(zero_copy_only=False).astype(np.uint8) if width == 1 and \
-            pa.types.is_boolean(kind.value_type) else values.to_numpy().view(np.uint8)
+        if pa.types.is_boolean(kind.value_type):  # bits in Arrow: a byte each here
+            width, data = 1, column.values.to_numpy(zero_copy_only=False).astype(np.uint8)
+        else:
+            width, data = kind.value_type.bit_width // 8, column.values.to_numpy().view(np.uint8)
         starts, lengths = ends[:-1] * width, np.diff(ends) * width
     else:  # structs, or lists holding nulls: JSON, row by row
         texts = [b"" if row is None else json.dumps(row).encode() for row in column.to_pylist()]
         lengths = np.array([len(t) for t in texts], dtype=np.int64)
         starts, data = np.concatenate([[0], np.cumsum(lengths)[:-1]]), np.frombuffer(b"".join(texts), np.uint8)
-        flag = 0 if pa.types.is_struct(getattr(kind, "value_type", None) or kind) else JSON
+        flag = JSON
     if lengths.size and lengths.max() >= JSON:
         raise ValueError(f"a value of {lengths.max():,} bytes in column {column.type} is too long to pack")
     return np.where(null, -1, lengths | flag), starts, data
@@ -79,7 +79,7 @@ def pack(batch: pa.RecordBatch, names: Sequence[str]) -> tuple[bytes, np.ndarray
 
 
 def _value(raw: bytes, kind: pa.DataType, as_json: bool):
-    if as_json or pa.types.is_struct(getattr(kind, "value_type", None) or kind):
+    if as_json:
         return json.loads(raw)
     if pa.types.is_string(kind):
         return raw.decode()
@@ -91,11 +91,12 @@ def _value(raw: bytes, kind: pa.DataType, as_json: bool):
 
 class PackedRows:
     """The columns `fields` of the rows a pool scans, packed row by row into a local file as the scan
-    passes (`write`), read back a row a read (`take`). Where the disk would keep less than `reserve`
-    bytes free the copy is given up (`given_up`: why) and the caller reads from the store instead."""
+    passes (`write`), read back a row a read (`take`). Where the disk would keep less than
+    COPY_RESERVE_BYTES free the copy is given up (`given_up`: why) and the caller reads from the store
+    instead."""
 
-    def __init__(self, fields: Sequence[pa.Field], reserve: int | None = None):
-        self.schema, self.reserve = pa.schema(fields), COPY_RESERVE_BYTES if reserve is None else reserve
+    def __init__(self, fields: Sequence[pa.Field]):
+        self.schema = pa.schema(fields)
         self.folder = tempfile.TemporaryDirectory(prefix="softrl-pool-")
         self.path = Path(self.folder.name) / "rows.packed"
         self.given_up: str | None = None
@@ -106,13 +107,13 @@ class PackedRows:
         """Copy `batches` (of these columns and others) until they end or the disk runs short (checked
         before the first write and every COPY_CHECK_BYTES; a full disk, or a value too long for a
         header, gives the copy up too); then the rest of `batches` is the caller's to read on."""
-        starts, end, checked = [self.starts[:1]], 0, -COPY_CHECK_BYTES
+        starts, end, checked = [np.zeros(1, np.int64)], 0, -COPY_CHECK_BYTES
         try:
             with open(self.path, "wb") as f:
                 for batch in batches:
                     if end - checked >= COPY_CHECK_BYTES:
                         checked, free = end, shutil.disk_usage(self.folder.name).free
-                        if free < self.reserve:
+                        if free < COPY_RESERVE_BYTES:
                             self.given_up = f"{free / 2**30:.1f} GiB left free on {self.folder.name}"
                             break
                     packed, sizes = pack(batch, self.schema.names)

@@ -128,8 +128,9 @@ class Learner:
         mask = policy.mask * part.action_mask[:, : policy.mask.shape[1]].to(policy.mask.dtype)
         behavior_logp = part.behavior_logp[:, : policy.logp.shape[1]]
         q0 = part.q0
-        # only this run's own samples are unfiltered draws of their sampler
-        online = torch.tensor([s == "online" for s in part.sources], device=ref_logp.device)  # [B]
+        if self.moving is not None or self.behavior_reference:
+            # only this run's own samples are unfiltered draws of their sampler
+            online = torch.tensor([s == "online" for s in part.sources], device=ref_logp.device)  # [B]
         if self.moving is not None:
             log_w = ((ref_logp - behavior_logp) * mask).sum(-1)  # [B] log ref(y) / mu(y)
             q0 = self.moving.q0([r["prompt_id"] for r in part.rows], part.q0, part.reward, log_w,
