@@ -4,6 +4,7 @@ reports, resuming without rerunning)."""
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -181,6 +182,8 @@ def test_quick_end_to_end_and_resumed(tiny, tmp_path):
             "--report", str(report)]
     result = CliRunner().invoke(app, [*args, "--jobs", "2"])
     assert result.exit_code == 0, result.output
+    # off a terminal each finished run is a timed line: a log says how far a long study got
+    assert re.search(r"^\d\d:\d\d:\d\d tuning: lag1/spo_lr\S+-s100 done \d+/\d+$", result.output, re.M), result.output
     lag = json.loads((report / "frontier-lag16.json").read_text())
     assert set(lag["grid"]) == {"spo", "oapl", "grpo-tis", "topr"}
     assert len(lag["grid"]["spo"]) == 4 and len(lag["grid"]["topr"]) == 2  # 2 lr x 2 strengths; topr lr only

@@ -131,3 +131,26 @@ def test_progress_lines_come_at_each_phase_and_then_every_ten_seconds(monkeypatc
     quiet = ProgressLines(Console(file=io.StringIO()), enabled=False)
     quiet.say("q0", 1, 3)
     assert quiet.console.file.getvalue() == ""
+
+
+def test_a_bench_progress_bar_off_a_terminal_says_each_run_in_a_line(monkeypatch):
+    """`softrl bench frontier ... > log`: the bar cannot be drawn, so each new description (a finished
+    run) is a timed line, and a long phase a line about every 10 s."""
+    import io
+
+    from rich.console import Console
+
+    from softrl.cli import common
+
+    log = Console(file=io.StringIO(), width=200)  # not a terminal
+    monkeypatch.setattr(common, "err", log)
+    clock = iter([0.0, 1.0, 2.0, 3.0, 15.0])
+    monkeypatch.setattr("softrl.api.time.monotonic", lambda: next(clock))
+    with common.progress_bar("tuning (2 at once)", total=3) as update:
+        update(0)
+        update(1, description="tuning: a done")
+        update(2, description="tuning: b done")
+        update(2, total=5)
+        update(3)
+    said = [line.split(" ", 1)[1] for line in log.file.getvalue().splitlines()]
+    assert said == ["tuning (2 at once) 0/3", "tuning: a done 1/3", "tuning: b done 2/3", "tuning: b done 3/5"]

@@ -25,7 +25,7 @@ from pathlib import Path
 from softrl.algorithms.common import SPO_BETA
 from softrl_bench import reference
 from softrl_bench.anydata import POOL_SOURCES, prepare_pool
-from softrl_bench.frontier_runs import EVAL_SAMPLES, average, keep, mean, outcome, to_target
+from softrl_bench.frontier_runs import EVAL_SAMPLES, average, keep, key, mean, outcome, to_target
 from softrl_bench.learning import base_overrides, grown_lrs, run_all, slug, with_base
 from softrl_bench.start_eval import SharedStartEval
 from softrl.config import RunConfig, config_from
@@ -451,14 +451,14 @@ def run_stage(s, configs: list[RunConfig], jobs: int, update, what: str, prepare
         before = [sum(c.optim.steps for c in configs[:i]) for i in range(len(configs) + 1)]  # runs' steps differ
         update(0, total=before[-1], description=what)
         run(configs, s, on_step=lambda i, c, r: update(before[i] + r["step"],
-                                                       description=f"{what}: {c.name} ({i + 1}/{len(configs)})"))
+                                                       description=f"{what}: {key(c)} ({i + 1}/{len(configs)})"))
         return
     done = [0]
     update(0, total=len(configs), description=f"{what} ({jobs} at once)")
 
     def finished(config) -> None:
         done[0] += 1
-        update(done[0], description=f"{what}: {config.name} done")
+        update(done[0], description=f"{what}: {key(config)} done")  # with its regime: a log's line names the run
 
     run(configs, s, jobs=jobs, on_done=finished)
 

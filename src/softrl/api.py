@@ -139,7 +139,7 @@ class ProgressLines:
         if not self.enabled or (phase == self.last_phase and now - self.last_time < self.every):
             return
         self.last_time, self.last_phase = now, phase
-        count = "" if done is None else f" {done}/{total}"
+        count = "" if done is None else f" {done}" + ("" if total is None else f"/{total}")
         self.console.print(f"{time.strftime('%H:%M:%S')} {phase}{count} {info}".rstrip(), highlight=False,
                            markup=False)
 

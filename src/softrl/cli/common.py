@@ -82,14 +82,20 @@ def fail(message: str) -> None:
 
 @contextmanager
 def progress_bar(description: str, total: int | None = None):
-    """A transient bar on stderr; yields `update(done, total=None, **fields)`."""
+    """A transient bar on stderr, or off a terminal (a log, a pipe) a timed line at each new description
+    and about every 10 s within one; yields `update(done, total=None, description=None)`."""
+    from softrl.api import ProgressLines
+
+    lines = ProgressLines(err, enabled=not err.is_terminal)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=err, transient=True) as bar:
+                  TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
         job = bar.add_task(description, total=total)
 
         def update(done: int, total: int | None = None, description: str | None = None) -> None:
             bar.update(job, completed=done, **({"total": total} if total is not None else {}),
                        **({"description": description} if description else {}))
+            task = bar.tasks[0]
+            lines.say(task.description, done, None if task.total is None else int(task.total))
 
         yield update
 
