@@ -142,7 +142,7 @@ def test_a_bench_progress_bar_off_a_terminal_says_each_run_in_a_line(monkeypatch
 
     from softrl.cli import common
 
-    log = Console(file=io.StringIO(), width=200)  # not a terminal
+    log = Console(file=io.StringIO(), width=30)  # not a terminal, and narrower than a line: never wrapped
     monkeypatch.setattr(common, "err", log)
     clock = iter([0.0, 1.0, 2.0, 3.0, 15.0])
     monkeypatch.setattr("softrl.api.time.monotonic", lambda: next(clock))

@@ -141,7 +141,7 @@ class ProgressLines:
         self.last_time, self.last_phase = now, phase
         count = "" if done is None else f" {done}" + ("" if total is None else f"/{total}")
         self.console.print(f"{time.strftime('%H:%M:%S')} {phase}{count} {info}".rstrip(), highlight=False,
-                           markup=False)
+                           markup=False, soft_wrap=True)  # one line, however narrow the log's console
 
 
 def run_with_progress(config: RunConfig, resume: bool = False, tasks: tuple[Task, Task] | None = None,
