@@ -130,13 +130,12 @@ class Learner:
         q0 = part.q0
         if self.moving is not None or self.behavior_reference:
             # only this run's own samples are unfiltered draws of their sampler
-            online = torch.tensor([s == "online" for s in part.sources], device=ref_logp.device)  # [B]
+            own = part.has_behavior & torch.tensor([s == "online" for s in part.sources], device=ref_logp.device)  # [B]
         if self.moving is not None:
             log_w = ((ref_logp - behavior_logp) * mask).sum(-1)  # [B] log ref(y) / mu(y)
-            q0 = self.moving.q0([r["prompt_id"] for r in part.rows], part.q0, part.reward, log_w,
-                                part.has_behavior & online, self.q0_counts)
+            q0 = self.moving.q0([r["prompt_id"] for r in part.rows], part.q0, part.reward, log_w, own,
+                                self.q0_counts)
         if self.behavior_reference:  # an online row's sampler mu and its group's Q0 of mu; pi0's for the others
-            own = part.has_behavior & online  # [B]
             ref_logp = torch.where(own[:, None], behavior_logp, ref_logp)  # [B, T]
             groups = [(r["prompt_id"], r.get("policy_version")) for r in part.rows]
             q0 = torch.where(own.to(q0.device), group_q0(groups, part.reward, own, self.config.beta).to(q0), q0)
