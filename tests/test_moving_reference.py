@@ -42,6 +42,15 @@ def test_spo_with_a_reference_moved_after_each_convergence_follows_mirror_descen
     assert (logp.exp() * (logp - problem.mirror_descent_seq_logp(3))).sum() > 0.1
 
 
+def test_agro_with_a_reference_moved_after_each_convergence_follows_mirror_descent_with_no_q0(problem):
+    """AGRO's consistency compares a group's generations with each other, so its rounds need no Q0 of the
+    moved reference: on the round reference's samples (off-policy for the policy), each lands on the closed form."""
+    agro = METHODS["agro-off"]
+    rounds = reference_rounds(problem, agro.loss, 3, group_size=agro.group_size)
+    assert max(r.kl_to_closed_form for r in rounds) < 1e-6, rounds
+    assert rounds[0].reward < rounds[1].reward < rounds[2].reward < 0
+
+
 def test_a_q0_estimated_from_each_group_is_low_and_moves_the_fixed_point_a_little(problem):
     """From a group of 4 of the reference's samples (the exact expectation over every group), round 1
     lands near its optimum, but measurably farther than with the exact Q0; the jackknife, which removes
