@@ -51,6 +51,9 @@ def knob(key: str, *values: float) -> tuple[dict, ...]:
 
 BETAS = knob("beta", round(SPO_BETA, 4), 0.25)  # the regularisation to pi0 (to mu for OAPL)
 KL_COEFS = knob("beta", 0.01, 0.1)  # the PPO family's k3 penalty
+# a moving reference's knob: learner steps between moves. 10: the first tuning grid's best points at lags 1 and
+# 64 lay on its edge, 25
+INTERVALS = knob("data.objective.reference_update.every", 10, 25, 100)
 METHODS: dict[str, Method] = {
     "spo": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce"}, BETAS),
     # a candidate fix the diagnosis tests (docs/BENCHMARKS.md): stale rows weighed by their truncated ratio pi/mu
@@ -69,10 +72,8 @@ METHODS: dict[str, Method] = {
     "cispo": Method({"algorithm": "cispo"}, knob("data.objective.cap", 2.0, 5.0)),
     "topr": Method({"algorithm": "topr"}),  # no strength knob: its grid is the learning rate alone
     # SPO with a reference that moves (issue 51): its knob is the interval, at SPO's beta; Q0 of each new
-    # reference from the run's own samples, so only where the run generates. 10: the first tuning grid's best
-    # points at lags 1 and 64 lay on its edge, 25
-    "spo-moving": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce"},
-                         knob("data.objective.reference_update.every", 10, 25, 100)),
+    # reference from the run's own samples, so only where the run generates
+    "spo-moving": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce"}, INTERVALS),
     # SPO anchored to each row's own sampler (issue 51): at lag L the policy that made the data, not a snapshot
     # the data never saw; Q0 from the row's own group, no importance weights. Its knob is beta, as SPO's
     "spo-behavior": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "reference_update": {"behavior": True}},
@@ -80,11 +81,11 @@ METHODS: dict[str, Method] = {
     # spo-moving with its stale rows weighed by their truncated sequence ratio pi/mu, as spo-is: at lag 64 a short
     # interval ran away without it (docs/BENCHMARKS.md, "A moving reference on stale data")
     "spo-moving-is": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "is_correction": "sequence_truncate"},
-                            knob("data.objective.reference_update.every", 10, 25, 100)),
+                            INTERVALS),
     # AGRO with a reference that moves (issue 51): its consistency needs no Q0, so a new reference is used
     # at once, with no estimate from samples of policies older than it; its knob is the interval, at beta 1/ln 1e5
     # (agro-off's best at every lag and half online)
-    "agro-moving": Method({"algorithm": "agro-off"}, knob("data.objective.reference_update.every", 10, 25, 100)),
+    "agro-moving": Method({"algorithm": "agro-off"}, INTERVALS),
 }
 # set against every other method's frontier (OAPL: SPO's relative)
 OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "spo-moving", "spo-behavior", "spo-moving-is", "agro-moving")
