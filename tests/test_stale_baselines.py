@@ -161,3 +161,8 @@ def test_spo_rows_weighed_by_their_truncated_sequence_ratio():
         assert torch.allclose(torch.autograd.grad(loss, logp)[0], expected), how
     plain = registry.objective_loss(spo.options(), x)[0].item()
     assert plain == pytest.approx(sum(li for li, _ in per_row) / 4, rel=1e-9)
+    # is_rows failed: the solved rows 0 and 2 keep weight 1 (their ratios 2 and 10 unused), failed row 1 its 1.2
+    loss, metrics = registry.objective_loss(spo.options(is_correction="sequence_truncate", is_rows="failed"), x)
+    assert loss.item() == pytest.approx((per_row[0][0] + 1.2 * per_row[1][0] + per_row[2][0] + per_row[3][0]) / 4,
+                                        rel=1e-9)
+    assert metrics["tis/clipped_fraction"].item() == 0  # row 1, the one weighed, is under the cap

@@ -26,6 +26,9 @@ class SPOOptions(MovingReferenceOptions):
         "stale rows count as the current policy would sample them (SPO is valid on any data without it: this only "
         "moves the weight between sequences); rows without mu keep weight 1")
     is_cap: float = Field(2.0, gt=0, description="C of is_correction")
+    is_rows: Literal["all", "failed"] = Field(
+        "all", description="the rows is_correction weighs: all, or only the failed ones (reward below 1), a solved "
+        "row keeping weight 1 whoever sampled it, as TOPR keeps its positive rows")
 
 
 def spo_loss(o: SPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
@@ -39,20 +42,28 @@ def spo_loss(o: SPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
                                  mc_positions=x.mc_positions, mc_target_prob=mc_prob, mc_mask=x.mc_mask,
                                  weights=x.weights, is_weights=row_weights(o, x))
     if o.is_correction != "none":
-        behavior_logp, known = x.behavior()
-        metrics["tis/clipped_fraction"] = truncated_fraction(x.logp, behavior_logp, x.mask, known, o.is_correction,
-                                                             o.is_cap)
+        behavior_logp, _ = x.behavior()
+        metrics["tis/clipped_fraction"] = truncated_fraction(x.logp, behavior_logp, x.mask, weighed_rows(o, x),
+                                                             o.is_correction, o.is_cap)
     return loss, metrics
+
+
+def weighed_rows(o: SPOOptions, x: LossInputs) -> Tensor:
+    """The rows `[B]` is_correction weighs: those with mu's log-probs, and of them only the failed ones under
+    `is_rows: failed`."""
+    _, known = x.behavior()
+    return known & (x.reward < 1) if o.is_rows == "failed" else known
 
 
 def row_weights(o: SPOOptions, x: LossInputs) -> Tensor | None:
     """Each row's weight `[B]`: its sequence ratio pi/mu truncated or masked at the cap (detached), 1 for
-    a row without mu; None without is_correction."""
+    a row without mu or one `is_rows` leaves out; None without is_correction."""
     if o.is_correction == "none":
         return None
-    behavior_logp, known = x.behavior()
-    w = importance_weights(x.logp, behavior_logp, x.mask, known, o.is_correction, o.is_cap)[:, 0]  # [B]
-    return torch.where(known, w, torch.ones_like(w))
+    behavior_logp, _ = x.behavior()
+    weighed = weighed_rows(o, x)
+    w = importance_weights(x.logp, behavior_logp, x.mask, weighed, o.is_correction, o.is_cap)[:, 0]  # [B]
+    return torch.where(weighed, w, torch.ones_like(w))
 
 
 register(Objective("spo", SPOOptions, spo_loss, "Soft Policy Optimization (Cohen et al. 2025): Q-regression through the "
