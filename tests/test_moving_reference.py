@@ -110,7 +110,7 @@ def test_the_reference_moves_to_a_snapshot_and_each_version_pools_its_own_sample
 
     torch.manual_seed(0)
     start, policy = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
-    moving = MovingReference(ReferenceModel(start, None), CPU, every=3, beta=0.5)
+    moving = MovingReference(ReferenceModel(start, None), CPU, beta=0.5, every=3)
     stored = torch.tensor([-0.7, -0.7, -0.9], dtype=torch.float64)
     counts = {}
     same = moving.q0(["a", "a", "b"], stored, torch.ones(3), torch.zeros(3), torch.ones(3, dtype=torch.bool), counts)
@@ -133,29 +133,59 @@ def test_the_reference_moves_to_a_snapshot_and_each_version_pools_its_own_sample
     moving.after_step(6, policy)
     assert moving.version == 2 and moving.sums == {}
     state = moving.state_dict()
-    other = MovingReference(ReferenceModel(torch.nn.Linear(3, 2), None), CPU, every=3, beta=0.5)
+    other = MovingReference(ReferenceModel(torch.nn.Linear(3, 2), None), CPU, beta=0.5, every=3)
     other.load_state_dict(state)
     assert other.version == 2 and torch.equal(other.model.model.weight, policy.weight)
 
 
-def test_a_run_with_a_moving_reference_records_its_versions_and_resumes_them(tiny, tmp_path):
+def test_a_moving_average_reference_steps_towards_the_policy_and_forgets_old_samples_at_its_rate():
+    """ema: after every step ref <- tau ref + (1 - tau) pi, weight by weight (the starting model left alone);
+    the Q0 sums carry over, each step scaling the older terms by tau."""
+    from softrl.models.device import CPU
+    from softrl.models.wrappers import ReferenceModel
+    from softrl.training.moving_reference import MovingReference
+
+    torch.manual_seed(0)
+    start, policy = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    before = start.weight.detach().clone()
+    moving = MovingReference(ReferenceModel(start, None), CPU, beta=0.5, ema=0.75)
+    assert moving.after_step(1, policy) and moving.version == 1
+    assert torch.allclose(moving.model.model.weight, 0.75 * before + 0.25 * policy.weight)
+    assert torch.equal(start.weight, before)
+    stored, one = torch.tensor([-0.7], dtype=torch.float64), torch.tensor([True])
+    moving.q0(["a"], stored, torch.tensor([1.0]), torch.zeros(1), one, {})
+    moving.after_step(2, policy)
+    assert torch.allclose(moving.model.model.weight, 0.75 ** 2 * before + (1 - 0.75 ** 2) * policy.weight)
+    got = moving.q0(["a"], stored, torch.tensor([0.0]), torch.zeros(1), one, {})
+    # the solved sample of the step before counts 0.75, the new failed one 1
+    assert got[0] == pytest.approx(0.5 * math.log((0.75 * math.exp(2) + 1.0) / 1.75))
+    with pytest.raises(ValueError, match="give one of every"):
+        MovingReference(ReferenceModel(start, None), CPU, beta=0.5, every=2, ema=0.9)
+
+
+@pytest.mark.parametrize("update, versions, resumed_versions", [({"every": 2}, [0, 1, 1, 2], [2, 3]),
+                                                                ({"ema": 0.5}, [1, 2, 3, 4], [5, 6])])
+def test_a_run_with_a_moving_reference_records_its_versions_and_resumes_them(tiny, tmp_path, update, versions,
+                                                                             resumed_versions):
     import softrl
     from test_api import RECORDS, answered, small
 
-    config = {**small(tiny, tmp_path), "data.objective": {"algorithm": "spo", "reference_update": {"every": 2}},
+    config = {**small(tiny, tmp_path), "data.objective": {"algorithm": "spo", "reference_update": update},
               "optim.steps": 4}
     run = softrl.train(config, dataset=RECORDS, reward=answered, progress=False)
     steps = [m for m in run.metrics if "reference/version" in m]
-    assert [m["reference/version"] for m in steps] == [0, 1, 1, 2]
+    assert [m["reference/version"] for m in steps] == versions
     assert steps[0]["q0/stored_rows"] == 4 and "q0/online_rows" not in steps[0]  # pi0: the store's Q0
     assert steps[2]["q0/online_rows"] == 4 and steps[2]["q0/samples_per_row"] >= 2  # its own group at least
     resumed = softrl.train({**config, "optim.steps": 6}, dataset=RECORDS, reward=answered, resume=True, progress=False)
     later = [m["reference/version"] for m in resumed.metrics if "reference/version" in m]
-    assert later[-2:] == [2, 3]  # the version came back with the checkpoint
+    assert later[-2:] == resumed_versions  # the version came back with the checkpoint
 
 
 @pytest.mark.parametrize("update, says", [
     ({"every": 2, "behavior": True}, "give one of every"),
+    ({"every": 2, "ema": 0.9}, "give one of every"),
+    ({"ema": 1.0}, "less than 1"),
     ({}, "give one of every"),
     ({"behavior": False}, "give one of every"),
 ])

@@ -54,6 +54,8 @@ KL_COEFS = knob("beta", 0.01, 0.1)  # the PPO family's k3 penalty
 # a moving reference's knob: learner steps between moves. 10: the first tuning grid's best points at lags 1 and
 # 64 lay on its edge, 25
 INTERVALS = knob("data.objective.reference_update.every", 10, 25, 100)
+# a moving average's knob, tau: an anchor about 1 / (1 - tau) steps behind, the intervals' 10, 25 and 100
+TAUS = knob("data.objective.reference_update.ema", 0.9, 0.96, 0.99)
 METHODS: dict[str, Method] = {
     "spo": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce"}, BETAS),
     # a candidate fix the diagnosis tests (docs/BENCHMARKS.md): stale rows weighed by their truncated ratio pi/mu
@@ -86,9 +88,14 @@ METHODS: dict[str, Method] = {
     # at once, with no estimate from samples of policies older than it; its knob is the interval, at beta 1/ln 1e5
     # (agro-off's best at every lag and half online)
     "agro-moving": Method({"algorithm": "agro-off"}, INTERVALS),
+    # spo-moving-is with a reference that trails the policy as a moving average of its weights (issue 51's
+    # `{ema: tau}`), with no jump at a move: after a snapshot every stale row's target moves at once
+    "spo-ema-is": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "is_correction": "sequence_truncate"},
+                         TAUS),
 }
 # set against every other method's frontier (OAPL: SPO's relative)
-OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "spo-moving", "spo-behavior", "spo-moving-is", "agro-moving")
+OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "spo-moving", "spo-behavior", "spo-moving-is", "agro-moving",
+        "spo-ema-is")
 STALE = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "grpo-tis", "decoupled-ppo", "m2po", "gspo", "cispo", "topr")
 
 
@@ -108,7 +115,8 @@ class Regime:
 
 LAGS = (1, 4, 16, 64, 256)
 MOVING_LAGS = (1, 64, 256)  # where issue 51 measures the moving reference
-MOVING = ("spo-moving", "spo-behavior", "spo-moving-is", "agro-moving")  # a reference other than pi0 (issue 51)
+MOVING = ("spo-moving", "spo-behavior", "spo-moving-is", "agro-moving", "spo-ema-is")  # a reference other than pi0
+# (issue 51)
 REPLAY_METHODS = ("spo-moving", "agro-off", "grpo-tis")  # softrl's best two at lag 1 and the most lag-robust baseline
 REGIMES: dict[str, Regime] = {
     **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE + (MOVING if k in MOVING_LAGS else ()), lag=k)

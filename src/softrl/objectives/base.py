@@ -62,15 +62,18 @@ class Options(StrictModel):
 
 class ReferenceUpdate(StrictModel):
     every: int | None = Field(None, ge=1, description="learner steps between moves of the reference to the policy")
+    ema: float | None = Field(None, gt=0, lt=1, description="after every learner step the reference moves the "
+                              "fraction 1 - ema of the way to the policy, weight by weight (ref <- ema ref + "
+                              "(1 - ema) pi): an anchor about 1 / (1 - ema) steps behind, with no jumps")
     behavior: bool = Field(False, description="each online row's reference is its own sampler (its behaviour "
                            "log-probs), and its Q0 its own group's (SPO; docs/ALGORITHMS.md, 'The behaviour policy "
                            "as the reference')")
 
     @model_validator(mode="after")
     def _one_way(self) -> ReferenceUpdate:
-        if (self.every is None) == (not self.behavior):
-            raise ValueError("reference_update: give one of every: K (a snapshot of the policy every K steps) or "
-                             "behavior: true (each row's own sampler)")
+        if (self.every is not None) + (self.ema is not None) + self.behavior != 1:
+            raise ValueError("reference_update: give one of every: K (a snapshot of the policy every K steps), "
+                             "ema: tau (a moving average of the policy) or behavior: true (each row's own sampler)")
         return self
 
 
@@ -79,7 +82,8 @@ class MovingReferenceOptions(Options):
 
     reference_update: ReferenceUpdate | None = Field(
         None, description="{every: K}: every K learner steps the reference becomes a snapshot of the policy (one "
-        "more copy of the weights); SPO's Q0 of each new reference is estimated from the run's own samples "
+        "more copy of the weights); {ema: tau}: the reference is a moving average of the policy, updated every step; "
+        "SPO's Q0 of each new reference is estimated from the run's own samples "
         "(docs/ALGORITHMS.md, 'A reference that moves'). {behavior: true}: each online row's reference is the "
         "policy that sampled it (SPO only). null: the reference stays the starting model")
 

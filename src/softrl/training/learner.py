@@ -102,7 +102,8 @@ class Learner:
         self.version = 0  # optimizer steps taken: the policy version of what it generates next
         self.nonfinite_in_row = 0
         moves = getattr(config.data.objective, "reference_update", None)
-        self.moving = MovingReference(reference, placement, moves.every, config.beta) if moves and moves.every else None
+        self.moving = (MovingReference(reference, placement, config.beta, every=moves.every, ema=moves.ema)
+                       if moves and not moves.behavior else None)
         self.behavior_reference = bool(moves and moves.behavior)  # each online row's own sampler
         self.q0_counts: dict[str, float] = {}  # this step's rows by the Q0 they had (a moving reference's)
 

@@ -16,6 +16,13 @@ mu lags the moved reference; this one stays within the rewards seen, at a bias o
 of a version's samples of x, not only the row's own group, shrinks the bias (`tabular.moving.q0_bias`:
 about 1/n). A row whose prompt has no sample under this version yet keeps the store's estimate; each
 step's metrics count which rows had which. A row whose weight is not finite adds nothing.
+
+With `ema: tau` the reference moves a little after every step, `ref <- tau ref + (1 - tau) pi` weight by
+weight, so each step is a new version, and a version's own samples would be one batch. Its sums are kept
+across steps instead, each step multiplying the old terms by tau: the estimate forgets samples at the rate the
+reference forgets the policies they were weighed against, pooling about 1 / (1 - tau) steps. Their weights
+were taken against the reference of their own step, so the pooled estimate lags the reference it serves by
+about as much as the reference lags the policy (a bias the snapshot's estimate does not have).
 """
 
 from __future__ import annotations
@@ -32,15 +39,23 @@ from softrl.models.wrappers import ReferenceModel
 
 
 class MovingReference:
-    def __init__(self, start: ReferenceModel, placement: Placement, every: int, beta: float):
+    def __init__(self, start: ReferenceModel, placement: Placement, beta: float, every: int | None = None,
+                 ema: float | None = None):
+        if (every is None) == (ema is None):
+            raise ValueError("MovingReference: give one of every (snapshots) or ema (a moving average)")
         self.model = ReferenceModel(copy.deepcopy(start.model), start.tokenizer)
         placement.place(self.model.model, frozen=True)
-        self.every, self.beta, self.version = every, beta, 0
-        # prompt id -> (log sum_i w_i exp(r_i / beta), log sum_i w_i, n) of this version's samples
+        self.every, self.ema, self.beta, self.version = every, ema, beta, 0
+        # prompt id -> (log sum_i w_i exp(r_i / beta), log sum_i w_i, n) of this version's samples (with ema:
+        # of all steps' samples, each step's terms scaled by ema once more)
         self.sums: dict[str, tuple[float, float, int]] = {}
 
     def after_step(self, step: int, policy_model) -> bool:
-        """After learner step `step`: move to a snapshot of `policy_model` when one is due."""
+        """After learner step `step`: move to a snapshot of `policy_model` when one is due, or (ema) a step of
+        the moving average towards it."""
+        if self.ema is not None:
+            self._average_towards(policy_model)
+            return True
         if step % self.every:
             return False
         with torch.no_grad():
@@ -48,6 +63,19 @@ class MovingReference:
         self.version += 1
         self.sums = {}
         return True
+
+    def _average_towards(self, policy_model) -> None:
+        policy = policy_model.state_dict()
+        with torch.no_grad():
+            for name, mine in self.model.model.state_dict().items():
+                theirs = policy[name].to(device=mine.device, dtype=mine.dtype)
+                if mine.is_floating_point():
+                    mine.lerp_(theirs, 1 - self.ema)
+                else:  # integer buffers (counters, ids) follow the policy
+                    mine.copy_(theirs)
+        self.version += 1
+        forget = math.log(self.ema)
+        self.sums = {pid: (total + forget, mass + forget, n) for pid, (total, mass, n) in self.sums.items()}
 
     def q0(self, prompt_ids: list[str], stored: Tensor, reward: Tensor, log_w: Tensor, sampled: Tensor,
            counts: dict[str, float]) -> Tensor:
