@@ -163,6 +163,48 @@ def test_a_moving_average_reference_steps_towards_the_policy_and_forgets_old_sam
         MovingReference(ReferenceModel(start, None), CPU, beta=0.5, every=2, ema=0.9)
 
 
+class Tied(torch.nn.Module):
+    """An embedding tied to the output layer, as the bootstrap models' (tie_word_embeddings)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.out = torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False)
+        self.out.weight = self.embed.weight
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_a_moving_average_averages_a_tied_weight_once_and_keeps_its_steps_in_a_low_precision_copy(stored):
+    """A tied tensor moves by 1 - tau a step, not 1 - tau^2 (a state_dict names it twice); where the copy is
+    stored in bf16 the average is kept in the trained dtype, so 50 steps of 1% each are not rounded away; the
+    average comes back with a checkpoint."""
+    from softrl.models.device import Placement
+    from softrl.models.wrappers import ReferenceModel
+    from softrl.training.moving_reference import MovingReference
+
+    torch.manual_seed(0)
+    start, policy = Tied(), Tied()
+    with torch.no_grad():
+        policy.embed.weight.copy_(start.embed.weight + 0.01)  # a step a bf16 weight near 1 cannot hold
+    policy.steps.fill_(7)
+    placement = Placement(torch.device("cpu"), torch.float32, None if stored == torch.float32 else stored)
+    moving = MovingReference(ReferenceModel(start, None), placement, beta=0.5, ema=0.99)
+    first = moving.model.model.embed.weight.float().clone()
+    for step in range(50):
+        moving.after_step(step + 1, policy)
+    copy_ = moving.model.model.embed.weight
+    average = copy_ if moving.average is None else moving.average["embed.weight"]
+    moved = (average - start.embed.weight).mean().item()
+    assert moved == pytest.approx(0.01 * (1 - 0.99 ** 50), rel=1e-3)  # once a step, nothing rounded away
+    assert copy_.dtype == stored and torch.equal(copy_, average.to(stored)) and moving.model.model.steps.item() == 7
+    assert (copy_.float() != first).any()  # each step alone (1e-4) is below a bf16 weight's half step near 1
+    other = MovingReference(ReferenceModel(Tied(), None), placement, beta=0.5, ema=0.99)
+    other.load_state_dict(moving.state_dict())
+    other.after_step(51, policy)
+    moving.after_step(51, policy)
+    assert torch.equal(other.model.model.embed.weight, moving.model.model.embed.weight)
+
+
 @pytest.mark.parametrize("update, versions, resumed_versions", [({"every": 2}, [0, 1, 1, 2], [2, 3]),
                                                                 ({"ema": 0.5}, [1, 2, 3, 4], [5, 6])])
 def test_a_run_with_a_moving_reference_records_its_versions_and_resumes_them(tiny, tmp_path, update, versions,
@@ -196,6 +238,10 @@ def test_a_reference_update_is_one_of_its_two_kinds(update, says):
         config_from({"data.objective": {"algorithm": "spo", "reference_update": update}})
     with pytest.raises(ConfigError, match="behavior: SPO's only"):
         config_from({"data.objective": {"algorithm": "agro-off", "reference_update": {"behavior": True}}})
+    with pytest.raises(ConfigError, match="not an average of the policies"):
+        config_from({"data.objective": {"algorithm": "spo", "reference_update": {"ema": 0.9}}, "model.lora": {"r": 4}})
+    with pytest.raises(ConfigError, match="is_rows: failed picks the rows is_correction weighs"):
+        config_from({"data.objective": {"algorithm": "spo", "is_rows": "failed"}})
 
 
 @pytest.mark.parametrize("change, says", [

@@ -304,7 +304,10 @@ class RunConfig(Section):
                              "the starting reference's rollouts, which a moved reference does not share")
         if options.reference_update.behavior and options.algorithm != "spo":
             raise ValueError(f"data.objective.reference_update.behavior: SPO's only (its Q0 from each row's group); "
-                             f"{options.algorithm} takes every: K")
+                             f"{options.algorithm} takes every: K or ema: tau")
+        if options.reference_update.ema is not None and self.model.lora:
+            raise ValueError("data.objective.reference_update.ema: averages full weights; with model.lora the "
+                             "average of the factors A and B is not an average of the policies (use every: K)")
         if any(self.data.objective_for(source).algorithm == "spo" for source in self.data.mix):
             s = self.sampling
             if not self.generates:

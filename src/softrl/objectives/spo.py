@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from softrl.algorithms import spo
@@ -29,6 +29,13 @@ class SPOOptions(MovingReferenceOptions):
     is_rows: Literal["all", "failed"] = Field(
         "all", description="the rows is_correction weighs: all, or only the failed ones (reward below 1), a solved "
         "row keeping weight 1 whoever sampled it, as TOPR keeps its positive rows")
+
+    @model_validator(mode="after")
+    def _rows_need_a_correction(self) -> SPOOptions:
+        if self.is_rows != "all" and self.is_correction == "none":
+            raise ValueError(f"is_rows: {self.is_rows} picks the rows is_correction weighs; set is_correction "
+                             "(sequence_truncate or sequence_mask)")
+        return self
 
 
 def spo_loss(o: SPOOptions, x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:

@@ -18,7 +18,8 @@ about 1/n). A row whose prompt has no sample under this version yet keeps the st
 step's metrics count which rows had which. A row whose weight is not finite adds nothing.
 
 With `ema: tau` the reference moves a little after every step, `ref <- tau ref + (1 - tau) pi` weight by
-weight, so each step is a new version, and a version's own samples would be one batch. Its sums are kept
+weight (each tensor once, tied ones too; the average itself is kept in the trained dtype where the reference
+is stored in a lower one, as bf16 on a GPU would round a step of 1 - tau away), so each step is a new version, and a version's own samples would be one batch. Its sums are kept
 across steps instead, each step multiplying the old terms by tau: the estimate forgets samples at the rate the
 reference forgets the policies they were weighed against, pooling about 1 / (1 - tau) steps. Their weights
 were taken against the reference of their own step, so the pooled estimate lags the reference it serves by
@@ -46,6 +47,12 @@ class MovingReference:
         self.model = ReferenceModel(copy.deepcopy(start.model), start.tokenizer)
         placement.place(self.model.model, frozen=True)
         self.every, self.ema, self.beta, self.version = every, ema, beta, 0
+        # the moving average in the trained dtype, where the stored copy's would lose its steps (None: the
+        # stored copy is the average)
+        self.average: dict[str, Tensor] | None = None
+        if ema is not None and placement.frozen != placement.weights:
+            self.average = {name: p.detach().to(placement.weights).clone()
+                            for name, p in start.model.named_parameters()}
         # prompt id -> (log sum_i w_i exp(r_i / beta), log sum_i w_i, n) of this version's samples (with ema:
         # of all steps' samples, each step's terms scaled by ema once more)
         self.sums: dict[str, tuple[float, float, int]] = {}
@@ -65,17 +72,20 @@ class MovingReference:
         return True
 
     def _average_towards(self, policy_model) -> None:
-        policy = policy_model.state_dict()
+        # named_parameters lists a tied tensor once (a state_dict lists it under each name: averaged twice)
+        policy = dict(policy_model.named_parameters())
         with torch.no_grad():
-            for name, mine in self.model.model.state_dict().items():
-                theirs = policy[name].to(device=mine.device, dtype=mine.dtype)
-                if mine.is_floating_point():
-                    mine.lerp_(theirs, 1 - self.ema)
-                else:  # integer buffers (counters, ids) follow the policy
-                    mine.copy_(theirs)
+            for name, stored in self.model.model.named_parameters():
+                mean = stored if self.average is None else self.average[name]
+                mean.lerp_(policy[name].detach().to(device=mean.device, dtype=mean.dtype), 1 - self.ema)
+                if mean is not stored:
+                    stored.copy_(mean)
+            buffers = dict(policy_model.named_buffers())
+            for name, stored in self.model.model.named_buffers():  # not trained: the policy's own
+                stored.copy_(buffers[name])
         self.version += 1
-        forget = math.log(self.ema)
-        self.sums = {pid: (total + forget, mass + forget, n) for pid, (total, mass, n) in self.sums.items()}
+        forget = math.log(self.ema)  # n decays too: the samples' effective number
+        self.sums = {pid: (total + forget, mass + forget, n * self.ema) for pid, (total, mass, n) in self.sums.items()}
 
     def q0(self, prompt_ids: list[str], stored: Tensor, reward: Tensor, log_w: Tensor, sampled: Tensor,
            counts: dict[str, float]) -> Tensor:
@@ -104,9 +114,13 @@ class MovingReference:
 
     def state_dict(self) -> dict:
         return {"version": self.version, "sums": dict(self.sums),
-                "weights": self.model.model.state_dict() if self.version else None}
+                "weights": self.model.model.state_dict() if self.version else None,
+                "average": self.average if self.version else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.version, self.sums = state["version"], {k: tuple(v) for k, v in state["sums"].items()}
         if state["weights"] is not None:
             self.model.model.load_state_dict(state["weights"])
+        if state.get("average") is not None and self.average is not None:
+            for name, mean in self.average.items():
+                mean.copy_(state["average"][name])
