@@ -231,7 +231,7 @@ def test_a_run_with_a_moving_reference_records_its_versions_and_resumes_them(tin
     ({}, "give one of every"),
     ({"behavior": False}, "give one of every"),
 ])
-def test_a_reference_update_is_one_of_its_two_kinds(update, says):
+def test_a_reference_update_is_one_of_its_kinds(update, says):
     from softrl.config import ConfigError, config_from
 
     with pytest.raises(ConfigError, match=says):

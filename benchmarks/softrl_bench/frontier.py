@@ -115,8 +115,8 @@ class Regime:
 
 LAGS = (1, 4, 16, 64, 256)
 MOVING_LAGS = (1, 64, 256)  # where issue 51 measures the moving reference
-MOVING = ("spo-moving", "spo-behavior", "spo-moving-is", "agro-moving", "spo-ema-is")  # a reference other than pi0
-# (issue 51)
+# a reference other than pi0 (issue 51)
+MOVING = ("spo-moving", "spo-behavior", "spo-moving-is", "agro-moving", "spo-ema-is")
 REPLAY_METHODS = ("spo-moving", "agro-off", "grpo-tis")  # softrl's best two at lag 1 and the most lag-robust baseline
 REGIMES: dict[str, Regime] = {
     **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE + (MOVING if k in MOVING_LAGS else ()), lag=k)

@@ -19,9 +19,10 @@ step's metrics count which rows had which. A row whose weight is not finite adds
 
 With `ema: tau` the reference moves a little after every step, `ref <- tau ref + (1 - tau) pi` weight by
 weight (each tensor once, tied ones too; the average itself is kept in the trained dtype where the reference
-is stored in a lower one, as bf16 on a GPU would round a step of 1 - tau away), so each step is a new version, and a version's own samples would be one batch. Its sums are kept
-across steps instead, each step multiplying the old terms by tau: the estimate forgets samples at the rate the
-reference forgets the policies they were weighed against, pooling about 1 / (1 - tau) steps. Their weights
+is stored in a lower one, as bf16 on a GPU would round a step of 1 - tau away), so each step is a new
+version, and a version's own samples would be one batch. Its sums are kept across steps instead, each step
+multiplying the old terms (and their count) by tau: the estimate forgets samples at the rate the reference
+forgets the policies they were weighed against, pooling about 1 / (1 - tau) steps. Their weights
 were taken against the reference of their own step, so the pooled estimate lags the reference it serves by
 about as much as the reference lags the policy (a bias the snapshot's estimate does not have).
 """
@@ -54,8 +55,8 @@ class MovingReference:
             self.average = {name: p.detach().to(placement.weights).clone()
                             for name, p in start.model.named_parameters()}
         # prompt id -> (log sum_i w_i exp(r_i / beta), log sum_i w_i, n) of this version's samples (with ema:
-        # of all steps' samples, each step's terms scaled by ema once more)
-        self.sums: dict[str, tuple[float, float, int]] = {}
+        # of all steps' samples, each step's terms and n scaled by ema once more, so n is an effective count)
+        self.sums: dict[str, tuple[float, float, float]] = {}
 
     def after_step(self, step: int, policy_model) -> bool:
         """After learner step `step`: move to a snapshot of `policy_model` when one is due, or (ema) a step of
@@ -84,7 +85,7 @@ class MovingReference:
             for name, stored in self.model.model.named_buffers():  # not trained: the policy's own
                 stored.copy_(buffers[name])
         self.version += 1
-        forget = math.log(self.ema)  # n decays too: the samples' effective number
+        forget = math.log(self.ema)
         self.sums = {pid: (total + forget, mass + forget, n * self.ema) for pid, (total, mass, n) in self.sums.items()}
 
     def q0(self, prompt_ids: list[str], stored: Tensor, reward: Tensor, log_w: Tensor, sampled: Tensor,
