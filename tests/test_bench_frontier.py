@@ -381,6 +381,35 @@ def test_lags_side_by_side_only_of_one_settings(tmp_path):
     assert "| topr | 0.600 ± 0.010 (0.25) | not run | - |" in table
 
 
+def test_lags_picture_is_not_narrowed_by_a_lag_of_other_settings(tmp_path):
+    """A run that retunes some lags (two tuning seeds) leaves the across-lags picture as it was while another
+    lag's report is of other settings: redrawn, it would drop that lag's column. With none left out, or with
+    no picture yet, it is drawn from the lags that match."""
+    from softrl_bench.frontier_report import write_reports
+
+    s = fr.Settings(tmp_path / "runs", kept=tmp_path / "frontier-runs.jsonl")
+    ours = json.loads(json.dumps(fr.report_settings(s, 2, 4)))
+    point = {"pass@1": 0.5, "pass@1_sd": 0.01, "seeds": 4, "of_seeds": 4, "kl": 0.25}
+    for lag, settings in ((1, {**ours, "tune_seeds": [100]}), (64, ours), (256, ours)):
+        (tmp_path / f"frontier-lag{lag}.json").write_text(json.dumps(
+            {"regime": f"lag{lag}", "lag": lag, "settings": settings, "best": {"spo": point},
+             "reference_pass@1": 0.4}))
+    (tmp_path / "frontier-lags.md").write_text("three lags, one settings")
+    lines = write_reports(s, [], None, 2, 4, tmp_path, "frontier")
+    assert (tmp_path / "frontier-lags.md").read_text() == "three lags, one settings"
+    assert not (tmp_path / "frontier-lags.png").exists()
+    assert any("frontier-lags: left as it was: frontier-lag1.json made with other settings" in line for line in lines)
+    (tmp_path / "frontier-lags.md").unlink()  # no picture yet: the matching lags are drawn, the other named
+    lines = write_reports(s, [], None, 2, 4, tmp_path, "frontier")
+    assert "| method | lag 64 | lag 256 |" in (tmp_path / "frontier-lags.md").read_text()
+    assert any("frontier-lag1.json left out (made with other settings)" in line for line in lines)
+    (tmp_path / "frontier-lag1.json").write_text(json.dumps(
+        {"regime": "lag1", "lag": 1, "settings": ours, "best": {"spo": point}, "reference_pass@1": 0.4}))
+    write_reports(s, [], None, 2, 4, tmp_path, "frontier")  # lag 1 retuned too: all three drawn again
+    assert "| method | lag 1 | lag 64 | lag 256 |" in (tmp_path / "frontier-lags.md").read_text()
+    assert (tmp_path / "frontier-lags.png").stat().st_size > 10_000
+
+
 def test_a_method_has_one_colour_in_every_figure(tmp_path, monkeypatch):
     """Each regime lists its own methods in its own order; the across-lags figure, in another: a method's
     colour comes from its place in the benchmark's method list, so it is the same in all of them."""

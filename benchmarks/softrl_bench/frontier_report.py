@@ -265,7 +265,9 @@ def plot_replay(fresh: dict, replay: dict, out: Path, order: list[str]) -> Path:
 def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: int, seeds: int, report: Path,
                   stem: str) -> list[str]:
     """Each regime's table, JSON and figure under `report`, then the lags picture from this run's lags and
-    those reported before with the same settings; returns the lines to show (the tables, what was left out)."""
+    those reported before with the same settings, unless a lag report of other settings would drop out of a
+    picture already drawn (it is then left as it was); returns the lines to show (the tables, what was left
+    out)."""
     from softrl_bench import frontier as fr
 
     report.mkdir(parents=True, exist_ok=True)
@@ -294,8 +296,12 @@ def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: 
             lines.append(f"{stem}-replay-samples: not rewritten, {pair[0].name} and {pair[1].name} were made with "
                          f"other settings ({', '.join(differ)}): rerun the one that differs")
     by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, tune_seeds, seeds))
-    lines += [f"{stem}-lags: {path.name} left out (made with other settings)" for path in others]
-    if len(by_lag) > 1:
-        (report / f"{stem}-lags.md").write_text(lags_markdown(by_lag))
+    across = report / f"{stem}-lags.md"
+    if others and across.is_file():  # redrawn from fewer lags it would lose the others' columns
+        lines.append(f"{stem}-lags: left as it was: {', '.join(p.name for p in others)} made with other settings "
+                     f"(rerun those lags with these settings to redraw it)")
+    elif len(by_lag) > 1:
+        lines += [f"{stem}-lags: {path.name} left out (made with other settings)" for path in others]
+        across.write_text(lags_markdown(by_lag))
         plot_lags(by_lag, report / f"{stem}-lags.png", list(fr.METHODS))
     return lines
