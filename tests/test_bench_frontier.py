@@ -390,10 +390,14 @@ def test_lags_picture_is_not_narrowed_by_a_lag_of_other_settings(tmp_path):
     s = fr.Settings(tmp_path / "runs", kept=tmp_path / "frontier-runs.jsonl")
     ours = json.loads(json.dumps(fr.report_settings(s, 2, 4)))
     point = {"pass@1": 0.5, "pass@1_sd": 0.01, "seeds": 4, "of_seeds": 4, "kl": 0.25}
-    for lag, settings in ((1, {**ours, "tune_seeds": [100]}), (64, ours), (256, ours)):
+
+    def lag_report(lag, settings):
         (tmp_path / f"frontier-lag{lag}.json").write_text(json.dumps(
             {"regime": f"lag{lag}", "lag": lag, "settings": settings, "best": {"spo": point},
              "reference_pass@1": 0.4}))
+
+    for lag, settings in ((1, {**ours, "tune_seeds": [100]}), (64, ours), (256, ours)):
+        lag_report(lag, settings)
     (tmp_path / "frontier-lags.md").write_text("three lags, one settings")
     lines = write_reports(s, [], None, 2, 4, tmp_path, "frontier")
     assert (tmp_path / "frontier-lags.md").read_text() == "three lags, one settings"
@@ -403,8 +407,7 @@ def test_lags_picture_is_not_narrowed_by_a_lag_of_other_settings(tmp_path):
     lines = write_reports(s, [], None, 2, 4, tmp_path, "frontier")
     assert "| method | lag 64 | lag 256 |" in (tmp_path / "frontier-lags.md").read_text()
     assert any("frontier-lag1.json left out (made with other settings)" in line for line in lines)
-    (tmp_path / "frontier-lag1.json").write_text(json.dumps(
-        {"regime": "lag1", "lag": 1, "settings": ours, "best": {"spo": point}, "reference_pass@1": 0.4}))
+    lag_report(1, ours)
     write_reports(s, [], None, 2, 4, tmp_path, "frontier")  # lag 1 retuned too: all three drawn again
     assert "| method | lag 1 | lag 64 | lag 256 |" in (tmp_path / "frontier-lags.md").read_text()
     assert (tmp_path / "frontier-lags.png").stat().st_size > 10_000
