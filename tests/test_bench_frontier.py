@@ -19,9 +19,9 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     s = fr.Settings(tmp_path, steps=10)
     plan = fr.tuning_plan(s, ["lag64", "human"], None, 2)
     lrs = len(fr.LRS)
-    per_seed = 11 * 2 * lrs + 4 * 3 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 11 methods x 2 strengths
-    # (spo-behavior's betas among them), spo-moving's, spo-moving-is's and agro-moving's 3 intervals and
-    # spo-ema-is's 3 taus, topr; human: 2 and topr
+    per_seed = 11 * 2 * lrs + 3 * 3 * lrs + 5 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 11 methods x 2
+    # strengths (spo-behavior's betas among them), spo-moving's, spo-moving-is's and agro-moving's 3 intervals,
+    # spo-ema-is's 5 taus, topr; human: 2 and topr
     assert len(plan) == 2 * per_seed and len({c.run_dir for c in plan}) == len(plan)
     lagged = [c for c in plan if Path(c.out_dir).name == "lag64"]
     assert {c.runtime.policy_lag for c in lagged} == {64} and all(c.data.mix == {"online": 1.0} for c in lagged)
@@ -37,8 +37,8 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     assert {c.data.objective.reference_update.every for c in moving} == {10, 25, 100, None}
     weighed = [c for c in moving if c.data.objective.is_correction == "sequence_truncate"]
     assert {c.data.objective.reference_update.every for c in weighed} == {10, 25, 100, None}
-    assert {c.data.objective.reference_update.ema for c in weighed} == {0.9, 0.96, 0.99, None}
-    assert len(weighed) == 2 * 2 * 3 * lrs  # spo-moving-is and spo-ema-is
+    assert {c.data.objective.reference_update.ema for c in weighed} == {0.8, 0.9, 0.93, 0.96, 0.99, None}
+    assert len(weighed) == 2 * (3 + 5) * lrs  # spo-moving-is and spo-ema-is
     assert sorted({round(c.beta, 4) for c in moving if c.data.objective.reference_update.behavior}) == [0.0869, 0.25]
     agro_moving = [c for c in lagged if c.data.objective.algorithm == "agro-off" and c.data.objective.reference_update]
     assert {c.data.objective.reference_update.every for c in agro_moving} == {10, 25, 100}
@@ -381,10 +381,10 @@ def test_lags_side_by_side_only_of_one_settings(tmp_path):
     assert "| topr | 0.600 ± 0.010 (0.25) | not run | - |" in table
 
 
-def test_lags_picture_is_not_narrowed_by_a_lag_of_other_settings(tmp_path):
-    """A run that retunes some lags (two tuning seeds) leaves the across-lags picture as it was while another
-    lag's report is of other settings: redrawn, it would drop that lag's column. With none left out, or with
-    no picture yet, it is drawn from the lags that match."""
+def test_lags_picture_joins_lags_of_other_tuning_seeds_and_is_not_narrowed_by_other_settings(tmp_path):
+    """A lag retuned on two tuning seeds is drawn beside lags tuned on one, the picture naming each lag's
+    seeds. A lag report of other settings (a quick run's) leaves a picture already drawn as it was: redrawn,
+    it would drop that lag's column. With no picture yet, the lags that match are drawn."""
     from softrl_bench.frontier_report import write_reports
 
     s = fr.Settings(tmp_path / "runs", kept=tmp_path / "frontier-runs.jsonl")
@@ -398,19 +398,20 @@ def test_lags_picture_is_not_narrowed_by_a_lag_of_other_settings(tmp_path):
 
     for lag, settings in ((1, {**ours, "tune_seeds": [100]}), (64, ours), (256, ours)):
         lag_report(lag, settings)
-    (tmp_path / "frontier-lags.md").write_text("three lags, one settings")
     lines = write_reports(s, [], None, 2, 4, tmp_path, "frontier")
-    assert (tmp_path / "frontier-lags.md").read_text() == "three lags, one settings"
-    assert not (tmp_path / "frontier-lags.png").exists()
-    assert any("frontier-lags: left as it was: frontier-lag1.json made with other settings" in line for line in lines)
+    table = (tmp_path / "frontier-lags.md").read_text()
+    assert "| method | lag 1 | lag 64 | lag 256 |" in table and not any("left" in line for line in lines)
+    assert "Tuning seeds: lag 1: 1, lag 64: 2, lag 256: 2." in table
+    assert (tmp_path / "frontier-lags.png").stat().st_size > 10_000
+    lag_report(4, {**ours, "steps": 30})  # a quick run's lag in the same folder
+    (tmp_path / "frontier-lags.md").write_text("three lags, one benchmark")
+    lines = write_reports(s, [], None, 2, 4, tmp_path, "frontier")
+    assert (tmp_path / "frontier-lags.md").read_text() == "three lags, one benchmark"
+    assert any("frontier-lags: left as it was: frontier-lag4.json made with other settings" in line for line in lines)
     (tmp_path / "frontier-lags.md").unlink()  # no picture yet: the matching lags are drawn, the other named
     lines = write_reports(s, [], None, 2, 4, tmp_path, "frontier")
-    assert "| method | lag 64 | lag 256 |" in (tmp_path / "frontier-lags.md").read_text()
-    assert any("frontier-lag1.json left out (made with other settings)" in line for line in lines)
-    lag_report(1, ours)
-    write_reports(s, [], None, 2, 4, tmp_path, "frontier")  # lag 1 retuned too: all three drawn again
     assert "| method | lag 1 | lag 64 | lag 256 |" in (tmp_path / "frontier-lags.md").read_text()
-    assert (tmp_path / "frontier-lags.png").stat().st_size > 10_000
+    assert any("frontier-lag4.json left out (made with other settings)" in line for line in lines)
 
 
 def test_a_method_has_one_colour_in_every_figure(tmp_path, monkeypatch):
@@ -430,7 +431,7 @@ def test_a_method_has_one_colour_in_every_figure(tmp_path, monkeypatch):
     def result(methods):
         return {"regime": "lag1", "grid": {m: [point] for m in methods}, "frontiers": {m: ["p"] for m in methods},
                 "best": {m: point for m in methods}, "matched": {}, "target_kl": math.nan,
-                "reference_pass@1": math.nan}
+                "reference_pass@1": math.nan, "settings": {"tune_seeds": [100]}}
 
     order = ["grpo_tis", "spo", "topr"]
     frontier_report.plot(result(["spo", "topr"]), tmp_path / "a.png", order)

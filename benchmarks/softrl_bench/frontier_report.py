@@ -150,13 +150,21 @@ def _report(path: Path) -> dict:
 
 
 def lag_results(folder: Path, stem: str, lags: list[int], settings: dict) -> tuple[dict[int, dict], list[Path]]:
-    """({lag: result} of the lag reports in `folder` made with `settings`, whichever run wrote them; the
-    reports of other settings, left out): a quick run's lags must not sit beside a full run's."""
-    settings = json.loads(json.dumps(settings, default=str))  # as the reports keep them (lists, not tuples)
+    """({lag: result} of the lag reports in `folder` made with `settings` but for their tuning seeds, whichever
+    run wrote them; the reports of other settings, left out): a quick run's lags must not sit beside a full
+    run's, but a lag retuned on more seeds is the same benchmark chosen more surely (the picture names each
+    lag's tuning seeds)."""
+    def shared(of: dict) -> dict:
+        return {k: v for k, v in json.loads(json.dumps(of, default=str)).items() if k != "tune_seeds"}
+
     found = {lag: folder / f"{stem}-lag{lag}.json" for lag in sorted(lags)}
     results = {lag: _report(path) for lag, path in found.items() if path.is_file()}
-    return ({lag: r for lag, r in results.items() if r["settings"] == settings},
-            [found[lag] for lag, r in results.items() if r["settings"] != settings])
+    return ({lag: r for lag, r in results.items() if shared(r["settings"]) == shared(settings)},
+            [found[lag] for lag, r in results.items() if shared(r["settings"]) != shared(settings)])
+
+
+def _tuning_seeds(by_lag: dict[int, dict]) -> dict[int, int]:
+    return {lag: len(r["settings"].get("tune_seeds", [])) for lag, r in by_lag.items()}
 
 
 def _methods(by_lag: dict[int, dict]) -> list[str]:
@@ -165,10 +173,11 @@ def _methods(by_lag: dict[int, dict]) -> list[str]:
 
 def lags_markdown(by_lag: dict[int, dict]) -> str:
     """Each method's best point (re-tuned at every lag) on the report seeds: pass@1 and its KL, lag by lag."""
-    lags = list(by_lag)
+    lags, tuning = list(by_lag), _tuning_seeds(by_lag)
     lines = ["# Frontier across policy lags", "",
              "Each method's best point at each lag (chosen on the tuning seeds), pass@1 (KL) on the report seeds; "
              "the last column: the largest lag against the smallest.", "",
+             "Tuning seeds: " + ", ".join(f"lag {lag}: {n}" for lag, n in tuning.items()) + ".", "",
              "| method | " + " | ".join(f"lag {lag}" for lag in lags) + f" | lag {lags[-1]} - lag {lags[0]} |",
              "|---|" + "---|" * (len(lags) + 1)]
     for m in _methods(by_lag):
@@ -192,9 +201,11 @@ def plot_lags(by_lag: dict[int, dict], out: Path, order: list[str]) -> Path:
     reference = next(iter(by_lag.values()))["reference_pass@1"]
     if not math.isnan(reference):
         left.axhline(reference, color="black", linestyle=":", linewidth=0.8, label="reference (tuning seed)")
+    tuning = _tuning_seeds(by_lag)
+    ticks = [f"{lag}\n({n} tuning)" if len(set(tuning.values())) > 1 else str(lag) for lag, n in tuning.items()]
     for ax in (left, right):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(list(by_lag), [str(lag) for lag in by_lag])
+        ax.set_xticks(list(by_lag), ticks)
     right.set_yscale("log", nonpositive="clip")  # a collapsed best point's KL is in the tens; a short run's may be <= 0
     left.set(xlabel="policy lag (learner steps)", ylabel="pass@1",
              title="best point at each lag, re-tuned (report seeds, mean ± sd)")
