@@ -400,18 +400,41 @@ def test_lags_picture_joins_lags_of_other_tuning_seeds_and_is_not_narrowed_by_ot
         lag_report(lag, settings)
     lines = write_reports(s, [], None, 2, 4, tmp_path, "frontier")
     table = (tmp_path / "frontier-lags.md").read_text()
-    assert "| method | lag 1 | lag 64 | lag 256 |" in table and not any("left" in line for line in lines)
+    assert "| method | lag 1 | lag 64 | lag 256 |" in table and not any(line.startswith("frontier-lags:") for line in lines)
     assert "Tuning seeds: lag 1: 1, lag 64: 2, lag 256: 2." in table
-    assert (tmp_path / "frontier-lags.png").stat().st_size > 10_000
+    figure = (tmp_path / "frontier-lags.png").read_bytes()
+    assert len(figure) > 10_000
     lag_report(4, {**ours, "steps": 30})  # a quick run's lag in the same folder
     (tmp_path / "frontier-lags.md").write_text("three lags, one benchmark")
     lines = write_reports(s, [], None, 2, 4, tmp_path, "frontier")
     assert (tmp_path / "frontier-lags.md").read_text() == "three lags, one benchmark"
+    assert (tmp_path / "frontier-lags.png").read_bytes() == figure
     assert any("frontier-lags: left as it was: frontier-lag4.json made with other settings" in line for line in lines)
     (tmp_path / "frontier-lags.md").unlink()  # no picture yet: the matching lags are drawn, the other named
     lines = write_reports(s, [], None, 2, 4, tmp_path, "frontier")
     assert "| method | lag 1 | lag 64 | lag 256 |" in (tmp_path / "frontier-lags.md").read_text()
     assert any("frontier-lag4.json left out (made with other settings)" in line for line in lines)
+
+
+def test_a_report_tuned_on_more_seeds_is_not_replaced_by_one_tuned_on_fewer(tmp_path, monkeypatch):
+    """The default --tune-seeds 1 must not quietly undo a two-seed retune: a regime's report of the same
+    benchmark tuned on more seeds is left as it was, in one line naming both; one of other settings, or a
+    damaged one, is no such report."""
+    from softrl_bench import frontier_report
+
+    s = fr.Settings(tmp_path / "runs", kept=tmp_path / "frontier-runs.jsonl")
+    one, two = (json.loads(json.dumps(fr.report_settings(s, k, 4))) for k in (1, 2))
+    kept = tmp_path / "frontier-lag64.json"
+    kept.write_text(json.dumps({"regime": "lag64", "settings": two, "best": {}}))
+    assert frontier_report._more_surely_tuned(kept, one) == [100, 101]
+    assert frontier_report._more_surely_tuned(kept, two) is None
+    assert frontier_report._more_surely_tuned(kept, {**one, "steps": 30}) is None  # another benchmark: replaced
+    monkeypatch.setattr(fr, "regime_result", lambda *a: {"grid": {"spo": [{}]}, "settings": one})
+    lines = frontier_report.write_reports(s, ["lag64"], None, 1, 4, tmp_path, "frontier")
+    assert json.loads(kept.read_text())["settings"] == two and not (tmp_path / "frontier-lag64.md").exists()
+    assert "frontier-lag64: left as it was: tuned on seeds [100, 101], this run on [100] (give --tune-seeds 2" in lines[0]
+    kept.write_text("{damaged")
+    assert frontier_report._more_surely_tuned(kept, one) is None
 
 
 def test_a_method_has_one_colour_in_every_figure(tmp_path, monkeypatch):

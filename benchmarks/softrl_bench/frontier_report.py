@@ -144,27 +144,31 @@ def _report(path: Path) -> dict:
         result = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not a JSON report ({e}): restore it, or delete it to leave that lag out") from None
-    if not isinstance(result, dict) or "settings" not in result:
-        raise ConfigError(f"{path}: not a frontier report (no 'settings'): restore it, or delete it to leave that lag out")
+    if not isinstance(result, dict) or not isinstance(result.get("settings"), dict):
+        raise ConfigError(f"{path}: not a frontier report (no 'settings' mapping): restore it, or delete it to leave that lag out")
     return result
 
 
-def lag_results(folder: Path, stem: str, lags: list[int], settings: dict) -> tuple[dict[int, dict], list[Path]]:
-    """({lag: result} of the lag reports in `folder` made with `settings` but for their tuning seeds, whichever
-    run wrote them; the reports of other settings, left out): a quick run's lags must not sit beside a full
-    run's, but a lag retuned on more seeds is the same benchmark chosen more surely (the picture names each
-    lag's tuning seeds)."""
-    def shared(of: dict) -> dict:
-        return {k: v for k, v in json.loads(json.dumps(of, default=str)).items() if k != "tune_seeds"}
+def _benchmark(settings: dict) -> dict:
+    """A report's settings but its tuning seeds, as the reports keep them (lists, not tuples): a lag tuned on
+    more seeds is the same benchmark chosen more surely; a quick run's is another."""
+    return {k: v for k, v in json.loads(json.dumps(settings, default=str)).items() if k != "tune_seeds"}
 
+
+def lag_results(folder: Path, stem: str, lags: list[int], settings: dict) -> tuple[dict[int, dict], list[Path]]:
+    """({lag: result} of the lag reports in `folder` of the benchmark of `settings` (`_benchmark`: their tuning
+    seeds may differ, and the picture names each lag's), whichever run wrote them; the reports of other
+    settings, left out): a quick run's lags must not sit beside a full run's."""
+    ours = _benchmark(settings)
     found = {lag: folder / f"{stem}-lag{lag}.json" for lag in sorted(lags)}
     results = {lag: _report(path) for lag, path in found.items() if path.is_file()}
-    return ({lag: r for lag, r in results.items() if shared(r["settings"]) == shared(settings)},
-            [found[lag] for lag, r in results.items() if shared(r["settings"]) != shared(settings)])
+    same = {lag: _benchmark(r["settings"]) == ours for lag, r in results.items()}
+    return {lag: r for lag, r in results.items() if same[lag]}, [found[lag] for lag in results if not same[lag]]
 
 
-def _tuning_seeds(by_lag: dict[int, dict]) -> dict[int, int]:
-    return {lag: len(r["settings"].get("tune_seeds", [])) for lag, r in by_lag.items()}
+def _tuning_seeds(by_lag: dict[int, dict]) -> dict[int, str]:
+    return {lag: str(len(r["settings"]["tune_seeds"])) if "tune_seeds" in r["settings"] else "?"
+            for lag, r in by_lag.items()}
 
 
 def _methods(by_lag: dict[int, dict]) -> list[str]:
@@ -200,9 +204,11 @@ def plot_lags(by_lag: dict[int, dict], out: Path, order: list[str]) -> Path:
         right.plot(lags, [p["kl"] for _, p in points], color=colors[m], marker="o", label=m)
     reference = next(iter(by_lag.values()))["reference_pass@1"]
     if not math.isnan(reference):
-        left.axhline(reference, color="black", linestyle=":", linewidth=0.8, label="reference (tuning seed)")
+        left.axhline(reference, color="black", linestyle=":", linewidth=0.8,
+                     label=f"reference (lag {next(iter(by_lag))}'s tuning seeds)")
     tuning = _tuning_seeds(by_lag)
-    ticks = [f"{lag}\n({n} tuning)" if len(set(tuning.values())) > 1 else str(lag) for lag, n in tuning.items()]
+    mixed = len(set(tuning.values())) > 1
+    ticks = [f"{lag}\n({n} tuning seeds)" if mixed else str(lag) for lag, n in tuning.items()]
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(by_lag), ticks)
@@ -273,12 +279,24 @@ def plot_replay(fresh: dict, replay: dict, out: Path, order: list[str]) -> Path:
     return save_figure(fig, out, left, right)
 
 
+def _more_surely_tuned(path: Path, settings: dict) -> list | None:
+    """The tuning seeds of the report at `path` where it is of the benchmark of `settings` tuned on more seeds
+    than they say; None otherwise (none there, or one that is damaged or of other settings: replaced)."""
+    try:
+        kept = _report(path)["settings"] if path.is_file() else None
+    except ConfigError:
+        return None
+    if kept is None or _benchmark(kept) != _benchmark(settings):
+        return None
+    return kept["tune_seeds"] if len(kept.get("tune_seeds", [])) > len(settings["tune_seeds"]) else None
+
+
 def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: int, seeds: int, report: Path,
                   stem: str) -> list[str]:
-    """Each regime's table, JSON and figure under `report`, then the lags picture from this run's lags and
-    those reported before with the same settings, unless a lag report of other settings would drop out of a
-    picture already drawn (it is then left as it was); returns the lines to show (the tables, what was left
-    out)."""
+    """Each regime's table, JSON and figure under `report` (not over one of the same benchmark tuned on more
+    seeds), then the lags picture from this run's lags and those reported before of the same benchmark
+    (`_benchmark`), unless a lag report of other settings would drop out of a picture already drawn (it is
+    then left as it was); returns the lines to show (the tables, what was left out)."""
     from softrl_bench import frontier as fr
 
     report.mkdir(parents=True, exist_ok=True)
@@ -289,6 +307,11 @@ def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: 
         if not any(result["grid"].values()):  # a report of nothing never replaces one of something
             lines.append(f"{path.name}: no finished run (in {s.kept}); its report is left as it was")
             continue
+        before = _more_surely_tuned(path.with_suffix(".json"), result["settings"])
+        if before:  # the default --tune-seeds 1 must not quietly undo a retune
+            lines.append(f"{path.name}: left as it was: tuned on seeds {before}, this run on "
+                         f"{result['settings']['tune_seeds']} (give --tune-seeds {len(before)}, or delete it)")
+            continue
         table = markdown(result)
         path.with_suffix(".md").write_text(table)
         path.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
@@ -297,6 +320,8 @@ def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: 
     pair = [report / f"{stem}-{name}.json" for name in ("fresh", "replay")]
     if all(path.is_file() for path in pair):
         fresh, replay = map(_report, pair)
+        # all settings, tuning seeds too: the ratio is read seed by seed between one method's two runs, whose
+        # points must be chosen alike
         if fresh["settings"] == replay["settings"] and fresh.get("target_grid") == replay.get("target_grid"):
             (report / f"{stem}-replay-samples.md").write_text(replay_markdown(fresh, replay))
             plot_replay(fresh, replay, report / f"{stem}-replay-samples.png", list(fr.METHODS))
