@@ -208,14 +208,14 @@ def plot_lags(by_lag: dict[int, dict], out: Path, order: list[str]) -> Path:
                      label=f"reference (lag {next(iter(by_lag))}'s tuning seeds)")
     tuning = _tuning_seeds(by_lag)
     mixed = len(set(tuning.values())) > 1
-    ticks = [f"{lag}\n({n} tuning seeds)" if mixed else str(lag) for lag, n in tuning.items()]
+    ticks = [f"{lag}\n{n} seed{'' if n == '1' else 's'}" if mixed else str(lag) for lag, n in tuning.items()]
+    xlabel = "policy lag (learner steps)" + (", and its tuning seeds" if mixed else "")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(by_lag), ticks)
     right.set_yscale("log", nonpositive="clip")  # a collapsed best point's KL is in the tens; a short run's may be <= 0
-    left.set(xlabel="policy lag (learner steps)", ylabel="pass@1",
-             title="best point at each lag, re-tuned (report seeds, mean ± sd)")
-    right.set(xlabel="policy lag (learner steps)", ylabel="KL(pi || pi0)", title="its KL to the reference")
+    left.set(xlabel=xlabel, ylabel="pass@1", title="best point at each lag, re-tuned (report seeds, mean ± sd)")
+    right.set(xlabel=xlabel, ylabel="KL(pi || pi0)", title="its KL to the reference")
     return save_figure(fig, out, left, right)
 
 
