@@ -416,7 +416,7 @@ def test_lags_picture_joins_lags_of_other_tuning_seeds_and_is_not_narrowed_by_ot
     assert any("frontier-lag4.json left out (made with other settings)" in line for line in lines)
 
 
-def test_a_report_tuned_on_more_seeds_is_not_replaced_by_one_tuned_on_fewer(tmp_path, monkeypatch):
+def test_a_report_tuned_on_more_seeds_is_not_replaced_by_one_tuned_on_fewer(tmp_path):
     """The default --tune-seeds 1 must not quietly undo a two-seed retune: a regime's report of the same
     benchmark tuned on more seeds is left as it was, in one line naming both; one of other settings, or a
     damaged one, is no such report."""
@@ -429,7 +429,6 @@ def test_a_report_tuned_on_more_seeds_is_not_replaced_by_one_tuned_on_fewer(tmp_
     assert frontier_report._more_surely_tuned(kept, one) == [100, 101]
     assert frontier_report._more_surely_tuned(kept, two) is None
     assert frontier_report._more_surely_tuned(kept, {**one, "steps": 30}) is None  # another benchmark: replaced
-    monkeypatch.setattr(fr, "regime_result", lambda *a: {"grid": {"spo": [{}]}, "settings": one})
     lines = frontier_report.write_reports(s, ["lag64"], None, 1, 4, tmp_path, "frontier")
     assert json.loads(kept.read_text())["settings"] == two and not (tmp_path / "frontier-lag64.md").exists()
     assert "frontier-lag64: left as it was: tuned on seeds [100, 101], this run on [100] (give --tune-seeds 2" in lines[0]

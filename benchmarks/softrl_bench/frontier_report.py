@@ -202,10 +202,10 @@ def plot_lags(by_lag: dict[int, dict], out: Path, order: list[str]) -> Path:
         left.errorbar(lags, [p["pass@1"] for _, p in points], yerr=[p.get("pass@1_sd", 0) for _, p in points],
                       color=colors[m], marker="o", capsize=2, label=m)
         right.plot(lags, [p["kl"] for _, p in points], color=colors[m], marker="o", label=m)
-    reference = next(iter(by_lag.values()))["reference_pass@1"]
+    first = next(iter(by_lag))
+    reference = by_lag[first]["reference_pass@1"]
     if not math.isnan(reference):
-        left.axhline(reference, color="black", linestyle=":", linewidth=0.8,
-                     label=f"reference (lag {next(iter(by_lag))}'s tuning seeds)")
+        left.axhline(reference, color="black", linestyle=":", linewidth=0.8, label=f"reference (lag {first}'s tuning seeds)")
     tuning = _tuning_seeds(by_lag)
     mixed = len(set(tuning.values())) > 1
     ticks = [f"{lag}\n{n} seed{'' if n == '1' else 's'}" if mixed else str(lag) for lag, n in tuning.items()]
@@ -300,17 +300,17 @@ def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: 
     from softrl_bench import frontier as fr
 
     report.mkdir(parents=True, exist_ok=True)
-    lines = []
+    lines, settings = [], fr.report_settings(s, tune_seeds, seeds)
     for name in regimes:
-        result = fr.regime_result(s, fr.REGIMES[name], methods, tune_seeds, seeds)
         path = report / f"{stem}-{name}"
-        if not any(result["grid"].values()):  # a report of nothing never replaces one of something
-            lines.append(f"{path.name}: no finished run (in {s.kept}); its report is left as it was")
-            continue
-        before = _more_surely_tuned(path.with_suffix(".json"), result["settings"])
+        before = _more_surely_tuned(path.with_suffix(".json"), settings)
         if before:  # the default --tune-seeds 1 must not quietly undo a retune
             lines.append(f"{path.name}: left as it was: tuned on seeds {before}, this run on "
-                         f"{result['settings']['tune_seeds']} (give --tune-seeds {len(before)}, or delete it)")
+                         f"{settings['tune_seeds']} (give --tune-seeds {len(before)}, or delete it)")
+            continue
+        result = fr.regime_result(s, fr.REGIMES[name], methods, tune_seeds, seeds)
+        if not any(result["grid"].values()):  # a report of nothing never replaces one of something
+            lines.append(f"{path.name}: no finished run (in {s.kept}); its report is left as it was")
             continue
         table = markdown(result)
         path.with_suffix(".md").write_text(table)
@@ -331,7 +331,7 @@ def write_reports(s, regimes: list[str], methods: list[str] | None, tune_seeds: 
             differ += ["target_grid"] * (fresh.get("target_grid") != replay.get("target_grid"))  # a report from before it
             lines.append(f"{stem}-replay-samples: not rewritten, {pair[0].name} and {pair[1].name} were made with "
                          f"other settings ({', '.join(differ)}): rerun the one that differs")
-    by_lag, others = lag_results(report, stem, list(fr.LAGS), fr.report_settings(s, tune_seeds, seeds))
+    by_lag, others = lag_results(report, stem, list(fr.LAGS), settings)
     across = report / f"{stem}-lags.md"
     if others and across.is_file():  # redrawn from fewer lags it would lose the others' columns
         lines.append(f"{stem}-lags: left as it was: {', '.join(p.name for p in others)} made with other settings "
