@@ -39,6 +39,26 @@ def test_learner_step_on_cuda_matches_the_cpu(tiny, algorithm):
     assert mixed.step(batch)["loss"] == pytest.approx(on_cpu["loss"], rel=0.1, abs=0.05)
 
 
+def test_a_moving_average_reference_on_cuda_keeps_its_average_in_fp32_beside_a_bf16_copy(tiny):
+    """Under bf16 autocast the reference is stored in bf16 (the generation dtype, issue 51's memory), and the
+    average that moves it by 1 - tau a step stays in fp32 on the device; after a few steps the copy is the
+    average rounded, and the steps' losses follow the CPU learner's."""
+    ema = ["data.objective.reference_update={ema: 0.9}"]
+    batch = batch_of(tiny)
+    on_cpu = learner_for(tiny, ema)
+    mixed = learner_for(tiny, ema, placement=cuda("auto"))
+    for _ in range(3):
+        cpu_metrics, gpu_metrics = on_cpu.step(batch), mixed.step(batch)
+        assert gpu_metrics["loss"] == pytest.approx(cpu_metrics["loss"], rel=0.1, abs=0.05)
+    moving = mixed.moving
+    name, copy_ = next(iter(moving.model.model.named_parameters()))
+    average = moving.average[name]
+    assert copy_.dtype == torch.bfloat16 and copy_.is_cuda and average.dtype == torch.float32 and average.is_cuda
+    assert torch.equal(copy_, average.to(torch.bfloat16)) and moving.version == 3
+    start = dict(on_cpu.reference.model.named_parameters())[name]
+    assert not torch.equal(average.cpu(), start.detach().float())  # it moved
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
 def test_padded_and_chunked_logprobs_on_cuda(tiny, dtype, tol):
     _, model, tokenizer = tiny
