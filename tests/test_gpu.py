@@ -50,6 +50,7 @@ def test_a_moving_average_reference_on_cuda_keeps_its_average_in_fp32_beside_a_b
     for _ in range(3):
         cpu_metrics, gpu_metrics = on_cpu.step(batch), mixed.step(batch)
         assert gpu_metrics["loss"] == pytest.approx(cpu_metrics["loss"], rel=0.1, abs=0.05)
+    assert mixed.placement.frozen == torch.bfloat16  # else no average is kept beside the copy
     moving = mixed.moving
     name, copy_ = next(iter(moving.model.model.named_parameters()))
     average = moving.average[name]
