@@ -19,9 +19,9 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     s = fr.Settings(tmp_path, steps=10)
     plan = fr.tuning_plan(s, ["lag64", "human"], None, 2)
     lrs = len(fr.LRS)
-    per_seed = 11 * 2 * lrs + 3 * 3 * lrs + 5 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 11 methods x 2
+    per_seed = 11 * 2 * lrs + 3 * 3 * lrs + 2 * 5 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 11 methods x 2
     # strengths (spo-behavior's betas among them), spo-moving's, spo-moving-is's and agro-moving's 3 intervals,
-    # spo-ema-is's 5 taus, topr; human: 2 and topr
+    # spo-ema-is's and agro-ema's 5 taus, topr; human: 2 and topr
     assert len(plan) == 2 * per_seed and len({c.run_dir for c in plan}) == len(plan)
     lagged = [c for c in plan if Path(c.out_dir).name == "lag64"]
     assert {c.runtime.policy_lag for c in lagged} == {64} and all(c.data.mix == {"online": 1.0} for c in lagged)
@@ -41,8 +41,9 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     assert len(weighed) == 2 * (3 + 5) * lrs  # spo-moving-is and spo-ema-is
     assert sorted({round(c.beta, 4) for c in moving if c.data.objective.reference_update.behavior}) == [0.0869, 0.25]
     agro_moving = [c for c in lagged if c.data.objective.algorithm == "agro-off" and c.data.objective.reference_update]
-    assert {c.data.objective.reference_update.every for c in agro_moving} == {10, 25, 100}
-    assert {round(c.beta, 4) for c in agro_moving} == {0.0869}
+    assert {c.data.objective.reference_update.every for c in agro_moving} == {10, 25, 100, None}
+    assert {c.data.objective.reference_update.ema for c in agro_moving} == {0.8, 0.9, 0.93, 0.96, 0.99, None}
+    assert len(agro_moving) == 2 * (3 + 5) * lrs and {round(c.beta, 4) for c in agro_moving} == {0.0869}
     for method in fr.MOVING:
         assert method in fr.REGIMES["half"].methods and method not in fr.REGIMES["lag4"].methods
     m2po = [c for c in lagged if c.data.objective.algorithm == "m2po"]

@@ -94,10 +94,14 @@ METHODS: dict[str, Method] = {
     # `{ema: tau}`), with no jump at a move: after a snapshot every stale row's target moves at once
     "spo-ema-is": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "is_correction": "sequence_truncate"},
                          TAUS),
+    # agro-moving's reference as a moving average: AGRO needs no Q0, so this tells apart what spo-ema-is's
+    # lagging Q0 estimate costs from what the trailing anchor gives; no importance weights (AGRO has none), and
+    # an anchor that never jumps may not need them where agro-moving's snapshots ran away at lag 64
+    "agro-ema": Method({"algorithm": "agro-off"}, TAUS),
 }
 # set against every other method's frontier (OAPL: SPO's relative)
 OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "spo-moving", "spo-behavior", "spo-moving-is", "agro-moving",
-        "spo-ema-is")
+        "spo-ema-is", "agro-ema")
 STALE = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "grpo-tis", "decoupled-ppo", "m2po", "gspo", "cispo", "topr")
 
 
@@ -118,7 +122,7 @@ class Regime:
 LAGS = (1, 4, 16, 64, 256)
 MOVING_LAGS = (1, 64, 256)  # where issue 51 measures the moving reference
 # a reference other than pi0 (issue 51)
-MOVING = ("spo-moving", "spo-behavior", "spo-moving-is", "agro-moving", "spo-ema-is")
+MOVING = ("spo-moving", "spo-behavior", "spo-moving-is", "agro-moving", "spo-ema-is", "agro-ema")
 REPLAY_METHODS = ("spo-moving", "agro-off", "grpo-tis")  # softrl's best two at lag 1 and the most lag-robust baseline
 REGIMES: dict[str, Regime] = {
     **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE + (MOVING if k in MOVING_LAGS else ()), lag=k)
