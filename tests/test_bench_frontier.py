@@ -19,9 +19,9 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     s = fr.Settings(tmp_path, steps=10)
     plan = fr.tuning_plan(s, ["lag64", "human"], None, 2)
     lrs = len(fr.LRS)
-    per_seed = 11 * 2 * lrs + 3 * 3 * lrs + 2 * 5 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 11 methods x 2
+    per_seed = 11 * 2 * lrs + 3 * 3 * lrs + 3 * 5 * lrs + lrs + (2 * 2 * lrs + lrs)  # lag64: 11 methods x 2
     # strengths (spo-behavior's betas among them), spo-moving's, spo-moving-is's and agro-moving's 3 intervals,
-    # spo-ema-is's and agro-ema's 5 taus, topr; human: 2 and topr
+    # spo-ema-is's, agro-ema's and spo-ema-failed's 5 taus, topr; human: 2 and topr
     assert len(plan) == 2 * per_seed and len({c.run_dir for c in plan}) == len(plan)
     lagged = [c for c in plan if Path(c.out_dir).name == "lag64"]
     assert {c.runtime.policy_lag for c in lagged} == {64} and all(c.data.mix == {"online": 1.0} for c in lagged)
@@ -38,7 +38,9 @@ def test_plan_covers_every_grid_point_of_every_regime(tmp_path):
     weighed = [c for c in moving if c.data.objective.is_correction == "sequence_truncate"]
     assert {c.data.objective.reference_update.every for c in weighed} == {10, 25, 100, None}
     assert {c.data.objective.reference_update.ema for c in weighed} == {0.8, 0.9, 0.93, 0.96, 0.99, None}
-    assert len(weighed) == 2 * (3 + 5) * lrs  # spo-moving-is and spo-ema-is
+    assert len(weighed) == 2 * (3 + 5 + 5) * lrs  # spo-moving-is, spo-ema-is and spo-ema-failed
+    failed = [c for c in weighed if c.data.objective.is_rows == "failed"]
+    assert {c.data.objective.reference_update.ema for c in failed} == {0.8, 0.9, 0.93, 0.96, 0.99}
     assert sorted({round(c.beta, 4) for c in moving if c.data.objective.reference_update.behavior}) == [0.0869, 0.25]
     agro_moving = [c for c in lagged if c.data.objective.algorithm == "agro-off" and c.data.objective.reference_update]
     assert {c.data.objective.reference_update.every for c in agro_moving} == {10, 25, 100, None}

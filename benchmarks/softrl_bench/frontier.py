@@ -98,10 +98,15 @@ METHODS: dict[str, Method] = {
     # lagging Q0 estimate costs from what the trailing anchor gives; no importance weights (AGRO has none), and
     # an anchor that never jumps may not need them where agro-moving's snapshots ran away at lag 64
     "agro-ema": Method({"algorithm": "agro-off"}, TAUS),
+    # spo-ema-is weighing only its failed rows by pi/mu, a solved row at weight 1 as TOPR keeps its positive
+    # rows: on spo-moving-is at lag 64 that kept pass@10 0.07 higher at the same pass@1 (docs/BENCHMARKS.md,
+    # "A reference that trails the policy"), and pass@10 is what spo-ema-is lacks there
+    "spo-ema-failed": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "is_correction": "sequence_truncate",
+                              "is_rows": "failed"}, TAUS),
 }
 # set against every other method's frontier (OAPL: SPO's relative)
 OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "spo-moving", "spo-behavior", "spo-moving-is", "agro-moving",
-        "spo-ema-is", "agro-ema")
+        "spo-ema-is", "agro-ema", "spo-ema-failed")
 STALE = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "grpo-tis", "decoupled-ppo", "m2po", "gspo", "cispo", "topr")
 
 
@@ -122,7 +127,7 @@ class Regime:
 LAGS = (1, 4, 16, 64, 256)
 MOVING_LAGS = (1, 64, 256)  # where issue 51 measures the moving reference
 # a reference other than pi0 (issue 51)
-MOVING = ("spo-moving", "spo-behavior", "spo-moving-is", "agro-moving", "spo-ema-is", "agro-ema")
+MOVING = ("spo-moving", "spo-behavior", "spo-moving-is", "agro-moving", "spo-ema-is", "agro-ema", "spo-ema-failed")
 REPLAY_METHODS = ("spo-moving", "agro-off", "grpo-tis")  # softrl's best two at lag 1 and the most lag-robust baseline
 REGIMES: dict[str, Regime] = {
     **{f"lag{k}": Regime(f"lag{k}", {"online": 1.0}, STALE + (MOVING if k in MOVING_LAGS else ()), lag=k)
