@@ -20,10 +20,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from softrl_bench.learning import base_overrides, final, judged, run_all, settings_of, slug, with_base
+from softrl_bench.learning import SPO, base_overrides, final, judged, run_all, settings_of, slug, with_base
 from softrl.config import ConfigError, RunConfig, config_from
 
-SPO = {"algorithm": "spo", "terminal": 1.0, "loss": "bce"}
 OBJECTIVES = {
     "spo": SPO,
     "agro-off": {"algorithm": "agro-off"},

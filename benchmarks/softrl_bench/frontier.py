@@ -26,7 +26,7 @@ from softrl.algorithms.common import SPO_BETA
 from softrl_bench import reference
 from softrl_bench.anydata import POOL_SOURCES, prepare_pool
 from softrl_bench.frontier_runs import EVAL_SAMPLES, average, keep, key, mean, outcome, to_target
-from softrl_bench.learning import base_overrides, grown_lrs, run_all, slug, with_base
+from softrl_bench.learning import SPO, base_overrides, grown_lrs, run_all, slug, with_base
 from softrl_bench.start_eval import SharedStartEval
 from softrl.config import RunConfig, config_from
 
@@ -49,6 +49,7 @@ def knob(key: str, *values: float) -> tuple[dict, ...]:
     return tuple({key: v} for v in values)
 
 
+SPO_IS = {**SPO, "is_correction": "sequence_truncate"}  # its stale rows weighed by their truncated ratio pi/mu
 BETAS = knob("beta", round(SPO_BETA, 4), 0.25)  # the regularisation to pi0 (to mu for OAPL)
 KL_COEFS = knob("beta", 0.01, 0.1)  # the PPO family's k3 penalty
 # a moving reference's knob: learner steps between moves. 10: the first tuning grid's best points at lags 1 and
@@ -59,12 +60,11 @@ INTERVALS = knob("data.objective.reference_update.every", 10, 25, 100)
 # 0.93: at lag 64 the two tuning seeds put 0.9 and 0.96 within 0.01 of each other
 TAUS = knob("data.objective.reference_update.ema", 0.8, 0.9, 0.93, 0.96, 0.99)
 METHODS: dict[str, Method] = {
-    "spo": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce"}, BETAS),
+    "spo": Method(SPO, BETAS),
     # a candidate fix the diagnosis tests (docs/BENCHMARKS.md): stale rows weighed by their truncated ratio pi/mu
-    "spo-is": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "is_correction": "sequence_truncate"},
-                     BETAS),
+    "spo-is": Method(SPO_IS, BETAS),
     # the paper's other terminal loss: BCE's push on a failed row fades as pi/pi0 falls, squared's does not
-    "spo-sq": Method({"algorithm": "spo", "terminal": 1.0, "loss": "squared"}, BETAS),
+    "spo-sq": Method({**SPO, "loss": "squared"}, BETAS),
     "agro-off": Method({"algorithm": "agro-off"}, BETAS),
     "oapl": Method({"algorithm": "oapl"}, BETAS),
     "kl-pg": Method({"algorithm": "kl-pg"}, BETAS),
@@ -77,32 +77,28 @@ METHODS: dict[str, Method] = {
     "topr": Method({"algorithm": "topr"}),  # no strength knob: its grid is the learning rate alone
     # SPO with a reference that moves (issue 51): its knob is the interval, at SPO's beta; Q0 of each new
     # reference from the run's own samples, so only where the run generates
-    "spo-moving": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce"}, INTERVALS),
+    "spo-moving": Method(SPO, INTERVALS),
     # SPO anchored to each row's own sampler (issue 51): at lag L the policy that made the data, not a snapshot
     # the data never saw; Q0 from the row's own group, no importance weights. Its knob is beta, as SPO's
-    "spo-behavior": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "reference_update": {"behavior": True}},
-                           BETAS),
+    "spo-behavior": Method({**SPO, "reference_update": {"behavior": True}}, BETAS),
     # spo-moving with its stale rows weighed by their truncated sequence ratio pi/mu, as spo-is: at lag 64 a short
     # interval ran away without it (docs/BENCHMARKS.md, "A moving reference on stale data")
-    "spo-moving-is": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "is_correction": "sequence_truncate"},
-                            INTERVALS),
+    "spo-moving-is": Method(SPO_IS, INTERVALS),
     # AGRO with a reference that moves (issue 51): its consistency needs no Q0, so a new reference is used
     # at once, with no estimate from samples of policies older than it; its knob is the interval, at beta 1/ln 1e5
     # (agro-off's best at every lag and half online)
     "agro-moving": Method({"algorithm": "agro-off"}, INTERVALS),
     # spo-moving-is with a reference that trails the policy as a moving average of its weights (issue 51's
     # `{ema: tau}`), with no jump at a move: after a snapshot every stale row's target moves at once
-    "spo-ema-is": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "is_correction": "sequence_truncate"},
-                         TAUS),
+    "spo-ema-is": Method(SPO_IS, TAUS),
     # agro-moving's reference as a moving average: AGRO needs no Q0, so this tells apart what spo-ema-is's
-    # lagging Q0 estimate costs from what the trailing anchor gives; no importance weights (AGRO has none), and
-    # an anchor that never jumps may not need them where agro-moving's snapshots ran away at lag 64
+    # lagging Q0 estimate costs from what the trailing anchor gives; no importance weights (AGRO has none): at
+    # lag 64 its faster averages ran away as agro-moving's short intervals did (docs/BENCHMARKS.md)
     "agro-ema": Method({"algorithm": "agro-off"}, TAUS),
     # spo-ema-is weighing only its failed rows by pi/mu, a solved row at weight 1 as TOPR keeps its positive
     # rows: on spo-moving-is at lag 64 that kept pass@10 0.07 higher at the same pass@1 (docs/BENCHMARKS.md,
     # "A reference that trails the policy"), and pass@10 is what spo-ema-is lacks there
-    "spo-ema-failed": Method({"algorithm": "spo", "terminal": 1.0, "loss": "bce", "is_correction": "sequence_truncate",
-                              "is_rows": "failed"}, TAUS),
+    "spo-ema-failed": Method({**SPO_IS, "is_rows": "failed"}, TAUS),
 }
 # set against every other method's frontier (OAPL: SPO's relative)
 OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "spo-moving", "spo-behavior", "spo-moving-is", "agro-moving",
