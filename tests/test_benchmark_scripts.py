@@ -123,3 +123,33 @@ def test_gpu_record_merges_leases_and_judges_targets_only_on_enough_pairs(tmp_pa
     # on another GPU the comparison starts over
     out = record(fourth, into, "eee", "2026-12-04", device="H100")
     assert out["softrl_over_trl"]["by_pair"] == [1.0] and out["targets"]["softrl_over_trl"]["met"] is None
+
+
+def test_frontier_eight_seeds_script_parses():
+    script = Path(__file__).parent.parent / "benchmarks" / "frontier_eight_seeds.sh"
+    out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+
+
+def test_frontier_paired_pairs_points_by_seed(tmp_path):
+    """The paired column is the mean of per-seed differences over the seeds both points finished, not the
+    difference of the two means: seed 2 of the point is missing, so the baseline's seed 2 must not count."""
+    base = {0: 0.60, 1: 0.50, 2: 0.90}
+    point = {0: 0.65, 1: 0.45}
+    kept = tmp_path / "runs.jsonl"
+    lines = [{"key": f"lag64/{name}-s{seed}", "settings": {},
+              "outcome": {"pass@1": p1, "pass@10": 0.8, "kl": 1.0}}
+             for name, runs in (("base_lr1", base), ("ours_lr1", point)) for seed, p1 in runs.items()]
+    kept.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    script = Path(__file__).parent.parent / "benchmarks" / "frontier_paired.py"
+    out = subprocess.run([sys.executable, str(script), "lag64", "base_lr1", "ours_lr1", "--kept", str(kept),
+                          "--seeds", "3"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr[-1000:]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| ours_lr1 "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "2" and cells[2] == "0.550 ± 0.141"
+    assert cells[5] == "0.000 ± 0.071" and cells[6] == "+0.050, -0.050"
+    first = subprocess.run([sys.executable, str(script), "lag64", "base_lr1", "ours_lr1", "--kept", str(kept),
+                            "--seeds", "3", "--first", "1"], capture_output=True, text=True, check=False)
+    row = next(line for line in first.stdout.splitlines() if line.startswith("| ours_lr1 "))
+    assert [c.strip() for c in row.strip("|").split("|")][5] == "-0.050"
