@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 
+from softrl.config import ConfigError
 from softrl_bench.frontier_runs import kept
 
 
@@ -39,8 +41,17 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=4, help="report seeds up to N-1")
     parser.add_argument("--first", type=int, default=0, help="report seeds from K (seeds added later, alone)")
     args = parser.parse_args()
-    outcomes = kept(args.kept)
+    if not args.kept.is_file():
+        sys.exit(f"frontier_paired: --kept {args.kept}: no such file")
+    try:
+        outcomes = kept(args.kept)
+    except ConfigError as e:
+        sys.exit(f"frontier_paired: {e}")
     seeds = range(args.first, args.seeds)
+    for point in [args.baseline, *args.points]:  # a mistyped point would print as an empty row
+        if not per_seed(outcomes, args.regime, point, seeds):
+            sys.exit(f"frontier_paired: no run of point {point!r} in {args.regime} at report seeds "
+                     f"{args.first}-{args.seeds - 1} in {args.kept}")
     base = per_seed(outcomes, args.regime, args.baseline, seeds)
     print(f"Regime {args.regime}, report seeds {args.first}-{args.seeds - 1}, paired against {args.baseline}.\n")
     print("| point | seeds | pass@1 | pass@10 | KL | paired pass@1 | per seed |")

@@ -22,9 +22,12 @@ def test_generation_backends_script_shows_its_help():
     assert out.returncode == 0 and "--compile" in out.stdout, out.stderr[-1000:]
 
 
-@pytest.mark.parametrize("script", sorted((Path(__file__).parent.parent / "benchmarks" / "gpu").glob("*.sh")),
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+
+
+@pytest.mark.parametrize("script", sorted([*BENCHMARKS.glob("*.sh"), *(BENCHMARKS / "gpu").glob("*.sh")]),
                          ids=lambda p: p.name)
-def test_gpu_plan_script_parses(script):
+def test_benchmark_shell_script_parses(script):
     out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
 
@@ -125,12 +128,6 @@ def test_gpu_record_merges_leases_and_judges_targets_only_on_enough_pairs(tmp_pa
     assert out["softrl_over_trl"]["by_pair"] == [1.0] and out["targets"]["softrl_over_trl"]["met"] is None
 
 
-def test_frontier_eight_seeds_script_parses():
-    script = Path(__file__).parent.parent / "benchmarks" / "frontier_eight_seeds.sh"
-    out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr
-
-
 def test_frontier_paired_pairs_points_by_seed(tmp_path):
     """The paired column is the mean of per-seed differences over the seeds both points finished, not the
     difference of the two means: seed 2 of the point is missing, so the baseline's seed 2 must not count."""
@@ -153,3 +150,8 @@ def test_frontier_paired_pairs_points_by_seed(tmp_path):
                             "--seeds", "3", "--first", "1"], capture_output=True, text=True, check=False)
     row = next(line for line in first.stdout.splitlines() if line.startswith("| ours_lr1 "))
     assert [c.strip() for c in row.strip("|").split("|")][5] == "-0.050"
+    for bad, named in ((["ours_lr2", "--kept", str(kept)], "'ours_lr2'"),
+                       (["ours_lr1", "--kept", str(tmp_path / "none.jsonl")], "none.jsonl")):
+        out = subprocess.run([sys.executable, str(script), "lag64", "base_lr1", *bad], capture_output=True, text=True,
+                             check=False)
+        assert out.returncode != 0 and named in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
