@@ -343,24 +343,69 @@ def test_a_method_grid_grows_past_the_edge_its_best_lies_on(tmp_path):
         with kept.open("a") as f:
             f.write(json.dumps({"key": key(config), "settings": named, "outcome": result}) + "\n")
 
-    assert fr.method_lrs(s, lag1, "topr", 1) == (1e-4, 3e-4)
+    assert fr.method_grid(s, lag1, "topr", 1).lrs == (1e-4, 3e-4)
     finish("topr", 1e-4, {}, 0.5)
-    assert fr.method_lrs(s, lag1, "topr", 1) == (1e-4, 3e-4)  # not before the whole grid finished
+    assert fr.method_grid(s, lag1, "topr", 1).lrs == (1e-4, 3e-4)  # not before the whole grid finished
     finish("topr", 3e-4, {}, 0.6)
-    assert fr.method_lrs(s, lag1, "topr", 1) == (1e-4, 3e-4, 1e-3)
+    assert fr.method_grid(s, lag1, "topr", 1).lrs == (1e-4, 3e-4, 1e-3)
     assert [c.optim.lr for c in fr.tuning_plan(s, ["lag1"], ["topr"], 1)] == [1e-4, 3e-4, 1e-3]
     finish("topr", 1e-3, {}, 0.7)  # the edge again, but it grew once that way already
-    assert fr.method_lrs(s, lag1, "topr", 1) == (1e-4, 3e-4, 1e-3)
+    assert fr.method_grid(s, lag1, "topr", 1).lrs == (1e-4, 3e-4, 1e-3)
     for lr, strength, pass1 in ((1e-4, {"beta": 0.0869}, 0.4), (1e-4, {"beta": 0.25}, 0.55),
                                 (3e-4, {"beta": 0.0869}, 0.5), (3e-4, {"beta": 0.25}, 0.3)):
         finish("spo", lr, strength, pass1)
-    assert fr.method_lrs(s, lag1, "spo", 1) == (3e-5, 1e-4, 3e-4)  # its best, at either strength, at the low edge
+    assert fr.method_grid(s, lag1, "spo", 1).lrs == (3e-5, 1e-4, 3e-4)  # its best, at either strength, at the low edge
     for lr, pass1 in ((1e-4, math.nan), (3e-4, 0.2), (1e-3, 0.1)):  # a point that diverged is never the best
         finish("cispo", lr, {"data.objective.cap": 2.0}, pass1)
         finish("cispo", lr, {"data.objective.cap": 5.0}, 0.1)
-    assert fr.method_lrs(fr.Settings(tmp_path, lrs=(1e-4, 3e-4, 1e-3), kept=kept), lag1, "cispo", 1) == (1e-4, 3e-4, 1e-3)
+    assert fr.method_grid(fr.Settings(tmp_path, lrs=(1e-4, 3e-4, 1e-3), kept=kept), lag1, "cispo", 1).lrs == (1e-4, 3e-4, 1e-3)
     assert fr.regime_result(s, lag1, ["spo", "topr"], 1, 1)["grid_finished"] == "7 of 9"
-    assert fr.choose(fr.grid_points(s, lag1, fr.regime_lrs(s, lag1, ["spo", "topr"], 1), 1))["best"]["topr"]["lr"] == 1e-3
+    assert fr.choose(fr.grid_points(s, lag1, fr.regime_grids(s, lag1, ["spo", "topr"], 1), 1))["best"]["topr"]["lr"] == 1e-3
+
+
+def test_a_method_grid_grows_its_strengths_past_an_edge_only_when_asked(tmp_path):
+    """With `extend_strength`, a knob whose best value (over every learning rate) lies at an edge of its
+    values gets the next rung of `Method.past` there, once its whole grid finished, and the learning rates
+    are read again over the grown knob; without it, or inside the grid, or past the declared rungs, nothing."""
+    from softrl_bench.frontier_runs import key
+    from softrl_bench.learning import settings_of
+
+    kept = tmp_path / "kept.jsonl"
+    s = fr.Settings(tmp_path, lrs=(1e-4, 3e-4, 1e-3), extend=1, extend_strength=1, kept=kept)
+    lag1, tau = fr.REGIMES["lag1"], "data.objective.reference_update.ema"
+
+    def finish(lr, value, pass1):
+        config = fr.run_config(s, lag1, "spo-ema-is", lr, {tau: value}, fr.TUNE_SEED)
+        named = {k: v for k, v in settings_of(config).items() if k == "model.weights"}
+        result = {"pass@1": pass1, "pass@k": [pass1], "kl": 1.0, "curve": [(0, 0.4, 0.0)], "lag": None}
+        with kept.open("a") as f:
+            f.write(json.dumps({"key": key(config), "settings": named, "outcome": result}) + "\n")
+
+    taus = [st[tau] for st in fr.METHODS["spo-ema-is"].strengths]
+    for lr in (1e-4, 3e-4, 1e-3):
+        for i, v in enumerate(taus):
+            finish(lr, v, 0.6 - 0.01 * i if lr == 3e-4 else 0.3)  # best at the fast edge, at the middle rate
+    grid = fr.method_grid(s, lag1, "spo-ema-is", 1)
+    assert grid.lrs == (1e-4, 3e-4, 1e-3) and [st[tau] for st in grid.strengths] == [0.7, *taus]
+    assert fr.method_grid(fr.Settings(tmp_path, lrs=s.lrs, kept=kept), lag1, "spo-ema-is", 1).strengths \
+        == fr.METHODS["spo-ema-is"].strengths  # not asked: the grid as declared
+    assert {c.data.objective.reference_update.ema for c in fr.tuning_plan(s, ["lag1"], ["spo-ema-is"], 1)} \
+        == {0.7, *taus}
+    finish(1e-4, 0.7, 0.2)
+    finish(3e-4, 0.7, 0.5)
+    assert fr.method_grid(s, lag1, "spo-ema-is", 1).lrs == (1e-4, 3e-4, 1e-3)  # not before every rate has it
+    finish(1e-3, 0.7, 0.7)  # the edge again, past the rungs it may take: the knob stays, the rate grows up
+    grid = fr.method_grid(s, lag1, "spo-ema-is", 1)
+    assert [st[tau] for st in grid.strengths] == [0.7, *taus] and grid.lrs == (1e-4, 3e-4, 1e-3, 3e-3)
+    result = fr.regime_result(s, lag1, ["spo-ema-is"], 1, 1)
+    assert result["method_strengths"] == {"spo-ema-is": ["ema=0.7", *(f"ema={v:g}" for v in taus)]}
+    assert result["settings"]["extend_strength"] == 1 and result["grid_finished"] == "18 of 24"
+    inside = fr.Settings(tmp_path / "inside", lrs=s.lrs, extend_strength=1, kept=tmp_path / "inside.jsonl")
+    s, kept = inside, inside.kept
+    for lr in s.lrs:
+        for i, v in enumerate(taus):
+            finish(lr, v, 0.6 if (lr, i) == (3e-4, 2) else 0.3)
+    assert fr.method_grid(s, lag1, "spo-ema-is", 1).strengths == fr.METHODS["spo-ema-is"].strengths
 
 
 def test_lags_side_by_side_only_of_one_settings(tmp_path):

@@ -389,6 +389,9 @@ def frontier(
     lrs: str = typer.Option(None, help="the learning-rate grid (default 3e-5,1e-4,3e-4; --quick 1e-4,1e-3)"),
     extend: int = typer.Option(None, min=0, help="learning rates a method's grid may grow past the edge its best "
                                "point lies on, each way, one step of the 1-3-10 ladder each (default 1; --quick 0)"),
+    extend_strength: int = typer.Option(0, min=0, help="rungs a method's strength knob may grow past the edge its best "
+                                        "point lies on, each way, where the knob is a ladder (tau, beta, k3, cap; "
+                                        "default 0: the grids as declared)"),
     prompts: int = typer.Option(8, min=1, help="prompts per step (x 4 samples = the batch)"),
     eval_size: int = typer.Option(None, min=1, help="held-out prompts per evaluation (default 50; --quick 20)"),
     eval_every: int = typer.Option(None, min=1, help="learner steps between evaluations (default 100)"),
@@ -424,7 +427,8 @@ def frontier(
         extra = {**(FRONTIER_QUICK_TASK if quick else {}), **(read_settings(base) if base is not None else {})}
         stem = f"frontier-{slug(task)}" if task != "countdown" else "frontier"
         s = fr.Settings(runs, task, o["steps"], prompts, 4, o["eval_size"], o["eval_every"], o["earlier_steps"],
-                        _floats("--lrs", o["lrs"]), o["extend"], extra, kept or report / f"{stem}-runs.jsonl")
+                        _floats("--lrs", o["lrs"]), o["extend"], extend_strength, extra,
+                        kept or report / f"{stem}-runs.jsonl")
         fr.check_names(chosen, only)
         if report_only and not s.kept.is_file():  # a mistyped file must not turn good reports into empty ones
             raise ValueError(f"--report-only: no finished runs in {s.kept} (give --kept FILE)")

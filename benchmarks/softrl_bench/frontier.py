@@ -31,7 +31,7 @@ from softrl_bench.start_eval import SharedStartEval
 from softrl.config import RunConfig, config_from
 
 LRS = (3e-5, 1e-4, 3e-4)  # 3e-5: the baselines' grids reach no KL as low as SPO's without it; 1e-3 is reached by
-# growing a grid whose best lies at 3e-4 (`method_lrs`): at lag 1 it was no method's best and 6 of 10 collapsed there
+# growing a grid whose best lies at 3e-4 (`method_grid`): at lag 1 it was no method's best and 6 of 10 collapsed there
 EARLIER_LR = 2e-4  # the earlier run whose rollouts are the "other policy's" data: anydata's learning rate
 TUNE_SEED = 100  # tuning seeds are 100, 101, ...; report seeds 0, 1, ...
 
@@ -40,6 +40,9 @@ TUNE_SEED = 100  # tuning seeds are 100, 101, ...; report seeds 0, 1, ...
 class Method:
     objective: dict
     strengths: tuple[dict, ...] = ({},)  # the strength knob's grid: config overrides, one dict a value
+    # the knob's next rungs past its first and past its last value, nearest first (`Settings.extend_strength`:
+    # a grid grows there where its best point lies on that edge); a knob that is no ladder has none
+    past: tuple[tuple[dict, ...], tuple[dict, ...]] = ((), ())
 
     def label(self, strength: dict) -> str:
         return ",".join(f"{k.rsplit('.', 1)[-1]}={v:g}" for k, v in strength.items()) or "default"
@@ -49,56 +52,67 @@ def knob(key: str, *values: float) -> tuple[dict, ...]:
     return tuple({key: v} for v in values)
 
 
+def rungs(key: str, below: float, above: float | None) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
+    """A knob's next rung each way (`Method.past`); None: no rung that way."""
+    return knob(key, below), knob(key, above) if above is not None else ()
+
+
 SPO_IS = {**SPO, "is_correction": "sequence_truncate"}  # its stale rows weighed by their truncated ratio pi/mu
 BETAS = knob("beta", round(SPO_BETA, 4), 0.25)  # the regularisation to pi0 (to mu for OAPL)
 KL_COEFS = knob("beta", 0.01, 0.1)  # the PPO family's k3 penalty
 # a moving reference's knob: learner steps between moves. 10: the first tuning grid's best points at lags 1 and
 # 64 lay on its edge, 25
 INTERVALS = knob("data.objective.reference_update.every", 10, 25, 100)
+INTERVAL_RUNGS = rungs("data.objective.reference_update.every", 5, None)  # past 100: one move in 300 steps, or none
 # a moving average's knob, tau: an anchor about 1 / (1 - tau) steps behind, the intervals' 10, 25 and 100 at
 # 0.9, 0.96 and 0.99. 0.8 (5 steps): the best points at lags 1 and 64 and half online lay on the edge at 0.9;
 # 0.93: at lag 64 the two tuning seeds put 0.9 and 0.96 within 0.01 of each other
 TAUS = knob("data.objective.reference_update.ema", 0.8, 0.9, 0.93, 0.96, 0.99)
+# one rung further each way (`--extend-strength`): an anchor about 3 steps behind, and one about 333 (a 300-step
+# run's whole length); the other knobs a rung of their own spacing on, within the option's range
+TAU_RUNGS = rungs("data.objective.reference_update.ema", 0.7, 0.997)
+BETA_RUNGS = rungs("beta", 0.03, 0.75)
+KL_RUNGS = rungs("beta", 0.001, 1.0)
 METHODS: dict[str, Method] = {
-    "spo": Method(SPO, BETAS),
+    "spo": Method(SPO, BETAS, BETA_RUNGS),
     # a candidate fix the diagnosis tests (docs/BENCHMARKS.md): stale rows weighed by their truncated ratio pi/mu
-    "spo-is": Method(SPO_IS, BETAS),
+    "spo-is": Method(SPO_IS, BETAS, BETA_RUNGS),
     # the paper's other terminal loss: BCE's push on a failed row fades as pi/pi0 falls, squared's does not
-    "spo-sq": Method({**SPO, "loss": "squared"}, BETAS),
-    "agro-off": Method({"algorithm": "agro-off"}, BETAS),
-    "oapl": Method({"algorithm": "oapl"}, BETAS),
-    "kl-pg": Method({"algorithm": "kl-pg"}, BETAS),
-    "grpo-tis": Method({"algorithm": "grpo", "is_correction": "token_truncate"}, KL_COEFS),
-    "decoupled-ppo": Method({"algorithm": "decoupled-ppo"}, KL_COEFS),
-    "m2po": Method({"algorithm": "m2po"}, knob("data.objective.tau", 0.04, 0.2)),
+    "spo-sq": Method({**SPO, "loss": "squared"}, BETAS, BETA_RUNGS),
+    "agro-off": Method({"algorithm": "agro-off"}, BETAS, BETA_RUNGS),
+    "oapl": Method({"algorithm": "oapl"}, BETAS, BETA_RUNGS),
+    "kl-pg": Method({"algorithm": "kl-pg"}, BETAS, BETA_RUNGS),
+    "grpo-tis": Method({"algorithm": "grpo", "is_correction": "token_truncate"}, KL_COEFS, KL_RUNGS),
+    "decoupled-ppo": Method({"algorithm": "decoupled-ppo"}, KL_COEFS, KL_RUNGS),
+    "m2po": Method({"algorithm": "m2po"}, knob("data.objective.tau", 0.04, 0.2), rungs("data.objective.tau", 0.008, 1.0)),
     "gspo": Method({"algorithm": "gspo"}, ({"data.objective.clip_low": 3e-4, "data.objective.clip_high": 4e-4},
                                            {"data.objective.clip_low": 0.2, "data.objective.clip_high": 0.28})),
-    "cispo": Method({"algorithm": "cispo"}, knob("data.objective.cap", 2.0, 5.0)),
+    "cispo": Method({"algorithm": "cispo"}, knob("data.objective.cap", 2.0, 5.0), rungs("data.objective.cap", 1.25, 10.0)),
     "topr": Method({"algorithm": "topr"}),  # no strength knob: its grid is the learning rate alone
     # SPO with a reference that moves (issue 51): its knob is the interval, at SPO's beta; Q0 of each new
     # reference from the run's own samples, so only where the run generates
-    "spo-moving": Method(SPO, INTERVALS),
+    "spo-moving": Method(SPO, INTERVALS, INTERVAL_RUNGS),
     # SPO anchored to each row's own sampler (issue 51): at lag L the policy that made the data, not a snapshot
     # the data never saw; Q0 from the row's own group, no importance weights. Its knob is beta, as SPO's
-    "spo-behavior": Method({**SPO, "reference_update": {"behavior": True}}, BETAS),
+    "spo-behavior": Method({**SPO, "reference_update": {"behavior": True}}, BETAS, BETA_RUNGS),
     # spo-moving with its stale rows weighed by their truncated sequence ratio pi/mu, as spo-is: at lag 64 a short
     # interval ran away without it (docs/BENCHMARKS.md, "A moving reference on stale data")
-    "spo-moving-is": Method(SPO_IS, INTERVALS),
+    "spo-moving-is": Method(SPO_IS, INTERVALS, INTERVAL_RUNGS),
     # AGRO with a reference that moves (issue 51): its consistency needs no Q0, so a new reference is used
     # at once, with no estimate from samples of policies older than it; its knob is the interval, at beta 1/ln 1e5
     # (agro-off's best at every lag and half online)
-    "agro-moving": Method({"algorithm": "agro-off"}, INTERVALS),
+    "agro-moving": Method({"algorithm": "agro-off"}, INTERVALS, INTERVAL_RUNGS),
     # spo-moving-is with a reference that trails the policy as a moving average of its weights (issue 51's
     # `{ema: tau}`), with no jump at a move: after a snapshot every stale row's target moves at once
-    "spo-ema-is": Method(SPO_IS, TAUS),
+    "spo-ema-is": Method(SPO_IS, TAUS, TAU_RUNGS),
     # agro-moving's reference as a moving average: AGRO needs no Q0, so this tells apart what spo-ema-is's
     # lagging Q0 estimate costs from what the trailing anchor gives; no importance weights (AGRO has none): at
     # lag 64 its faster averages ran away as agro-moving's short intervals did (docs/BENCHMARKS.md)
-    "agro-ema": Method({"algorithm": "agro-off"}, TAUS),
+    "agro-ema": Method({"algorithm": "agro-off"}, TAUS, TAU_RUNGS),
     # spo-ema-is weighing only its failed rows by pi/mu, a solved row at weight 1 as TOPR keeps its positive
     # rows: on spo-moving-is at lag 64 that kept pass@10 0.07 higher at the same pass@1 (docs/BENCHMARKS.md,
     # "A reference that trails the policy"), and pass@10 is what spo-ema-is lacks there
-    "spo-ema-failed": Method({**SPO_IS, "is_rows": "failed"}, TAUS),
+    "spo-ema-failed": Method({**SPO_IS, "is_rows": "failed"}, TAUS, TAU_RUNGS),
 }
 # set against every other method's frontier (OAPL: SPO's relative)
 OURS = ("spo", "spo-is", "spo-sq", "agro-off", "oapl", "spo-moving", "spo-behavior", "spo-moving-is", "agro-moving",
@@ -154,6 +168,7 @@ class Settings:
     earlier_steps: int = 100
     lrs: tuple[float, ...] = LRS
     extend: int = 1  # ladder points a method's learning rates may grow past the edge its best point lies on
+    extend_strength: int = 0  # rungs of `Method.past` its strengths may grow so (0: the grids as declared)
     extra: dict = field(default_factory=dict)
     kept: Path | None = None  # the finished runs' outcomes, one JSON line each (frontier_runs.keep)
 
@@ -187,8 +202,14 @@ def point_name(method: str, lr: float, strength: dict) -> str:
     return f"{method}_lr{lr:g}_{METHODS[method].label(strength)}"
 
 
-def grid(method: str, lrs: tuple[float, ...]) -> list[tuple[float, dict]]:
-    return [(lr, s) for lr in lrs for s in METHODS[method].strengths]
+@dataclass(frozen=True)
+class Grid:
+    """A method's grid in one regime as far as its finished tuning runs decide it (`method_grid`)."""
+    lrs: tuple[float, ...]
+    strengths: tuple[dict, ...]
+
+    def points(self) -> list[tuple[float, dict]]:
+        return [(lr, s) for lr in self.lrs for s in self.strengths]
 
 
 def eval_steps(s: Settings, regime: Regime) -> int:
@@ -236,34 +257,54 @@ def tuning_outcomes(s: Settings, regime: Regime, method: str, lr: float, strengt
     return [outcome(s.kept, run_config(s, regime, method, lr, strength, TUNE_SEED + k)) for k in range(tune_seeds)]
 
 
-def method_lrs(s: Settings, regime: Regime, method: str, tune_seeds: int) -> tuple[float, ...]:
-    """A method's learning rates in a regime as far as its finished tuning runs decide them (`grown_lrs`),
-    each rate scored by its best point over every strength (pass@1 averaged over the tuning seeds; finite
-    points only, as `tuned` chooses)."""
+def method_grid(s: Settings, regime: Regime, method: str, tune_seeds: int) -> Grid:
+    """A method's grid in a regime as far as its finished tuning runs decide it: its learning rates grown by
+    `grown_lrs`, each rate scored by its best point over every strength, and once those are settled its
+    strengths grown by `Method.past` one rung past the edge where the best strength lies (scored by its best
+    point over every rate; the first on a tie), up to `s.extend_strength` rungs each way, the rates read
+    again over the grown strengths. Pass@1 averaged over the tuning seeds; finite points only, as `tuned`
+    chooses."""
+    m = METHODS[method]
+    strengths, grown = list(m.strengths), [0, 0]
+
+    def best_of(lr: float, strength: dict) -> float:
+        done = average(tuning_outcomes(s, regime, method, lr, strength, tune_seeds))
+        return done["pass@1"] if finite([done]) else math.nan
+
     def scores(lrs):
-        out = {}
-        for lr in lrs:
-            found = [tuning_outcomes(s, regime, method, lr, strength, tune_seeds) for strength in METHODS[method].strengths]
-            if not all(map(all, found)):
-                return None
-            out[lr] = max((p["pass@1"] for p in finite([average(f) for f in found])), default=math.nan)
-        return out
-    return tuple(grown_lrs(s.lrs, s.extend, scores)[0])
+        if not all(all(tuning_outcomes(s, regime, method, lr, st, tune_seeds)) for lr in lrs for st in strengths):
+            return None
+        return {lr: max((v for st in strengths if math.isfinite(v := best_of(lr, st))), default=math.nan) for lr in lrs}
+
+    while True:
+        lrs, found = grown_lrs(s.lrs, s.extend, scores)
+        if found is None or len(strengths) < 2:
+            return Grid(tuple(lrs), tuple(strengths))
+        by_strength = [max((v for lr in lrs if math.isfinite(v := best_of(lr, st))), default=-math.inf)
+                       for st in strengths]
+        edge = max(range(len(strengths)), key=lambda i: (by_strength[i], -i))
+        side = 0 if edge == 0 else 1 if edge == len(strengths) - 1 else None
+        if side is None or not math.isfinite(by_strength[edge]) or grown[side] >= min(s.extend_strength, len(m.past[side])):
+            return Grid(tuple(lrs), tuple(strengths))
+        rung = m.past[side][grown[side]]
+        grown[side] += 1
+        strengths = [rung, *strengths] if side == 0 else [*strengths, rung]
 
 
 def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune_seeds: int) -> list[RunConfig]:
     """Every grid point of every method of every regime, on the tuning seeds (seeds outermost), as far as
-    the finished runs decide the grids (`method_lrs`); finished runs included, to be skipped. Rerun it after
-    they finish: a method whose best lies on an edge of its learning rates gets one more there."""
+    the finished runs decide the grids (`method_grid`); finished runs included, to be skipped. Rerun it after
+    they finish: a method whose best lies on an edge of its learning rates (or strengths) gets one more there."""
     check_names(regimes, methods)
     return [run_config(s, REGIMES[r], m, lr, strength, TUNE_SEED + k) for k in range(tune_seeds) for r in regimes
             for m in REGIMES[r].methods if methods is None or m in methods
-            for lr, strength in grid(m, method_lrs(s, REGIMES[r], m, tune_seeds))]
+            for lr, strength in method_grid(s, REGIMES[r], m, tune_seeds).points()]
 
 
 def tuning_rounds(s: Settings) -> int:
-    """Rounds of `tuning_plan` that settle every grid (`grown_lrs`)."""
-    return 1 + s.extend
+    """Rounds of `tuning_plan` that settle every grid (`method_grid`): each grown rung may move the best to an
+    edge of the other knob, whose rungs are then grown again."""
+    return 1 + 2 * s.extend + 2 * s.extend_strength
 
 
 def finite(points: list[dict]) -> list[dict]:
@@ -373,17 +414,17 @@ def methods_of(regime: Regime, methods: list[str] | None) -> list[str]:
     return [m for m in regime.methods if methods is None or m in methods]
 
 
-def regime_lrs(s: Settings, regime: Regime, methods: list[str] | None, tune_seeds: int) -> dict[str, tuple[float, ...]]:
-    """method -> its learning rates in `regime` so far (`method_lrs`)."""
-    return {m: method_lrs(s, regime, m, tune_seeds) for m in methods_of(regime, methods)}
+def regime_grids(s: Settings, regime: Regime, methods: list[str] | None, tune_seeds: int) -> dict[str, Grid]:
+    """method -> its grid in `regime` so far (`method_grid`)."""
+    return {m: method_grid(s, regime, m, tune_seeds) for m in methods_of(regime, methods)}
 
 
-def grid_points(s: Settings, regime: Regime, lrs: dict[str, tuple[float, ...]], tune_seeds: int) -> dict[str, list[dict]]:
-    """method -> its grid points (over its `lrs`, see `method_lrs`) that finished on every tuning seed,
+def grid_points(s: Settings, regime: Regime, grids: dict[str, Grid], tune_seeds: int) -> dict[str, list[dict]]:
+    """method -> its grid points (see `method_grid`) that finished on every tuning seed,
     averaged over them."""
     out: dict[str, list[dict]] = {}
-    for m, rates in lrs.items():
-        for lr, strength in grid(m, rates):
+    for m, g in grids.items():
+        for lr, strength in g.points():
             done = tuning_outcomes(s, regime, m, lr, strength, tune_seeds)
             if all(done):
                 out.setdefault(m, []).append({"point": point_name(m, lr, strength), "lr": lr, "strength": strength,
@@ -423,7 +464,7 @@ def report_settings(s: Settings, tune_seeds: int, seeds: int) -> dict:
     """What a run's reports were made with, the same for each of its regimes: reports of other settings
     (a quick run's) are not set beside them."""
     return {"task": s.task, "steps": s.steps, "rows_per_step": s.prompts * s.samples_per_prompt, "lrs": list(s.lrs),
-            "extend": s.extend, "tune_seeds": [TUNE_SEED + k for k in range(tune_seeds)],
+            "extend": s.extend, **({"extend_strength": s.extend_strength} if s.extend_strength else {}), "tune_seeds": [TUNE_SEED + k for k in range(tune_seeds)],
             "report_seeds": list(range(seeds)), "eval_size": s.eval_size}
 
 
@@ -431,8 +472,8 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
     """Everything the report of one regime shows: the grid on tuning seeds, the choices, and the report
     seeds at each method's best and matched points; SPO's and AGRO's place against every baseline's
     frontier at their matched KL."""
-    lrs = regime_lrs(s, regime, methods, tune_seeds)
-    points = grid_points(s, regime, lrs, tune_seeds)
+    grids = regime_grids(s, regime, methods, tune_seeds)
+    points = grid_points(s, regime, grids, tune_seeds)
     chosen = choose(points)
     best = {m: reported(s, regime, p, m, seeds) for m, p in chosen["best"].items()}
     matched = {m: reported(s, regime, p, m, seeds) for m, p in chosen["matched"].items()}
@@ -450,11 +491,13 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
             verdicts.append({"method": ours, "point": mine["point"], "baseline": other, "kl": mine["kl"],
                              "pass@1": mine["pass@1"], "baseline_pass@1": theirs, "margin": mine["pass@1"] - theirs,
                              "along_frontier": along, "baseline_lowest_kl": min(p["kl"] for p in front)})
-    planned = sum(len(grid(m, lrs[m])) for m in lrs)
+    planned = sum(len(g.points()) for g in grids.values())
+    grown = {m: [METHODS[m].label(st) for st in g.strengths] for m, g in grids.items() if g.strengths != METHODS[m].strengths}
     return {"regime": regime.name, "lag": regime.lag if regime.generates else None, "mix": regime.mix,
             "grid_finished": f"{sum(map(len, points.values()))} of {planned}",
             "reference_pass@1": mean([p["pass@1_start"] for ps in points.values() for p in ps]),
-            "sources": list(regime.sources), "method_lrs": {m: list(v) for m, v in lrs.items()}, "grid": points, "target_kl": chosen["target_kl"],
+            "sources": list(regime.sources), "method_lrs": {m: list(g.lrs) for m, g in grids.items()},
+            **({"method_strengths": grown} if grown else {}), "grid": points, "target_kl": chosen["target_kl"],
             "frontiers": {m: [p["point"] for p in f] for m, f in chosen["frontiers"].items()},
             "best": best, "matched": matched, "against_frontiers": verdicts,
             "target_grid": target_grid(s, regime), "settings": report_settings(s, tune_seeds, seeds)}
@@ -498,7 +541,6 @@ def train(s: Settings, regimes: list[str], methods: list[str] | None, tune_seeds
     for _ in range(tuning_rounds(s)):
         run_stage(s, tuning_plan(s, regimes, methods, tune_seeds), jobs, update, "tuning", pool, say)
     for name in regimes:
-        lrs = regime_lrs(s, REGIMES[name], methods, tune_seeds)
-        picks = choose(grid_points(s, REGIMES[name], lrs, tune_seeds))
+        picks = choose(grid_points(s, REGIMES[name], regime_grids(s, REGIMES[name], methods, tune_seeds), tune_seeds))
         run_stage(s, report_plan(s, REGIMES[name], {m: [picks["best"][m], picks["matched"][m]] for m in picks["best"]},
                                  seeds), jobs, update, f"{name}: report seeds", pool, say)
