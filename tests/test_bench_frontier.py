@@ -364,9 +364,11 @@ def test_a_method_grid_grows_past_the_edge_its_best_lies_on(tmp_path):
 
 
 def test_a_method_grid_grows_its_strengths_past_an_edge_only_when_asked(tmp_path):
-    """With `extend_strength`, a knob whose best value (over every learning rate) lies at an edge of its
-    values gets the next rung of `Method.past` there, once its whole grid finished, and the learning rates
-    are read again over the grown knob; without it, or inside the grid, or past the declared rungs, nothing."""
+    """With `extend_strength`, a knob whose best value lies at an edge of its values gets the next rung of
+    `Method.past` there once every point finished on every tuning seed; the rates are read again over the
+    grown knob, and nothing leaves the grid. Without it, inside the grid, or past the rungs it may take,
+    nothing grows."""
+    from softrl_bench.frontier_report import markdown
     from softrl_bench.frontier_runs import key
     from softrl_bench.learning import settings_of
 
@@ -374,38 +376,68 @@ def test_a_method_grid_grows_its_strengths_past_an_edge_only_when_asked(tmp_path
     s = fr.Settings(tmp_path, lrs=(1e-4, 3e-4, 1e-3), extend=1, extend_strength=1, kept=kept)
     lag1, tau = fr.REGIMES["lag1"], "data.objective.reference_update.ema"
 
-    def finish(lr, value, pass1):
-        config = fr.run_config(s, lag1, "spo-ema-is", lr, {tau: value}, fr.TUNE_SEED)
-        named = {k: v for k, v in settings_of(config).items() if k == "model.weights"}
-        result = {"pass@1": pass1, "pass@k": [pass1], "kl": 1.0, "curve": [(0, 0.4, 0.0)], "lag": None}
-        with kept.open("a") as f:
-            f.write(json.dumps({"key": key(config), "settings": named, "outcome": result}) + "\n")
+    def finish(lr, value, pass1, seeds=(0, 1)):
+        for k in seeds:
+            config = fr.run_config(s, lag1, "spo-ema-is", lr, {tau: value}, fr.TUNE_SEED + k)
+            named = {n: v for n, v in settings_of(config).items() if n == "model.weights"}
+            result = {"pass@1": pass1 + 0.01 * k, "pass@k": [pass1], "kl": 1.0, "curve": [(0, 0.4, 0.0)], "lag": None}
+            with kept.open("a") as f:
+                f.write(json.dumps({"key": key(config), "settings": named, "outcome": result}) + "\n")
 
-    taus = [st[tau] for st in fr.METHODS["spo-ema-is"].strengths]
-    for lr in (1e-4, 3e-4, 1e-3):
-        for i, v in enumerate(taus):
-            finish(lr, v, 0.6 - 0.01 * i if lr == 3e-4 else 0.3)  # best at the fast edge, at the middle rate
-    grid = fr.method_grid(s, lag1, "spo-ema-is", 1)
-    assert grid.lrs == (1e-4, 3e-4, 1e-3) and [st[tau] for st in grid.strengths] == [0.7, *taus]
-    assert fr.method_grid(fr.Settings(tmp_path, lrs=s.lrs, kept=kept), lag1, "spo-ema-is", 1).strengths \
+    def taus(grid):
+        return [st[tau] for st in grid.strengths]
+
+    declared = taus(fr.METHODS["spo-ema-is"])
+    for lr in s.lrs:
+        for i, v in enumerate(declared):
+            finish(lr, v, 0.6 - 0.01 * i if lr == 3e-4 else 0.3, seeds=(0,) if (lr, i) == (1e-3, 4) else (0, 1))
+    grid = fr.method_grid(s, lag1, "spo-ema-is", 2)
+    assert taus(grid) == declared  # one point has one tuning seed of two: nothing is read yet
+    finish(1e-3, declared[4], 0.3, seeds=(1,))
+    grid = fr.method_grid(s, lag1, "spo-ema-is", 2)
+    assert grid.lrs == s.lrs and taus(grid) == [0.7, *declared]  # best at the fast edge, at the middle rate
+    assert fr.method_grid(fr.Settings(tmp_path, lrs=s.lrs, kept=kept), lag1, "spo-ema-is", 2).strengths \
         == fr.METHODS["spo-ema-is"].strengths  # not asked: the grid as declared
-    assert {c.data.objective.reference_update.ema for c in fr.tuning_plan(s, ["lag1"], ["spo-ema-is"], 1)} \
-        == {0.7, *taus}
+    assert sorted({(c.optim.lr, c.data.objective.reference_update.ema)
+                   for c in fr.tuning_plan(s, ["lag1"], ["spo-ema-is"], 2)}) \
+        == sorted((lr, v) for lr in s.lrs for v in (0.7, *declared))
     finish(1e-4, 0.7, 0.2)
     finish(3e-4, 0.7, 0.5)
-    assert fr.method_grid(s, lag1, "spo-ema-is", 1).lrs == (1e-4, 3e-4, 1e-3)  # not before every rate has it
-    finish(1e-3, 0.7, 0.7)  # the edge again, past the rungs it may take: the knob stays, the rate grows up
-    grid = fr.method_grid(s, lag1, "spo-ema-is", 1)
-    assert [st[tau] for st in grid.strengths] == [0.7, *taus] and grid.lrs == (1e-4, 3e-4, 1e-3, 3e-3)
-    result = fr.regime_result(s, lag1, ["spo-ema-is"], 1, 1)
-    assert result["method_strengths"] == {"spo-ema-is": ["ema=0.7", *(f"ema={v:g}" for v in taus)]}
-    assert result["settings"]["extend_strength"] == 1 and result["grid_finished"] == "18 of 24"
+    assert fr.method_grid(s, lag1, "spo-ema-is", 2).lrs == s.lrs  # not before every rate has the rung
+    finish(1e-3, 0.7, 0.7)  # the best at two edges: the rate grows up; the knob took its one rung that way
+    grid = fr.method_grid(s, lag1, "spo-ema-is", 2)
+    assert taus(grid) == [0.7, *declared] and grid.lrs == (1e-4, 3e-4, 1e-3, 3e-3)
+    finish(3e-3, 0.7, 0.1)
+    for v in declared:
+        finish(3e-3, v, 0.1)
+    grid = fr.method_grid(s, lag1, "spo-ema-is", 2)  # settled: the best inside the rates, the rung taken
+    assert taus(grid) == [0.7, *declared] and grid.lrs == (1e-4, 3e-4, 1e-3, 3e-3)
+    result = fr.regime_result(s, lag1, ["spo-ema-is"], 2, 1)
+    assert result["method_strengths"] == {"spo-ema-is": [f"ema={v:g}" for v in (0.7, *declared)]}
+    assert result["settings"]["extend_strength"] == 1 and result["grid_finished"] == "24 of 24"
+    assert "strength knobs grown so: spo-ema-is ['ema=0.7', 'ema=0.8'" in markdown(result)
+    assert "extend_strength" not in fr.report_settings(fr.Settings(tmp_path), 1, 1)
+    assert "method_strengths" not in fr.regime_result(fr.Settings(tmp_path, lrs=s.lrs, kept=kept), lag1,
+                                                      ["spo-ema-is"], 2, 1)
+    assert fr.tuning_rounds(fr.Settings(tmp_path, extend=1)) == 2  # as before the knobs could grow
+    assert fr.tuning_rounds(s) == 6
+
+    slow = fr.Settings(tmp_path / "slow", lrs=s.lrs, extend_strength=2, kept=tmp_path / "slow.jsonl")
+    s, kept = slow, slow.kept
+    for lr in s.lrs:
+        for i, v in enumerate(declared):
+            finish(lr, v, 0.6 if (lr, i) == (3e-4, 4) else 0.3)
+    # the slow edge's one rung (0.997), though two were allowed; none at the fast edge
+    assert taus(fr.method_grid(s, lag1, "spo-ema-is", 2)) == [*declared, 0.997]
+    for lr in s.lrs:
+        finish(lr, 0.997, 0.7)
+    assert taus(fr.method_grid(s, lag1, "spo-ema-is", 2)) == [*declared, 0.997]  # no rung left that way
     inside = fr.Settings(tmp_path / "inside", lrs=s.lrs, extend_strength=1, kept=tmp_path / "inside.jsonl")
     s, kept = inside, inside.kept
     for lr in s.lrs:
-        for i, v in enumerate(taus):
+        for i, v in enumerate(declared):
             finish(lr, v, 0.6 if (lr, i) == (3e-4, 2) else 0.3)
-    assert fr.method_grid(s, lag1, "spo-ema-is", 1).strengths == fr.METHODS["spo-ema-is"].strengths
+    assert fr.method_grid(s, lag1, "spo-ema-is", 2) == fr.Grid(s.lrs, fr.METHODS["spo-ema-is"].strengths)
 
 
 def test_lags_side_by_side_only_of_one_settings(tmp_path):

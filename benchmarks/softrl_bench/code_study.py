@@ -307,10 +307,10 @@ def run_config(s: Settings, arm: str, lr: float, seed: int) -> RunConfig:
 def arm_grid(s: Settings, arm: str) -> tuple[list[float], dict[float, float] | None]:
     """An arm's tuning grid as far as its finished runs decide it (`grown_lrs`), and their final pass@1 by lr
     once all finished."""
-    def scores(lrs):
-        done = {lr: c[-1]["pass@1"] for lr in lrs if (c := curve(s, run_config(s, arm, lr, TUNE_SEED)))}
-        return done if len(done) == len(lrs) else None
-    return grown_lrs(s.lrs, s.extend, scores)
+    def score(lr: float) -> float | None:
+        c = curve(s, run_config(s, arm, lr, TUNE_SEED))
+        return c[-1]["pass@1"] if c else None
+    return grown_lrs(s.lrs, s.extend, score)
 
 
 def tuning_plan(s: Settings, arms: list[str]) -> list[RunConfig]:

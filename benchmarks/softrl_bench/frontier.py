@@ -26,7 +26,7 @@ from softrl.algorithms.common import SPO_BETA
 from softrl_bench import reference
 from softrl_bench.anydata import POOL_SOURCES, prepare_pool
 from softrl_bench.frontier_runs import EVAL_SAMPLES, average, keep, key, mean, outcome, to_target
-from softrl_bench.learning import SPO, base_overrides, grown_lrs, run_all, slug, with_base
+from softrl_bench.learning import SPO, base_overrides, grown_grid, run_all, slug, with_base
 from softrl_bench.start_eval import SharedStartEval
 from softrl.config import RunConfig, config_from
 
@@ -84,10 +84,12 @@ METHODS: dict[str, Method] = {
     "kl-pg": Method({"algorithm": "kl-pg"}, BETAS, BETA_RUNGS),
     "grpo-tis": Method({"algorithm": "grpo", "is_correction": "token_truncate"}, KL_COEFS, KL_RUNGS),
     "decoupled-ppo": Method({"algorithm": "decoupled-ppo"}, KL_COEFS, KL_RUNGS),
-    "m2po": Method({"algorithm": "m2po"}, knob("data.objective.tau", 0.04, 0.2), rungs("data.objective.tau", 0.008, 1.0)),
+    "m2po": Method({"algorithm": "m2po"}, knob("data.objective.tau", 0.04, 0.2),
+                   rungs("data.objective.tau", 0.008, 1.0)),
     "gspo": Method({"algorithm": "gspo"}, ({"data.objective.clip_low": 3e-4, "data.objective.clip_high": 4e-4},
                                            {"data.objective.clip_low": 0.2, "data.objective.clip_high": 0.28})),
-    "cispo": Method({"algorithm": "cispo"}, knob("data.objective.cap", 2.0, 5.0), rungs("data.objective.cap", 1.25, 10.0)),
+    "cispo": Method({"algorithm": "cispo"}, knob("data.objective.cap", 2.0, 5.0),
+                    rungs("data.objective.cap", 1.25, 10.0)),
     "topr": Method({"algorithm": "topr"}),  # no strength knob: its grid is the learning rate alone
     # SPO with a reference that moves (issue 51): its knob is the interval, at SPO's beta; Q0 of each new
     # reference from the run's own samples, so only where the run generates
@@ -258,37 +260,20 @@ def tuning_outcomes(s: Settings, regime: Regime, method: str, lr: float, strengt
 
 
 def method_grid(s: Settings, regime: Regime, method: str, tune_seeds: int) -> Grid:
-    """A method's grid in a regime as far as its finished tuning runs decide it: its learning rates grown by
-    `grown_lrs`, each rate scored by its best point over every strength, and once those are settled its
-    strengths grown by `Method.past` one rung past the edge where the best strength lies (scored by its best
-    point over every rate; the first on a tie), up to `s.extend_strength` rungs each way, the rates read
-    again over the grown strengths. Pass@1 averaged over the tuning seeds; finite points only, as `tuned`
-    chooses."""
+    """A method's grid in a regime as far as its finished tuning runs decide it (`grown_grid`: the learning
+    rates grown past an edge where its best point lies, and its strengths by `Method.past`, up to
+    `s.extend_strength` rungs each way), each point scored by its pass@1 averaged over the tuning seeds
+    (finite points only, as `tuned` chooses)."""
     m = METHODS[method]
-    strengths, grown = list(m.strengths), [0, 0]
 
-    def best_of(lr: float, strength: dict) -> float:
-        done = average(tuning_outcomes(s, regime, method, lr, strength, tune_seeds))
-        return done["pass@1"] if finite([done]) else math.nan
-
-    def scores(lrs):
-        if not all(all(tuning_outcomes(s, regime, method, lr, st, tune_seeds)) for lr in lrs for st in strengths):
+    def score(lr: float, strength: dict) -> float | None:
+        done = tuning_outcomes(s, regime, method, lr, strength, tune_seeds)
+        if not all(done):
             return None
-        return {lr: max((v for st in strengths if math.isfinite(v := best_of(lr, st))), default=math.nan) for lr in lrs}
-
-    while True:
-        lrs, found = grown_lrs(s.lrs, s.extend, scores)
-        if found is None or len(strengths) < 2:
-            return Grid(tuple(lrs), tuple(strengths))
-        by_strength = [max((v for lr in lrs if math.isfinite(v := best_of(lr, st))), default=-math.inf)
-                       for st in strengths]
-        edge = max(range(len(strengths)), key=lambda i: (by_strength[i], -i))
-        side = 0 if edge == 0 else 1 if edge == len(strengths) - 1 else None
-        if side is None or not math.isfinite(by_strength[edge]) or grown[side] >= min(s.extend_strength, len(m.past[side])):
-            return Grid(tuple(lrs), tuple(strengths))
-        rung = m.past[side][grown[side]]
-        grown[side] += 1
-        strengths = [rung, *strengths] if side == 0 else [*strengths, rung]
+        point = average(done)
+        return point["pass@1"] if finite([point]) else math.nan
+    lrs, strengths, _ = grown_grid(s.lrs, m.strengths, m.past, s.extend, s.extend_strength, score)
+    return Grid(tuple(lrs), tuple(strengths))
 
 
 def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune_seeds: int) -> list[RunConfig]:
@@ -302,9 +287,10 @@ def tuning_plan(s: Settings, regimes: list[str], methods: list[str] | None, tune
 
 
 def tuning_rounds(s: Settings) -> int:
-    """Rounds of `tuning_plan` that settle every grid (`method_grid`): each grown rung may move the best to an
-    edge of the other knob, whose rungs are then grown again."""
-    return 1 + 2 * s.extend + 2 * s.extend_strength
+    """Rounds of `tuning_plan` that settle every grid (`method_grid`): the learning rates alone grow one way
+    (a new rate that is not the best leaves the best inside), up to `extend` rounds; each grown strength may
+    move the best to a rate's edge, and the rates grow again."""
+    return (1 + s.extend) * (1 + 2 * s.extend_strength)
 
 
 def finite(points: list[dict]) -> list[dict]:
@@ -464,7 +450,8 @@ def report_settings(s: Settings, tune_seeds: int, seeds: int) -> dict:
     """What a run's reports were made with, the same for each of its regimes: reports of other settings
     (a quick run's) are not set beside them."""
     return {"task": s.task, "steps": s.steps, "rows_per_step": s.prompts * s.samples_per_prompt, "lrs": list(s.lrs),
-            "extend": s.extend, **({"extend_strength": s.extend_strength} if s.extend_strength else {}), "tune_seeds": [TUNE_SEED + k for k in range(tune_seeds)],
+            "extend": s.extend, **({"extend_strength": s.extend_strength} if s.extend_strength else {}),
+            "tune_seeds": [TUNE_SEED + k for k in range(tune_seeds)],
             "report_seeds": list(range(seeds)), "eval_size": s.eval_size}
 
 
@@ -492,7 +479,8 @@ def regime_result(s: Settings, regime: Regime, methods: list[str] | None, tune_s
                              "pass@1": mine["pass@1"], "baseline_pass@1": theirs, "margin": mine["pass@1"] - theirs,
                              "along_frontier": along, "baseline_lowest_kl": min(p["kl"] for p in front)})
     planned = sum(len(g.points()) for g in grids.values())
-    grown = {m: [METHODS[m].label(st) for st in g.strengths] for m, g in grids.items() if g.strengths != METHODS[m].strengths}
+    grown = {m: [METHODS[m].label(st) for st in g.strengths]
+             for m, g in grids.items() if g.strengths != METHODS[m].strengths}
     return {"regime": regime.name, "lag": regime.lag if regime.generates else None, "mix": regime.mix,
             "grid_finished": f"{sum(map(len, points.values()))} of {planned}",
             "reference_pass@1": mean([p["pass@1_start"] for ps in points.values() for p in ps]),

@@ -47,6 +47,9 @@ def markdown(result: dict) -> str:
     grown = {m: lrs for m, lrs in result.get("method_lrs", {}).items() if lrs != s["lrs"]}
     growth = (f" (grown one rung past an edge where a method's best lay: "
               f"{', '.join(f'{m} {lrs}' for m, lrs in grown.items())})" if grown else "")
+    if result.get("method_strengths"):  # `--extend-strength`
+        growth += (f"; strength knobs grown so: "
+                   f"{', '.join(f'{m} {knob}' for m, knob in result['method_strengths'].items())}")
     lines = [f"# Frontier, {s['task']}, regime {result['regime']}", "",
              f"{s['steps']} learner steps x {s['rows_per_step']} rows; learning rates {s['lrs']}{growth}; each method's grid "
              f"tuned on seed(s) {s['tune_seeds']}, reported on seeds {s['report_seeds']} (mean ± sd); pass@k on "

@@ -99,24 +99,49 @@ def ladder_step(lr: float, up: bool) -> float:
     return float(f"{3 if low_rung else 1}e{exponent - 1 if low_rung else exponent}")
 
 
-def grown_lrs(lrs, extend: int, scores) -> tuple[list[float], dict[float, float] | None]:
-    """A learning-rate grid as far as its finished runs decide it, and its scores: `lrs`, grown one step of the
-    1-3-10 ladder past the edge where the best score lies (the lower lr on a tie; non-finite scores never
-    best), up to `extend` steps each way. A best inside the grid, or a grid of one rate (no edge to read),
-    adds nothing. A grid grows one way only (a new rate that is not the best leaves the best inside), so
-    1 + extend rounds of runs settle it. `scores(lrs)` gives lr -> score once every rate finished, else None
-    (returned as is)."""
-    lrs, grown = sorted(set(lrs)), {False: 0, True: 0}  # a repeated rate would read as both edges
+def grown_grid(lrs, strengths, past, extend: int, extend_strength: int, score) -> tuple[list, list, dict | None]:
+    """A tuning grid, learning rates x strengths, as far as its finished runs decide it, and its scores
+    `{(lr, strength index): score}` (None until every point finished). Once all finished, the best point
+    (the highest finite score; on a tie the lower rate, then the first strength) is read: on an edge of
+    the rates, one more rung of the 1-3-10 ladder there (up to `extend` each way); on an edge of the
+    strengths, the next of `past` there (`past`: the rungs below the first and above the last, nearest
+    first; up to `extend_strength` each way). Both may grow in one round. A grid only grows, so no finished
+    point ever leaves it; it settles when its best lies inside, or every rung it may take was taken. The
+    rates alone grow one way only (a new rate that is not the best leaves the best inside), so `1 + extend`
+    rounds of runs settle them. `score(lr, strength)`: a finished point's score (non-finite: never best),
+    None before it finished."""
+    lrs, strengths = sorted(set(lrs)), list(strengths)  # a repeated rate would read as both edges
+    grown = {("lr", False): 0, ("lr", True): 0, ("strength", False): 0, ("strength", True): 0}
     while True:
-        found = scores(lrs)
-        best = best_lr(found or {})
-        if len(lrs) < 2 or best is None:
-            return lrs, found
-        up = best == lrs[-1]
-        if best not in (lrs[0], lrs[-1]) or grown[up] >= extend:
-            return lrs, found
-        grown[up] += 1
-        lrs = sorted([*lrs, ladder_step(best, up)])
+        scores = {}
+        for lr in lrs:
+            for i, strength in enumerate(strengths):
+                scores[lr, i] = score(lr, strength)
+                if scores[lr, i] is None:
+                    return lrs, strengths, None
+        usable = [k for k, v in scores.items() if math.isfinite(v)]
+        if not usable:
+            return lrs, strengths, scores
+        lr, i = max(usable, key=lambda k: (scores[k], -k[0], -k[1]))
+        grew = False
+        if len(lrs) > 1 and lr in (lrs[0], lrs[-1]) and grown["lr", up := lr == lrs[-1]] < extend:
+            grown["lr", up] += 1
+            lrs, grew = sorted([*lrs, ladder_step(lr, up)]), True
+        last = i == len(strengths) - 1
+        if len(strengths) > 1 and i in (0, len(strengths) - 1) and \
+                grown["strength", last] < min(extend_strength, len(past[last])):
+            rung = past[last][grown["strength", last]]
+            grown["strength", last] += 1
+            strengths, grew = ([*strengths, rung] if last else [rung, *strengths]), True
+        if not grew:
+            return lrs, strengths, scores
+
+
+def grown_lrs(lrs, extend: int, score) -> tuple[list[float], dict[float, float] | None]:
+    """A learning-rate grid alone (`grown_grid` with one strength), and its scores `{lr: score}` once every
+    rate finished. `score(lr)`: a finished rate's score, None before it finished."""
+    lrs, _, scores = grown_grid(lrs, [None], ((), ()), extend, 0, lambda lr, _: score(lr))
+    return lrs, None if scores is None else {lr: v for (lr, _), v in scores.items()}
 
 
 def best_lr(scores: dict[float, float]) -> float | None:
