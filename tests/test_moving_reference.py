@@ -322,3 +322,44 @@ def test_with_the_behaviour_policy_as_reference_online_rows_regress_against_thei
             group = slice(start, start + 2)
             want = inputs.beta * (torch.logsumexp(reward[group] / inputs.beta, 0) - math.log(2))
             assert torch.allclose(inputs.q0[group].double(), want.expand(2))
+
+
+def test_a_source_whose_own_objective_keeps_the_reference_regresses_against_the_starting_model(tiny, tmp_path,
+                                                                                             monkeypatch):
+    """With a moving reference on `data.objective`, a source whose own objective (`data.objectives`) has no
+    reference_update learns against the starting model with the store's Q0 of it; every step counts its rows."""
+    import softrl
+    from softrl.training import learner as learner_module
+    from test_api import RECORDS, small
+
+    seen, original = [], learner_module.Learner.inputs
+
+    def inputs(self, part, options, group_size):
+        x, entropy = original(self, part, options, group_size)
+        with torch.no_grad():
+            seen.append((options.reference_update, x, part.q0.clone(), self.reference.stats(part.padded).logp,
+                         self.moving.model.stats(part.padded).logp))
+        return x, entropy
+
+    monkeypatch.setattr(learner_module.Learner, "inputs", inputs)
+    config = {**small(tiny, tmp_path), "data.objective": {"algorithm": "spo", "reference_update": {"ema": 0.5}},
+              "data.objectives": {"offline": {"algorithm": "spo"}}, "data.offline_passed_only": False,
+              "optim.steps": 3, "optim.lr": 0.05, "optim.warmup_steps": 0}
+    def alternate(prompts, completions, **kwargs):  # a solved and a failed row in every group: the policy moves
+        return [float(i % 2) for i in range(len(completions))]
+
+    run = softrl.train(config, dataset=RECORDS, reward=alternate, progress=False)
+    steps = [m for m in run.metrics if "loss" in m]
+    assert [m["q0/start_rows"] for m in steps] == [4, 4, 4]  # 4 offline rows a step, as many as online
+    assert all(m.get("q0/stored_rows", 0) + m.get("q0/online_rows", 0) == 4 for m in steps)
+    kept = [s for s in seen if s[0] is None]
+    moved = [s for s in seen if s[0] is not None]
+    assert len(kept) == len(moved) == 3
+    for _, x, stored_q0, start, now in kept:
+        mask = x.mask.bool()
+        assert torch.allclose(x.ref_logp[mask], start[mask]) and torch.equal(x.q0, stored_q0)
+    _, x, _, start, now = kept[-1]
+    assert (now - start)[x.mask.bool()].abs().max() > 1e-3  # the moving reference had moved: not a test of nothing
+    for _, x, _, _, now in moved:
+        mask = x.mask.bool()
+        assert torch.allclose(x.ref_logp[mask], now[mask])

@@ -85,7 +85,9 @@ class MovingReferenceOptions(Options):
         "more copy of the weights); {ema: tau}: the reference is a moving average of the policy, updated every step; "
         "SPO's Q0 of each new reference is estimated from the run's own samples "
         "(docs/ALGORITHMS.md, 'A reference that moves'). {behavior: true}: each online row's reference is the "
-        "policy that sampled it (SPO only). null: the reference stays the starting model")
+        "policy that sampled it (SPO only). null: the reference stays the starting model; set on data.objective, "
+        "a source of data.objectives whose objective leaves it null keeps the starting model for its rows, with "
+        "the store's Q0 of it")
 
 
 Data = Literal["any", "on-policy", "online"]

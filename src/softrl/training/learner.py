@@ -116,7 +116,12 @@ class Learner:
         """The objective's inputs for `part`, and the policy's token entropy `[B, T]` (diagnostics).
         Log-probs, entropy and token KL are computed chunk by chunk (`models.logprobs.token_stats`)."""
         objective = registry.get(options.algorithm)
-        reference = self.reference if self.moving is None else self.moving.model
+        # a source whose own objective (data.objectives) leaves the reference where it started regresses
+        # against the starting model, with the store's Q0 of it: exact for it, where a moving reference has
+        # only an estimate from this run's samples of the rows' prompts, if any
+        moves = getattr(options, "reference_update", None) is not None
+        moving = self.moving if moves else None
+        reference = self.reference if moving is None else moving.model
         if objective.distributions(options):  # the token KL: one pass of the reference gives its log-probs too
             policy = self.trained.stats(part.padded, entropy=True, reference=reference)
             ref_logp = policy.ref_logp
@@ -129,14 +134,16 @@ class Learner:
         mask = policy.mask * part.action_mask[:, : policy.mask.shape[1]].to(policy.mask.dtype)
         behavior_logp = part.behavior_logp[:, : policy.logp.shape[1]]
         q0 = part.q0
-        if self.moving is not None or self.behavior_reference:
+        behavior_reference = self.behavior_reference and moves
+        if self.moving is not None and not moves:
+            self.q0_counts["q0/start_rows"] = self.q0_counts.get("q0/start_rows", 0.0) + len(part.rows)
+        if moving is not None or behavior_reference:
             # only this run's own samples are unfiltered draws of their sampler
             own = part.has_behavior & torch.tensor([s == "online" for s in part.sources], device=ref_logp.device)  # [B]
-        if self.moving is not None:
+        if moving is not None:
             log_w = ((ref_logp - behavior_logp) * mask).sum(-1)  # [B] log ref(y) / mu(y)
-            q0 = self.moving.q0([r["prompt_id"] for r in part.rows], part.q0, part.reward, log_w, own,
-                                self.q0_counts)
-        if self.behavior_reference:  # an online row's sampler mu and its group's Q0 of mu; pi0's for the others
+            q0 = moving.q0([r["prompt_id"] for r in part.rows], part.q0, part.reward, log_w, own, self.q0_counts)
+        if behavior_reference:  # an online row's sampler mu and its group's Q0 of mu; pi0's for the others
             ref_logp = torch.where(own[:, None], behavior_logp, ref_logp)  # [B, T]
             groups = [(r["prompt_id"], r.get("policy_version")) for r in part.rows]
             q0 = torch.where(own.to(q0.device), group_q0(groups, part.reward, own, self.config.beta).to(q0), q0)
