@@ -4,10 +4,10 @@
 # each of its four regimes, where it could change the verdict: in the two regimes the target is not met,
 # softrl's own whose pick lies on a knob's edge and reported within 0.03 of softrl's best pick there on
 # seeds 0-3 (lag 64: spo-ema-failed, tau 0.8; half online: spo-moving-is and spo-moving, K 10; the best
-# picks themselves lie inside their grids); in all four, every baseline whose pick
-# reported within 0.02 of the best baseline's on seeds 0-3 and whose knob is a ladder (TOPR has no knob,
-# GSPO's two clips are no ladder). Tuned on seeds 100-102 (lag 1: 100-101), reported on seeds 0-7 (lag 1: 0-3) as "Eight
-# report seeds". One method an invocation: alone in a regime a method's matched point is its pick, so only
+# picks themselves lie inside their grids); in all four, every baseline whose pick reported within 0.02 of
+# the best baseline's on seeds 0-3 and whose knob is a ladder (TOPR has no knob, GSPO's two clips are no
+# ladder). Tuned on seeds 100-102 (lag 1: 100-101), reported on seeds 0-7 (lag 1: 0-3) as "Eight report
+# seeds". One method an invocation: alone in a regime a method's matched point is its pick, so only
 # the pick runs. The kept outcomes (and the reference beside them) start as a copy of the frontier's, the
 # eight seeds' and this study's, so no run trains again. Usage: bash benchmarks/frontier_grown_strengths.sh DIR
 set -eu
